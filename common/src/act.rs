@@ -1,0 +1,147 @@
+//! Activation math in f32, shared by the kernels and the host tests.
+//!
+//! Every function takes and returns f32 whatever the storage dtype (the dtype contract: inputs
+//! are widened right after the load and narrowed only at the store). `exp` is built on `exp2`,
+//! which on nvptx64 lowers to one `ex2.approx.f32`, because `expf` has no NVPTX lowering.
+//! The error of each function against f64 is measured in `tests/act_cpu.rs`.
+//!
+//! Behaviour at the extremes follows `torch.nn.functional` (checked in the tests):
+//! `silu(-inf)`, `gelu(-inf)` are NaN (PyTorch computes `x * 0` there too), `act(+inf) = +inf`,
+//! NaN propagates, and the sigmoid never overflows (`1 / (1 + inf) = 0`).
+
+use core::f32::consts::{FRAC_1_SQRT_2, LOG2_E};
+use core::intrinsics::exp2f32;
+
+use crate::Activation;
+
+/// `e^x` via `2^(x log2 e)`.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    // core has no safe exp2 in no_std; the intrinsic is defined for every f32 (inf, NaN too).
+    exp2f32(x * LOG2_E)
+}
+
+/// Numerically stable logistic function: for x -> -inf, `exp(-x)` overflows to +inf and the
+/// quotient goes to 0 (never NaN); for x -> +inf it goes to 1.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// Complementary error function, Chebyshev fit (Numerical Recipes `erfcc`): relative error
+/// below 1.2e-7 on the whole real line in exact arithmetic. Relative accuracy of `erfc` (not
+/// only absolute accuracy of `erf`) keeps `gelu(x)` accurate for negative x, where
+/// `1 + erf(x / sqrt 2)` would cancel.
+#[inline(always)]
+pub fn erfc(z: f32) -> f32 {
+    let za = if z < 0.0 { -z } else { z };
+    let t = 1.0 / (1.0 + 0.5 * za);
+    let p = -1.265_512_2
+        + t * (1.000_023_7
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let r = t * exp(p - za * za);
+    if z >= 0.0 { r } else { 2.0 - r }
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_56;
+const GELU_TANH_K: f32 = 0.044_715;
+const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+/// An activation as a type, so a kernel body is monomorphized per activation.
+pub trait GatedAct {
+    const KIND: Activation;
+    /// `act(x)`.
+    fn value(x: f32) -> f32;
+    /// `(act(x), act'(x))`, sharing the transcendental between the two.
+    fn value_and_grad(x: f32) -> (f32, f32);
+}
+
+pub struct Silu;
+pub struct GeluErf;
+pub struct GeluTanh;
+pub struct Relu;
+
+impl GatedAct for Silu {
+    const KIND: Activation = Activation::Silu;
+    #[inline(always)]
+    fn value(x: f32) -> f32 {
+        x * sigmoid(x)
+    }
+    #[inline(always)]
+    fn value_and_grad(x: f32) -> (f32, f32) {
+        let s = sigmoid(x);
+        // silu'(x) = s (1 + x (1 - s))
+        (x * s, s * (1.0 + x * (1.0 - s)))
+    }
+}
+
+impl GatedAct for GeluErf {
+    const KIND: Activation = Activation::GeluErf;
+    #[inline(always)]
+    fn value(x: f32) -> f32 {
+        // 0.5 x (1 + erf(x/sqrt2)) == 0.5 x erfc(-x/sqrt2)
+        0.5 * x * erfc(-x * FRAC_1_SQRT_2)
+    }
+    #[inline(always)]
+    fn value_and_grad(x: f32) -> (f32, f32) {
+        let cdf2 = erfc(-x * FRAC_1_SQRT_2); // 2 * Phi(x)
+        let pdf = INV_SQRT_2PI * exp(-0.5 * x * x);
+        (0.5 * x * cdf2, 0.5 * cdf2 + x * pdf)
+    }
+}
+
+impl GatedAct for GeluTanh {
+    const KIND: Activation = Activation::GeluTanh;
+    #[inline(always)]
+    fn value(x: f32) -> f32 {
+        // 0.5 (1 + tanh(u)) == sigmoid(2u): no cancellation for negative x.
+        let u = SQRT_2_OVER_PI * (x + GELU_TANH_K * x * x * x);
+        x * sigmoid(2.0 * u)
+    }
+    #[inline(always)]
+    fn value_and_grad(x: f32) -> (f32, f32) {
+        let u = SQRT_2_OVER_PI * (x + GELU_TANH_K * x * x * x);
+        let s = sigmoid(2.0 * u);
+        let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_TANH_K * x * x);
+        (x * s, s + x * 2.0 * s * (1.0 - s) * du)
+    }
+}
+
+impl GatedAct for Relu {
+    const KIND: Activation = Activation::Relu;
+    #[inline(always)]
+    fn value(x: f32) -> f32 {
+        // Written so NaN propagates, as torch.relu does.
+        if x <= 0.0 { 0.0 } else { x }
+    }
+    #[inline(always)]
+    fn value_and_grad(x: f32) -> (f32, f32) {
+        // torch's threshold_backward masks on the output `relu(x) <= 0`; NaN passes the gradient.
+        if x <= 0.0 { (0.0, 0.0) } else { (x, 1.0) }
+    }
+}
+
+/// `act(x)` for an activation chosen at run time (host-side convenience and tests).
+pub fn value(act: Activation, x: f32) -> f32 {
+    match act {
+        Activation::Silu => Silu::value(x),
+        Activation::GeluErf => GeluErf::value(x),
+        Activation::GeluTanh => GeluTanh::value(x),
+        Activation::Relu => Relu::value(x),
+    }
+}
+
+/// `(act(x), act'(x))` for an activation chosen at run time.
+pub fn value_and_grad(act: Activation, x: f32) -> (f32, f32) {
+    match act {
+        Activation::Silu => Silu::value_and_grad(x),
+        Activation::GeluErf => GeluErf::value_and_grad(x),
+        Activation::GeluTanh => GeluTanh::value_and_grad(x),
+        Activation::Relu => Relu::value_and_grad(x),
+    }
+}

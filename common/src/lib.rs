@@ -1,0 +1,98 @@
+//! What the device kernels and the host launchers must agree on, defined once.
+//!
+//! This crate is `no_std` with no dependencies, so it compiles for `nvptx64-nvidia-cuda`
+//! (inside the kernels) and for the host (inside `ferrofuse`). It holds:
+//! - [`DType`] and [`Activation`], the descriptors the host validates and the kernels obey;
+//! - the `#[repr(C)]` parameter structs each kernel entry takes by value ([`GatedFwdParams`], ...);
+//! - the table of kernel entry names ([`kernel_names`]), checked against the PTX at build time;
+//! - the f32 activation math ([`act`]), run by the kernels and measured against f64 on the CPU.
+#![no_std]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+pub mod act;
+mod names;
+mod params;
+
+pub use names::{KernelId, VecMode, kernel_names};
+pub use params::*;
+
+/// Storage type of a tensor. All arithmetic is f32 whatever the storage; see [`act`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32 = 0,
+    F16 = 1,
+    BF16 = 2,
+}
+
+impl DType {
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Elements in one 16-byte vector access.
+    pub const fn lanes_per_16b(self) -> usize {
+        16 / self.size_bytes()
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+}
+
+/// The activation of a gated unit `y = act(a) * b`.
+///
+/// Which one a checkpoint needs is in its config (`hidden_act`): LLaMA, Mistral and Qwen use
+/// `silu`; Gemma uses `gelu_pytorch_tanh` (GeluTanh); the erf form (`gelu`) is a different
+/// function (they differ by up to ~5e-4) and is not interchangeable with the tanh form.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (SwiGLU).
+    Silu = 0,
+    /// `0.5 * x * (1 + erf(x / sqrt(2)))` (GeGLU, exact form).
+    GeluErf = 1,
+    /// `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))` (GeGLU, tanh approximation).
+    GeluTanh = 2,
+    /// `max(x, 0)` (ReGLU).
+    Relu = 3,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 4] = [
+        Activation::Silu,
+        Activation::GeluErf,
+        Activation::GeluTanh,
+        Activation::Relu,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::GeluErf => "gelu_erf",
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::Relu => "relu",
+        }
+    }
+
+    /// Decodes the `u32` stored in a parameter struct; unknown values map to `None`.
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(Activation::Silu),
+            1 => Some(Activation::GeluErf),
+            2 => Some(Activation::GeluTanh),
+            3 => Some(Activation::Relu),
+            _ => None,
+        }
+    }
+}

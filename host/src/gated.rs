@@ -1,0 +1,353 @@
+//! Gated activations `y = act(a) * b` (SwiGLU, GeGLU erf/tanh, ReGLU), forward and backward.
+//!
+//! Layouts: split (`a`, `b` separate `[rows, I]` matrices) or interleaved (one `[rows, 2I]`
+//! matrix `[gate | up]`, read through its row stride, so sliced or padded views work).
+//! Storage f32/f16/bf16, one dtype for every operand; math in f32 (see
+//! `ferrofuse_common::act`), rounded once at the store.
+//!
+//! Safe entry points take inputs as [`Mat`] and outputs as [`MatMut`]; the in-place forms are
+//! their own functions taking the overwritten buffer as `&mut`. The `unsafe` `*_raw` forms take
+//! [`MatDesc`]s for tensors owned elsewhere and check aliasing at run time. Every form runs the
+//! same `plan_*` validation, which needs no GPU.
+
+use ferrofuse_common::{
+    Activation, DType, GATED_THREADS, GATED_UNROLL, GatedBwdParams, GatedFwdParams, KernelId,
+    VecMode,
+};
+
+use crate::error::{Error, Result};
+use crate::runtime::{Kernels, Launch};
+use crate::tensor::{Element, Mat, MatDesc, MatMut};
+use cudarc::driver::CudaStream;
+
+/// Most blocks a gated launch uses per multiprocessor; beyond that, blocks loop (grid-stride).
+const MAX_BLOCKS_PER_SM: u32 = 64;
+
+fn check_same_shape(name: &'static str, m: &MatDesc, expected: (usize, usize)) -> Result<()> {
+    if m.shape() != expected {
+        return Err(Error::ShapeMismatch {
+            tensor: name,
+            expected,
+            got: m.shape(),
+        });
+    }
+    Ok(())
+}
+
+/// Rejects any overlap of `output` with `others`, except with the one named in `allowed`
+/// when it is exactly the same place.
+fn check_aliasing(
+    output: (&'static str, &MatDesc),
+    others: &[(&'static str, &MatDesc)],
+    allowed: &[&'static str],
+) -> Result<()> {
+    let (out_name, out) = output;
+    for &(name, other) in others {
+        if out.overlaps(other) && !(allowed.contains(&name) && out.same_place(other)) {
+            return Err(Error::Aliasing {
+                output: out_name,
+                other: name,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// 16-byte vectors when every operand allows them, else one element per access.
+fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
+    let lanes = dtype.lanes_per_16b();
+    let ok = cols % lanes == 0
+        && mats
+            .iter()
+            .all(|m| m.addr % 16 == 0 && (m.rows <= 1 || m.row_stride % lanes == 0));
+    if ok { VecMode::V16 } else { VecMode::Scalar }
+}
+
+/// Blocks for `rows x cols` elements moved `lanes` at a time.
+fn grid_for(rows: usize, cols: usize, mode: VecMode, dtype: DType, sm_count: u32) -> u32 {
+    let width = match mode {
+        VecMode::V16 => dtype.lanes_per_16b(),
+        VecMode::Scalar => 1,
+    };
+    let accesses = (rows as u64) * (cols / width) as u64;
+    let per_block = (GATED_THREADS as u64) * GATED_UNROLL as u64;
+    let blocks = accesses.div_ceil(per_block);
+    blocks.min((sm_count.max(1) * MAX_BLOCKS_PER_SM) as u64) as u32
+}
+
+/// Validates a forward call and decides its launch. `y` may equal `b` exactly (in place);
+/// every other overlap of `y` with an input is rejected.
+pub fn plan_gated_forward(
+    act: Activation,
+    dtype: DType,
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+    sm_count: u32,
+) -> Result<Launch<GatedFwdParams>> {
+    a.check("a", dtype)?;
+    b.check("b", dtype)?;
+    y.check("y", dtype)?;
+    check_same_shape("b", b, a.shape())?;
+    check_same_shape("y", y, a.shape())?;
+    check_aliasing(("y", y), &[("a", a), ("b", b)], &["b"])?;
+    let (rows, cols) = a.shape();
+    let mode = vec_mode(dtype, cols, &[a, b, y]);
+    Ok(Launch {
+        kernel: KernelId::GatedFwd(dtype, mode),
+        grid: grid_for(rows, cols, mode, dtype, sm_count),
+        block: GATED_THREADS,
+        shared_mem_bytes: 0,
+        params: GatedFwdParams {
+            a: a.addr,
+            b: b.addr,
+            y: y.addr,
+            a_stride: a.row_stride as u64,
+            b_stride: b.row_stride as u64,
+            y_stride: y.row_stride as u64,
+            rows: rows as u64,
+            cols: cols as u64,
+            act: act as u32,
+            _pad: 0,
+        },
+    })
+}
+
+/// Validates a backward call and decides its launch. `da` may equal `a` or `dy`, `db` may
+/// equal `b` or `dy`; the two gradients must not overlap each other or anything else.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_gated_backward(
+    act: Activation,
+    dtype: DType,
+    a: &MatDesc,
+    b: &MatDesc,
+    dy: &MatDesc,
+    da: &MatDesc,
+    db: &MatDesc,
+    sm_count: u32,
+) -> Result<Launch<GatedBwdParams>> {
+    for (name, m) in [("a", a), ("b", b), ("dy", dy), ("da", da), ("db", db)] {
+        m.check(name, dtype)?;
+    }
+    for (name, m) in [("b", b), ("dy", dy), ("da", da), ("db", db)] {
+        check_same_shape(name, m, a.shape())?;
+    }
+    check_aliasing(
+        ("da", da),
+        &[("a", a), ("b", b), ("dy", dy), ("db", db)],
+        &["a", "dy"],
+    )?;
+    check_aliasing(("db", db), &[("a", a), ("b", b), ("dy", dy)], &["b", "dy"])?;
+    let (rows, cols) = a.shape();
+    let mode = vec_mode(dtype, cols, &[a, b, dy, da, db]);
+    Ok(Launch {
+        kernel: KernelId::GatedBwd(dtype, mode),
+        grid: grid_for(rows, cols, mode, dtype, sm_count),
+        block: GATED_THREADS,
+        shared_mem_bytes: 0,
+        params: GatedBwdParams {
+            a: a.addr,
+            b: b.addr,
+            dy: dy.addr,
+            da: da.addr,
+            db: db.addr,
+            a_stride: a.row_stride as u64,
+            b_stride: b.row_stride as u64,
+            dy_stride: dy.row_stride as u64,
+            da_stride: da.row_stride as u64,
+            db_stride: db.row_stride as u64,
+            rows: rows as u64,
+            cols: cols as u64,
+            act: act as u32,
+            _pad: 0,
+        },
+    })
+}
+
+/// Every view must live in the stream's context.
+fn check_devices(stream: &CudaStream, views: &[(&'static str, &CudaStream)]) -> Result<()> {
+    for &(name, s) in views {
+        if s.context().cu_ctx() != stream.context().cu_ctx() {
+            return Err(Error::WrongDevice { tensor: name });
+        }
+    }
+    Ok(())
+}
+
+impl Kernels {
+    /// `y = act(a) * b` with split inputs.
+    pub fn gated<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &Mat<T>,
+        b: &Mat<T>,
+        y: &mut MatMut<T>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(
+            stream,
+            &[("a", a.stream()), ("b", b.stream()), ("y", y.stream())],
+        )?;
+        let (a, _ga) = a.desc(stream);
+        let (b, _gb) = b.desc(stream);
+        let (y, _gy) = y.desc_mut(stream);
+        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &y, self.sm_count())?;
+        // SAFETY: planned from live views borrowed for this call; y cannot alias a or b (it is
+        // borrowed mutably while they are borrowed shared) and the plan checked the rest.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// `y = act(x[:, :I]) * x[:, I:]` for an interleaved `[gate | up]` input of width `2I`.
+    pub fn gated_interleaved<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        x: &Mat<T>,
+        y: &mut MatMut<T>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(stream, &[("x", x.stream()), ("y", y.stream())])?;
+        let (x, _gx) = x.desc(stream);
+        let (gate, up) = x.interleaved_halves()?;
+        let (y, _gy) = y.desc_mut(stream);
+        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &y, self.sm_count())?;
+        // SAFETY: as in `gated`.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// `b = act(a) * b`, in place over `b`.
+    pub fn gated_inplace<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &Mat<T>,
+        b: &mut MatMut<T>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(stream, &[("a", a.stream()), ("b", b.stream())])?;
+        let (a, _ga) = a.desc(stream);
+        let (b, _gb) = b.desc_mut(stream);
+        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &b, self.sm_count())?;
+        // SAFETY: y is exactly b, which the kernel reads before writing, element by element.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// `x[:, I:] = act(x[:, :I]) * x[:, I:]`: the result overwrites the up half of the
+    /// interleaved input; the gate half is left as it was.
+    pub fn gated_interleaved_inplace<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        x: &mut MatMut<T>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(stream, &[("x", x.stream())])?;
+        let (x, _gx) = x.desc_mut(stream);
+        let (gate, up) = x.interleaved_halves()?;
+        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &up, self.sm_count())?;
+        // SAFETY: y is exactly the up half; the halves of one row do not overlap.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// `da = dy * b * act'(a)`, `db = dy * act(a)` with split inputs and gradients.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_backward<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &Mat<T>,
+        b: &Mat<T>,
+        dy: &Mat<T>,
+        da: &mut MatMut<T>,
+        db: &mut MatMut<T>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(
+            stream,
+            &[
+                ("a", a.stream()),
+                ("b", b.stream()),
+                ("dy", dy.stream()),
+                ("da", da.stream()),
+                ("db", db.stream()),
+            ],
+        )?;
+        let (a, _ga) = a.desc(stream);
+        let (b, _gb) = b.desc(stream);
+        let (dy, _gdy) = dy.desc(stream);
+        let (da, _gda) = da.desc_mut(stream);
+        let (db, _gdb) = db.desc_mut(stream);
+        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.sm_count())?;
+        // SAFETY: as in `gated`.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// Backward for the interleaved layout: `x = [a | b]` and `dx = [da | db]`, both `[rows, 2I]`.
+    pub fn gated_backward_interleaved<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        x: &Mat<T>,
+        dy: &Mat<T>,
+        dx: &mut MatMut<T>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(
+            stream,
+            &[("x", x.stream()), ("dy", dy.stream()), ("dx", dx.stream())],
+        )?;
+        let (x, _gx) = x.desc(stream);
+        let (a, b) = x.interleaved_halves()?;
+        let (dy, _gdy) = dy.desc(stream);
+        let (dx, _gdx) = dx.desc_mut(stream);
+        let (da, db) = dx.interleaved_halves()?;
+        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.sm_count())?;
+        // SAFETY: as in `gated`; the halves of dx do not overlap each other.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// Forward on raw device matrices (tensors owned by another framework). `y` may be exactly
+    /// `b`; every other overlap is rejected. Use [`MatDesc::interleaved_halves`] for the
+    /// interleaved layout.
+    ///
+    /// # Safety
+    /// Each description must be true: `addr` a device address in this context with `len`
+    /// elements of `dtype` behind it, alive until the kernel has run, and not written by other
+    /// work ordered concurrently with `stream`.
+    pub unsafe fn gated_raw(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &MatDesc,
+        b: &MatDesc,
+        y: &MatDesc,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let launch = plan_gated_forward(act, a.dtype, a, b, y, self.sm_count())?;
+        // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
+        // alignment and aliasing.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// Backward on raw device matrices; aliasing as in [`plan_gated_backward`].
+    ///
+    /// # Safety
+    /// As for [`Kernels::gated_raw`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gated_backward_raw(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &MatDesc,
+        b: &MatDesc,
+        dy: &MatDesc,
+        da: &MatDesc,
+        db: &MatDesc,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let launch = plan_gated_backward(act, a.dtype, a, b, dy, da, db, self.sm_count())?;
+        // SAFETY: as in `gated_raw`.
+        unsafe { self.launch(stream, &launch) }
+    }
+}

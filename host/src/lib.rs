@@ -1,0 +1,43 @@
+//! # ferrofuse
+//!
+//! Fused GPU kernels for LLM inference, written in Rust, compiled to PTX at build time and
+//! launched through [`cudarc`]:
+//!
+//! - gated activations `y = act(a) * b` (SwiGLU, GeGLU erf and tanh, ReGLU), split or
+//!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]).
+//!
+//! ```no_run
+//! use ferrofuse::{Activation, Kernels, Mat, MatMut};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let kernels = Kernels::for_device(0)?;
+//! let stream = kernels.context().default_stream();
+//! let (rows, inter) = (16, 14336);
+//! let gate_up = stream.alloc_zeros::<half::bf16>(rows * 2 * inter)?; // [gate | up]
+//! let mut y = stream.alloc_zeros::<half::bf16>(rows * inter)?;
+//! kernels.gated_interleaved(
+//!     &stream,
+//!     Activation::Silu,
+//!     &Mat::new(gate_up.as_view(), rows, 2 * inter),
+//!     &mut MatMut::new(y.as_view_mut(), rows, inter),
+//! )?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every call validates shapes, dtypes, strides, buffer sizes, alignment and aliasing and
+//! returns a typed [`Error`] before launching anything. Launches go on the caller's stream,
+//! with no allocation and no synchronisation, so they can be captured into CUDA graphs.
+
+pub mod error;
+pub mod gated;
+pub mod reference;
+pub mod runtime;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use ferrofuse_common::{Activation, DType, KernelId, VecMode};
+pub use runtime::{Kernels, Launch, PTX, PTX_ARCH, device_count, driver_available};
+pub use tensor::{Element, Mat, MatDesc, MatMut};
+
+/// Re-exported so users name the same versions ferrofuse was built with.
+pub use cudarc;
+pub use half;

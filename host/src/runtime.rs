@@ -1,0 +1,183 @@
+//! Loading the embedded PTX: once per device context, every function looked up once.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, Weak};
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+use ferrofuse_common::{GatedBwdParams, GatedFwdParams, KernelId};
+
+use crate::error::{DriverContext, Error, Result};
+
+/// The PTX module built by `build.rs` from the `ferrofuse-kernels` crate.
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/ferrofuse.ptx"));
+/// The arch it targets (`FERROFUSE_CUDA_ARCH` at build time, `sm_90` by default).
+pub const PTX_ARCH: &str = env!("FERROFUSE_PTX_ARCH");
+const PTX_CC: &str = env!("FERROFUSE_PTX_CC");
+
+/// Whether the CUDA driver library can be loaded. cudarc panics on first use when it cannot,
+/// so every entry point that touches the driver asks this first.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen libcuda; no driver call is made.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Number of CUDA devices, or [`Error::NoDriver`].
+pub fn device_count() -> Result<usize> {
+    if !driver_available() {
+        return Err(Error::NoDriver);
+    }
+    match CudaContext::device_count() {
+        Ok(n) => Ok(n.max(0) as usize),
+        // cuInit reports "no device" as an error.
+        Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => Ok(0),
+        Err(e) => Err(Error::Driver {
+            during: "counting devices",
+            source: e,
+        }),
+    }
+}
+
+/// A `#[repr(C)]` struct from ferrofuse-common that a kernel entry takes by value.
+///
+/// # Safety
+/// Implementors must be the exact parameter type of the entries they are launched with.
+pub unsafe trait KernelParams: Copy {}
+// SAFETY: these are the parameter types of the gated entries (see ferrofuse-common).
+unsafe impl KernelParams for GatedFwdParams {}
+unsafe impl KernelParams for GatedBwdParams {}
+
+/// A kernel launch, fully decided on the host: which entry, the grid, and its parameters.
+/// Produced by the `plan_*` functions, which do all validation and can run without a GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Launch<P> {
+    pub kernel: KernelId,
+    pub grid: u32,
+    pub block: u32,
+    pub shared_mem_bytes: u32,
+    pub params: P,
+}
+
+/// The ferrofuse kernels loaded into one CUDA context.
+///
+/// Obtain with [`Kernels::for_device`] or [`Kernels::for_context`]: each context loads the
+/// module once, and later calls return the same handle while it is alive.
+pub struct Kernels {
+    ctx: Arc<CudaContext>,
+    functions: Vec<CudaFunction>,
+    sm_count: u32,
+    _module: Arc<CudaModule>,
+}
+
+static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
+
+impl Kernels {
+    /// The kernels on device `ordinal`'s primary context.
+    pub fn for_device(ordinal: usize) -> Result<Arc<Self>> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).during("creating the device context")?;
+        Self::for_context(&ctx)
+    }
+
+    /// The kernels in `ctx`, loading the module the first time this context asks.
+    pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
+        let key = ctx.cu_ctx() as usize;
+        let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+        loaded.retain(|(_, k)| k.strong_count() > 0);
+        if let Some(k) = loaded
+            .iter()
+            .find(|(c, _)| *c == key)
+            .and_then(|(_, k)| k.upgrade())
+        {
+            return Ok(k);
+        }
+        let kernels = Arc::new(Self::load(ctx)?);
+        loaded.push((key, Arc::downgrade(&kernels)));
+        Ok(kernels)
+    }
+
+    fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (major, minor) = ctx
+            .compute_capability()
+            .during("reading the compute capability")?;
+        let ptx_cc: i32 = PTX_CC.parse().unwrap_or(80);
+        if major * 10 + minor < ptx_cc {
+            return Err(Error::UnsupportedDevice {
+                name: ctx.name().unwrap_or_default(),
+                compute_capability: (major, minor),
+                ptx_arch: PTX_ARCH,
+            });
+        }
+        let module = ctx
+            .load_module(Ptx::from_src(PTX))
+            .during("loading the PTX module")?;
+        let functions = KernelId::ALL
+            .iter()
+            .map(|k| module.load_function(k.name()))
+            .collect::<Result<Vec<_>, _>>()
+            .during("looking up a kernel")?;
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during("reading the multiprocessor count")? as u32;
+        Ok(Self {
+            ctx: ctx.clone(),
+            functions,
+            sm_count,
+            _module: module,
+        })
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Streaming multiprocessors of the device (used to size grids).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// The stream must belong to this context.
+    pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(Error::WrongDevice { tensor: "stream" });
+        }
+        Ok(())
+    }
+
+    /// Enqueues `launch` on `stream`: one `cuLaunchKernel`, no allocation, no synchronisation,
+    /// so it can be captured into a CUDA graph.
+    ///
+    /// # Safety
+    /// `launch` must come from a `plan_*` function whose checks passed for buffers that stay
+    /// alive and unaliased (beyond what the plan allows) until the kernel has run.
+    pub(crate) unsafe fn launch<P: KernelParams>(
+        &self,
+        stream: &CudaStream,
+        launch: &Launch<P>,
+    ) -> Result<()> {
+        if launch.grid == 0 {
+            return Ok(());
+        }
+        let function = &self.functions[launch.kernel.index()];
+        let mut params = launch.params;
+        let mut args = [&mut params as *mut P as *mut c_void];
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: the kernel takes one by-value parameter of type P (the shared struct from
+        // ferrofuse-common), which `args` points to; the plan checked every address in it.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                function.cu_function(),
+                (launch.grid, 1, 1),
+                (launch.block, 1, 1),
+                launch.shared_mem_bytes,
+                stream.cu_stream(),
+                &mut args,
+            )
+        }
+        .during("launching a kernel")
+    }
+}

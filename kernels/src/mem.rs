@@ -1,0 +1,277 @@
+//! Global-memory access and dtype conversion, as explicit PTX.
+//!
+//! Addresses are device pointers as `u64`. The host guarantees, before any launch, that every
+//! address passed here is inside its tensor's allocation and aligned to the access width
+//! (16 bytes for the vector forms, the element size otherwise).
+//!
+//! Loads are plain coherent `ld.global` (not `.nc`): outputs may alias inputs (in-place calls),
+//! and the non-coherent path is only defined for data that is read-only for the whole kernel.
+
+use core::arch::asm;
+
+/// Loads 16 bytes from `p` (16-byte aligned, global).
+#[inline(always)]
+pub unsafe fn ld_v4(p: u64) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: caller guarantees `p` is a valid, 16-byte aligned global address.
+    unsafe {
+        asm!(
+            "ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}];",
+            out(reg32) a, out(reg32) b, out(reg32) c, out(reg32) d,
+            in(reg64) p,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    [a, b, c, d]
+}
+
+/// Stores 16 bytes to `p` (16-byte aligned, global).
+#[inline(always)]
+pub unsafe fn st_v4(p: u64, v: [u32; 4]) {
+    // SAFETY: caller guarantees `p` is a valid, 16-byte aligned global address.
+    unsafe {
+        asm!(
+            "st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}};",
+            in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+#[inline(always)]
+unsafe fn ld_u16(p: u64) -> u16 {
+    let v: u16;
+    // SAFETY: caller guarantees `p` is a valid, 2-byte aligned global address.
+    unsafe {
+        asm!("ld.global.u16 {0}, [{1}];", out(reg16) v, in(reg64) p,
+             options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+#[inline(always)]
+unsafe fn st_u16(p: u64, v: u16) {
+    // SAFETY: caller guarantees `p` is a valid, 2-byte aligned global address.
+    unsafe {
+        asm!("st.global.u16 [{0}], {1};", in(reg64) p, in(reg16) v,
+             options(nostack, preserves_flags));
+    }
+}
+
+#[inline(always)]
+unsafe fn ld_u32(p: u64) -> u32 {
+    let v: u32;
+    // SAFETY: caller guarantees `p` is a valid, 4-byte aligned global address.
+    unsafe {
+        asm!("ld.global.u32 {0}, [{1}];", out(reg32) v, in(reg64) p,
+             options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+#[inline(always)]
+unsafe fn st_u32(p: u64, v: u32) {
+    // SAFETY: caller guarantees `p` is a valid, 4-byte aligned global address.
+    unsafe {
+        asm!("st.global.u32 [{0}], {1};", in(reg64) p, in(reg32) v,
+             options(nostack, preserves_flags));
+    }
+}
+
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let f: f32;
+    // SAFETY: pure register conversion.
+    unsafe {
+        asm!("cvt.f32.f16 {0}, {1};", out(reg32) f, in(reg16) h,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    f
+}
+
+#[inline(always)]
+fn bf16_to_f32(h: u16) -> f32 {
+    // bf16 is the top half of an f32: widening is exact.
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Round-to-nearest-even f32 -> f16 (overflow gives +-inf, NaN stays NaN).
+#[inline(always)]
+fn f32_to_f16(f: f32) -> u16 {
+    let h: u16;
+    // SAFETY: pure register conversion.
+    unsafe {
+        asm!("cvt.rn.f16.f32 {0}, {1};", out(reg16) h, in(reg32) f,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    h
+}
+
+/// Round-to-nearest-even f32 -> bf16 (sm_80+).
+#[inline(always)]
+fn f32_to_bf16(f: f32) -> u16 {
+    let h: u16;
+    // SAFETY: pure register conversion.
+    unsafe {
+        asm!("cvt.rn.bf16.f32 {0}, {1};", out(reg16) h, in(reg32) f,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    h
+}
+
+/// Two f32 -> one word of two f16 (`lo` in the low half), one instruction.
+#[inline(always)]
+fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    let w: u32;
+    // SAFETY: pure register conversion; PTX puts the first source in the upper half.
+    unsafe {
+        asm!("cvt.rn.f16x2.f32 {0}, {1}, {2};", out(reg32) w, in(reg32) hi, in(reg32) lo,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    w
+}
+
+/// Two f32 -> one word of two bf16 (`lo` in the low half), one instruction.
+#[inline(always)]
+fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let w: u32;
+    // SAFETY: pure register conversion; PTX puts the first source in the upper half.
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {0}, {1}, {2};", out(reg32) w, in(reg32) hi, in(reg32) lo,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    w
+}
+
+/// A storage dtype: how to move it between global memory and f32 registers.
+///
+/// Vectors are 16 bytes: `LANES` elements, unpacked into the first `LANES` entries of a
+/// `[f32; 8]` (the rest are unused and optimised away).
+pub trait Elem {
+    const BYTES: u64;
+    const LANES: usize;
+    unsafe fn load(p: u64) -> f32;
+    unsafe fn store(p: u64, v: f32);
+    fn unpack(w: [u32; 4]) -> [f32; 8];
+    fn pack(v: &[f32; 8]) -> [u32; 4];
+}
+
+pub struct F32;
+pub struct F16;
+pub struct Bf16;
+
+impl Elem for F32 {
+    const BYTES: u64 = 4;
+    const LANES: usize = 4;
+    #[inline(always)]
+    unsafe fn load(p: u64) -> f32 {
+        f32::from_bits(unsafe { ld_u32(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(p: u64, v: f32) {
+        unsafe { st_u32(p, v.to_bits()) }
+    }
+    #[inline(always)]
+    fn unpack(w: [u32; 4]) -> [f32; 8] {
+        let mut v = [0.0; 8];
+        for i in 0..4 {
+            v[i] = f32::from_bits(w[i]);
+        }
+        v
+    }
+    #[inline(always)]
+    fn pack(v: &[f32; 8]) -> [u32; 4] {
+        [
+            v[0].to_bits(),
+            v[1].to_bits(),
+            v[2].to_bits(),
+            v[3].to_bits(),
+        ]
+    }
+}
+
+impl Elem for F16 {
+    const BYTES: u64 = 2;
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn load(p: u64) -> f32 {
+        f16_to_f32(unsafe { ld_u16(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(p: u64, v: f32) {
+        unsafe { st_u16(p, f32_to_f16(v)) }
+    }
+    #[inline(always)]
+    fn unpack(w: [u32; 4]) -> [f32; 8] {
+        let mut v = [0.0; 8];
+        for i in 0..4 {
+            v[2 * i] = f16_to_f32(w[i] as u16);
+            v[2 * i + 1] = f16_to_f32((w[i] >> 16) as u16);
+        }
+        v
+    }
+    #[inline(always)]
+    fn pack(v: &[f32; 8]) -> [u32; 4] {
+        let mut w = [0; 4];
+        for i in 0..4 {
+            w[i] = pack_f16x2(v[2 * i], v[2 * i + 1]);
+        }
+        w
+    }
+}
+
+impl Elem for Bf16 {
+    const BYTES: u64 = 2;
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn load(p: u64) -> f32 {
+        bf16_to_f32(unsafe { ld_u16(p) })
+    }
+    #[inline(always)]
+    unsafe fn store(p: u64, v: f32) {
+        unsafe { st_u16(p, f32_to_bf16(v)) }
+    }
+    #[inline(always)]
+    fn unpack(w: [u32; 4]) -> [f32; 8] {
+        let mut v = [0.0; 8];
+        for i in 0..4 {
+            v[2 * i] = f32::from_bits(w[i] << 16);
+            v[2 * i + 1] = f32::from_bits(w[i] & 0xffff_0000);
+        }
+        v
+    }
+    #[inline(always)]
+    fn pack(v: &[f32; 8]) -> [u32; 4] {
+        let mut w = [0; 4];
+        for i in 0..4 {
+            w[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
+        }
+        w
+    }
+}
+
+/// Thread and block coordinates, widened to u64 before any arithmetic.
+pub mod grid {
+    use core::arch::nvptx;
+
+    #[inline(always)]
+    pub fn thread_x() -> u64 {
+        // SAFETY: reading a special register has no preconditions.
+        unsafe { nvptx::_thread_idx_x() as u64 }
+    }
+    #[inline(always)]
+    pub fn block_x() -> u64 {
+        // SAFETY: as above.
+        unsafe { nvptx::_block_idx_x() as u64 }
+    }
+    #[inline(always)]
+    pub fn block_dim_x() -> u64 {
+        // SAFETY: as above.
+        unsafe { nvptx::_block_dim_x() as u64 }
+    }
+    #[inline(always)]
+    pub fn grid_dim_x() -> u64 {
+        // SAFETY: as above.
+        unsafe { nvptx::_grid_dim_x() as u64 }
+    }
+}
