@@ -56,7 +56,7 @@ fn check_aliasing(
 /// 16-byte vectors when every operand allows them, else one element per access.
 fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
     let lanes = dtype.lanes_per_16b();
-    let ok = cols % lanes == 0
+    let ok = cols.is_multiple_of(lanes)
         && mats
             .iter()
             .all(|m| m.addr % 16 == 0 && (m.rows <= 1 || m.row_stride % lanes == 0));

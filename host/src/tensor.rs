@@ -112,7 +112,7 @@ impl MatDesc {
 
     /// The two halves `[gate | up]` of an interleaved matrix (`cols` must be even).
     pub fn interleaved_halves(&self) -> Result<(MatDesc, MatDesc)> {
-        if self.cols % 2 != 0 {
+        if !self.cols.is_multiple_of(2) {
             return Err(Error::OddInterleavedWidth { cols: self.cols });
         }
         let half = self.cols / 2;
@@ -170,7 +170,7 @@ impl MatDesc {
             });
         }
         let align = dtype.size_bytes();
-        if self.addr % align as u64 != 0 {
+        if !self.addr.is_multiple_of(align as u64) {
             return Err(Error::Misaligned {
                 tensor: name,
                 addr: self.addr,

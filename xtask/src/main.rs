@@ -1,1 +1,49 @@
-fn main() {}
+//! `cargo xtask <task>`: the project's commands, one module per task.
+//!
+//! Kept light (clap, serde_json): it must compile fast on a fresh machine.
+
+mod bundle;
+mod ci;
+mod ptx;
+mod tools;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "ferrofuse project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Build the PTX for each supported arch and check it with ptxas (registers, spills, stack).
+    Ptx(ptx::Args),
+    /// What CI runs: fmt check, clippy with warnings denied, all tests, `ptx`.
+    Ci,
+    /// Write a folder with the test and bench executables and a script that runs them on a GPU
+    /// machine without a Rust toolchain.
+    GpuBundle(bundle::Args),
+    /// Install the tools the tasks need (ptxas from PyPI) into `.tools/`.
+    Setup,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Ptx(args) => ptx::run(&args),
+        Task::Ci => ci::run(),
+        Task::GpuBundle(args) => bundle::run(&args),
+        Task::Setup => tools::ptxas().map(|p| println!("ptxas: {}", p.display())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The device build, shared by `host/build.rs` (which embeds the PTX) and `cargo xtask ptx`
+//! (which builds every supported arch and checks it with ptxas). Included with `#[path]`, so
+//! it uses std and ferrofuse-common only.
+//!
+//! Steps: check the pinned nightly has `rust-src` and `llvm-tools`; build `ptx-linker` for the
+//! host; build `ferrofuse-kernels` for `nvptx64-nvidia-cuda` with `-Zbuild-std=core`, rustc
+//! calling `ptx-linker` (llvm-link, opt, llc; it rejects leftover panic paths); check the
+//! `.entry` list against `ferrofuse_common::kernel_names()`. Both nested builds use their own
+//! target directory, so they never wait on the outer build's lock.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Environment variable selecting the arch (`sm_90` by default, `sm_80` at least).
+pub const ARCH_VAR: &str = "FERROFUSE_CUDA_ARCH";
+pub const DEFAULT_ARCH: &str = "sm_90";
+
+/// `sm_XY` -> `XY`, at least 80 (the kernels use `cvt.rn.bf16x2.f32`, an sm_80 instruction).
+pub fn parse_arch(arch: &str) -> Result<u32, String> {
+    let cc: u32 = arch
+        .strip_prefix("sm_")
+        .and_then(|n| n.trim_end_matches(['a', 'f']).parse().ok())
+        .ok_or(format!("{ARCH_VAR}={arch} is not an arch like sm_90"))?;
+    if cc < 80 {
+        return Err(format!("{ARCH_VAR}={arch}: ferrofuse needs sm_80 or newer"));
+    }
+    Ok(cc)
+}
+
+/// Builds the PTX for `arch` under `target_dir`, checks its entries, returns its text.
+pub fn build_checked_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<String, String> {
+    let ptx = build_ptx(root, target_dir, arch)?;
+    let text = std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
+    check_entries(&text)?;
+    Ok(text)
+}
+
+/// Runs the two nested cargo builds; returns the path of the linked PTX.
+fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, String> {
+    check_toolchain()?;
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = root.join("Cargo.toml");
+    let nested = |args: &[&str], envs: &[(&str, String)]| -> Result<(), String> {
+        let mut cmd = Command::new(&cargo);
+        cmd.args(args)
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(target_dir);
+        // The outer build's settings must not leak into the nested ones.
+        for var in [
+            "CARGO_ENCODED_RUSTFLAGS",
+            "RUSTFLAGS",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_TARGET",
+            "CARGO_BUILD_RUSTFLAGS",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "RUSTC_WRAPPER",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(envs.iter().map(|(k, v)| (k, v)));
+        let status = cmd.status().map_err(|e| format!("running {cargo}: {e}"))?;
+        if !status.success() {
+            return Err(format!("`cargo {}` failed ({status})", args.join(" ")));
+        }
+        Ok(())
+    };
+    nested(&["build", "--quiet", "-p", "ptx-linker", "--release"], &[])?;
+    let linker = target_dir
+        .join("release")
+        .join(format!("ptx-linker{}", env::consts::EXE_SUFFIX));
+    nested(
+        &[
+            "build",
+            "--quiet",
+            "-p",
+            "ferrofuse-kernels",
+            "--target",
+            "nvptx64-nvidia-cuda",
+            "-Zbuild-std=core",
+            "--profile",
+            "ptx",
+        ],
+        &[
+            (
+                "CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER",
+                linker.display().to_string(),
+            ),
+            (
+                "CARGO_TARGET_NVPTX64_NVIDIA_CUDA_RUSTFLAGS",
+                format!("-C target-cpu={arch}"),
+            ),
+        ],
+    )?;
+    Ok(target_dir.join("nvptx64-nvidia-cuda/ptx/ferrofuse_kernels.ptx"))
+}
+
+/// The nightly must carry `rust-src` (for -Zbuild-std) and `llvm-tools` (for the link step).
+fn check_toolchain() -> Result<(), String> {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let print = |what: &str| -> Result<String, String> {
+        let o = Command::new(&rustc)
+            .args(["--print", what])
+            .output()
+            .map_err(|e| format!("running {rustc}: {e}"))?;
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let sysroot = PathBuf::from(print("sysroot")?);
+    let host = print("host-tuple")?;
+    let install = "run `rustup toolchain install` in the repository root (it reads \
+                   rust-toolchain.toml and installs the pinned nightly with its components)";
+    if !sysroot.join("lib/rustlib/src/rust/library/core").exists() {
+        return Err(format!(
+            "the rust-src component is missing from {}: {install}, or `rustup component add rust-src`",
+            sysroot.display()
+        ));
+    }
+    if !sysroot
+        .join("lib/rustlib")
+        .join(host)
+        .join("bin/llvm-link")
+        .exists()
+    {
+        return Err(format!(
+            "the llvm-tools component is missing from {}: {install}, or `rustup component add llvm-tools`",
+            sysroot.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Every name in the shared table is a `.entry` of the PTX, and nothing else is.
+fn check_entries(ptx: &str) -> Result<(), String> {
+    let entries: Vec<&str> = ptx
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|l| l.trim_end_matches('('))
+        .collect();
+    let expected: Vec<&str> = ferrofuse_common::kernel_names().collect();
+    for name in &expected {
+        if !entries.contains(name) {
+            return Err(format!(
+                "kernel {name} is in the shared table but not in the PTX"
+            ));
+        }
+    }
+    for name in &entries {
+        if !expected.contains(name) {
+            return Err(format!(
+                "PTX entry {name} is missing from ferrofuse_common's table"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! `cargo xtask gpu-bundle [--out DIR]`: one folder that runs the GPU tests and the benchmark
+//! on a machine with a CUDA driver but no Rust toolchain (build on CPU runners, test on GPU
+//! runners). It holds the release-built test executables of `ferrofuse`, the benchmark
+//! executable and its peer script when they exist, and `run.sh`:
+//!
+//! - `run.sh test [filter]`: every test executable (GPU tests run; CPU tests too);
+//! - `run.sh sanitize [filter]`: the GPU tests under compute-sanitizer memcheck, racecheck and
+//!   initcheck, on the quick shape matrix (`FERROFUSE_TEST_QUICK=1`);
+//! - `run.sh bench [args]`: the benchmark.
+//!
+//! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::tools;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Output folder (git-ignored by default).
+    #[arg(long, default_value = "gpu-bundle")]
+    out: PathBuf,
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs ferrofuse's GPU tests, sanitizer checks or benchmark from a gpu-bundle (no Rust needed).
+# Usage: run.sh test [filter] | run.sh sanitize [filter] | run.sh bench [args]
+# FERROFUSE_DEVICE=N picks the device.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+task=${1:-test}
+shift || true
+status=0
+case "$task" in
+  test)
+    for t in "$here"/tests/*; do
+      echo "== $(basename "$t")"
+      "$t" "$@" || status=1
+    done ;;
+  sanitize)
+    export FERROFUSE_TEST_QUICK=1
+    for tool in memcheck racecheck initcheck; do
+      for t in "$here"/tests/gpu_*; do
+        echo "== compute-sanitizer --tool $tool $(basename "$t")"
+        compute-sanitizer --tool "$tool" --error-exitcode 86 "$t" --test-threads=1 "$@" || status=1
+      done
+    done ;;
+  bench)
+    if [ ! -x "$here/ferrofuse-bench" ]; then echo "this bundle has no benchmark"; exit 2; fi
+    cd "$here" && ./ferrofuse-bench "$@" || status=$? ;;
+  *) echo "usage: run.sh test|sanitize|bench [args]"; exit 2 ;;
+esac
+exit $status
+"#;
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let root = tools::repo_root();
+    let out = if args.out.is_absolute() {
+        args.out.clone()
+    } else {
+        root.join(&args.out)
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+
+    let tests = build_test_executables(&cargo, &root)?;
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("tests")).map_err(|e| e.to_string())?;
+    for (name, exe) in &tests {
+        copy(exe, &out.join("tests").join(name))?;
+    }
+
+    let bench_manifest = root.join("bench/Cargo.toml");
+    if bench_manifest.exists() {
+        tools::run(
+            Command::new(&cargo)
+                .args(["build", "--release", "--quiet", "-p", "ferrofuse-bench"])
+                .current_dir(&root),
+        )?;
+        copy(
+            &root.join("target/release/ferrofuse-bench"),
+            &out.join("ferrofuse-bench"),
+        )?;
+        copy(&root.join("bench/peers.py"), &out.join("peers.py"))?;
+    }
+
+    let run_sh = out.join("run.sh");
+    std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
+    make_executable(&run_sh)?;
+    println!(
+        "gpu bundle written to {} ({} test executables)",
+        out.display(),
+        tests.len()
+    );
+    println!(
+        "run it on the GPU machine: {}/run.sh test | sanitize | bench",
+        out.display()
+    );
+    Ok(())
+}
+
+/// Builds the `ferrofuse` test targets in release and returns (name, executable) pairs.
+fn build_test_executables(cargo: &str, root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let output = Command::new(cargo)
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "ferrofuse",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("running cargo test --no-run: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo test --no-run failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let mut tests = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["profile"]["test"].as_bool() == Some(true);
+        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str())
+        else {
+            continue;
+        };
+        if is_test {
+            tests.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    if tests.is_empty() {
+        return Err("cargo built no test executables".into());
+    }
+    Ok(tests)
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| format!("copying {}: {e}", from.display()))
+}
+
+#[cfg(unix)]
+fn make_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(unix))]
+fn make_executable(_: &Path) -> Result<(), String> {
+    Ok(())
+}

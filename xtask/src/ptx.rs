@@ -1,0 +1,177 @@
+//! `cargo xtask ptx [--json] [--arch sm_90 --arch sm_80]`: build the PTX per arch with the same
+//! code as `host/build.rs`, assemble it with `ptxas -v`, and report each kernel's resources.
+//! Fails if any kernel spills or has a stack frame.
+
+use std::process::Command;
+
+use serde::Serialize;
+
+use crate::tools;
+
+#[path = "../../host/build_ptx.rs"]
+#[allow(dead_code)]
+mod build_ptx;
+
+#[derive(clap::Args, Default)]
+pub struct Args {
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Archs to build (default: sm_90 and sm_80).
+    #[arg(long = "arch")]
+    archs: Vec<String>,
+}
+
+#[derive(Serialize, Debug, Clone)]
+pub struct KernelResources {
+    pub kernel: String,
+    pub arch: String,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_frame: u32,
+    pub shared_mem: u32,
+}
+
+pub const SUPPORTED_ARCHS: [&str; 2] = ["sm_90", "sm_80"];
+
+pub fn run(args: &Args) -> Result<(), String> {
+    let archs: Vec<String> = if args.archs.is_empty() {
+        SUPPORTED_ARCHS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.archs.clone()
+    };
+    let mut all = Vec::new();
+    for arch in &archs {
+        all.extend(resources(arch)?);
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?
+        );
+    } else {
+        print_table(&all);
+    }
+    let bad: Vec<_> = all
+        .iter()
+        .filter(|k| k.spill_stores + k.spill_loads + k.stack_frame > 0)
+        .map(|k| format!("{} ({})", k.kernel, k.arch))
+        .collect();
+    if !bad.is_empty() {
+        return Err(format!(
+            "kernels spill or use a stack frame: {}",
+            bad.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Builds the PTX for `arch` and returns ptxas's report of every kernel in it.
+pub fn resources(arch: &str) -> Result<Vec<KernelResources>, String> {
+    build_ptx::parse_arch(arch)?;
+    let root = tools::repo_root();
+    let target = root.join("target/xtask-ptx").join(arch);
+    let text = build_ptx::build_checked_ptx(&root, &target, arch)?;
+    let ptx_path = target.join("ferrofuse.ptx");
+    std::fs::write(&ptx_path, text).map_err(|e| e.to_string())?;
+    let ptxas = tools::ptxas()?;
+    let out = Command::new(&ptxas)
+        .arg(format!("-arch={arch}"))
+        .args(["-v", "-O3", "-o"])
+        .arg(target.join("ferrofuse.cubin"))
+        .arg(&ptx_path)
+        .output()
+        .map_err(|e| format!("running ptxas: {e}"))?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("ptxas rejected the {arch} PTX:\n{log}"));
+    }
+    Ok(parse_ptxas_log(&log, arch))
+}
+
+fn number_before(line: &str, suffix: &str) -> Option<u32> {
+    let end = line.find(suffix)?;
+    line[..end].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses `ptxas -v` output: an "entry function 'name'" line, then its stack/spill line and its
+/// "Used N registers" line.
+fn parse_ptxas_log(log: &str, arch: &str) -> Vec<KernelResources> {
+    let mut out: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default();
+            out.push(KernelResources {
+                kernel: name.to_string(),
+                arch: arch.to_string(),
+                registers: 0,
+                spill_stores: 0,
+                spill_loads: 0,
+                stack_frame: 0,
+                shared_mem: 0,
+            });
+        } else if let Some(k) = out.last_mut() {
+            if line.contains("bytes stack frame") {
+                k.stack_frame = number_before(line, "bytes stack frame").unwrap_or(0);
+                k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+                k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+            } else if line.contains("Used") && line.contains("registers") {
+                k.registers = number_before(line, "registers").unwrap_or(0);
+                k.shared_mem = number_before(line, "bytes smem").unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+pub fn print_table(all: &[KernelResources]) {
+    println!(
+        "{:<34} {:>6} {:>5} {:>8} {:>8} {:>6} {:>6}",
+        "kernel", "arch", "regs", "spill-st", "spill-ld", "stack", "smem"
+    );
+    for k in all {
+        println!(
+            "{:<34} {:>6} {:>5} {:>8} {:>8} {:>6} {:>6}",
+            k.kernel,
+            k.arch,
+            k.registers,
+            k.spill_stores,
+            k.spill_loads,
+            k.stack_frame,
+            k.shared_mem
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ptxas_verbose_output() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'k1' for 'sm_90'\n\
+ptxas info    : Function properties for k1\n\
+    16 bytes stack frame, 4 bytes spill stores, 8 bytes spill loads\n\
+ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem\n\
+ptxas info    : Compiling entry function 'k2' for 'sm_90'\n\
+ptxas info    : Function properties for k2\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 12 registers, used 0 barriers\n";
+        let r = parse_ptxas_log(log, "sm_90");
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].kernel.as_str(), r[0].registers, r[0].stack_frame),
+            ("k1", 40, 16)
+        );
+        assert_eq!(
+            (r[0].spill_stores, r[0].spill_loads, r[0].shared_mem),
+            (4, 8, 128)
+        );
+        assert_eq!(
+            (r[1].kernel.as_str(), r[1].registers, r[1].shared_mem),
+            ("k2", 12, 0)
+        );
+    }
+}
