@@ -34,7 +34,7 @@ pub mod runtime;
 pub mod tensor;
 
 pub use error::{Error, Result};
-pub use ferrofuse_common::{Activation, DType, KernelId, VecMode};
+pub use ferrofuse_common::{Activation, DType, KernelId, VecMode, act};
 pub use runtime::{Kernels, Launch, PTX, PTX_ARCH, device_count, driver_available};
 pub use tensor::{Element, Mat, MatDesc, MatMut};
 

@@ -1,0 +1,458 @@
+//! CPU tests of the gated family's host side: every validation error, the aliasing rules,
+//! the choice of vector path and the launch geometry. No GPU is needed: the `plan_*`
+//! functions decide everything a launch does from the tensor descriptions.
+
+use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
+use ferrofuse::{Activation, DType, Error, KernelId, MatDesc, VecMode};
+
+const SMS: u32 = 132;
+const BASE: u64 = 0x7f00_0000_0000;
+
+fn mat(addr: u64, dtype: DType, rows: usize, cols: usize) -> MatDesc {
+    MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)
+}
+
+/// Three disjoint, 256-byte aligned `rows x cols` matrices.
+fn abc(dtype: DType, rows: usize, cols: usize) -> (MatDesc, MatDesc, MatDesc) {
+    let bytes = ((rows * cols * dtype.size_bytes()) as u64).next_multiple_of(256);
+    (
+        mat(BASE, dtype, rows, cols),
+        mat(BASE + bytes, dtype, rows, cols),
+        mat(BASE + 2 * bytes, dtype, rows, cols),
+    )
+}
+
+fn fwd(
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+) -> Result<ferrofuse::Launch<ferrofuse_common::GatedFwdParams>, Error> {
+    plan_gated_forward(Activation::Silu, a.dtype, a, b, y, SMS)
+}
+
+#[test]
+fn valid_split_call_plans_the_vector_kernel() {
+    let (a, b, y) = abc(DType::BF16, 64, 14336);
+    let l = fwd(&a, &b, &y).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFwd(DType::BF16, VecMode::V16));
+    assert_eq!(
+        (l.params.a, l.params.b, l.params.y),
+        (a.addr, b.addr, y.addr)
+    );
+    assert_eq!((l.params.rows, l.params.cols), (64, 14336));
+    assert_eq!(l.params.act, Activation::Silu as u32);
+    // 64 * 14336 / 8 vectors, 1024 per block.
+    assert_eq!(l.grid, (64 * 14336 / 8usize).div_ceil(1024) as u32);
+}
+
+#[test]
+fn grid_is_capped_and_never_zero_for_work() {
+    let (a, b, y) = abc(DType::F32, 100_000, 4096);
+    assert_eq!(fwd(&a, &b, &y).unwrap().grid, SMS * 64);
+    let (a, b, y) = abc(DType::F32, 1, 1);
+    assert_eq!(fwd(&a, &b, &y).unwrap().grid, 1);
+    let (a, b, y) = abc(DType::F32, 0, 4096);
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().grid,
+        0,
+        "empty tensors launch nothing"
+    );
+}
+
+#[test]
+fn scalar_path_when_vectors_do_not_fit() {
+    // Row length not a multiple of the vector.
+    let (a, b, y) = abc(DType::BF16, 5, 4097);
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().kernel,
+        KernelId::GatedFwd(DType::BF16, VecMode::Scalar)
+    );
+    // An address aligned to the element but not to 16 bytes.
+    let (a, b, mut y) = abc(DType::F16, 4, 64);
+    y.addr += 2;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().kernel,
+        KernelId::GatedFwd(DType::F16, VecMode::Scalar)
+    );
+    // A row stride that breaks the alignment of later rows.
+    let (mut a, b, y) = abc(DType::F32, 4, 64);
+    a.row_stride = 66;
+    a.len = 4 * 66;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().kernel,
+        KernelId::GatedFwd(DType::F32, VecMode::Scalar)
+    );
+    // One row: its stride does not matter.
+    let (mut a, b, y) = abc(DType::F32, 1, 64);
+    a.row_stride = 65;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().kernel,
+        KernelId::GatedFwd(DType::F32, VecMode::V16)
+    );
+}
+
+#[test]
+fn interleaved_halves_are_read_through_the_row_stride() {
+    // A [rows, 2I] view padded to a row stride of 2I + 64 elements.
+    let (rows, inter) = (16, 11008);
+    let x = MatDesc {
+        row_stride: 2 * inter + 64,
+        len: rows * (2 * inter + 64),
+        ..mat(BASE, DType::BF16, rows, 2 * inter)
+    };
+    let (gate, up) = x.interleaved_halves().unwrap();
+    assert_eq!((gate.addr, up.addr), (BASE, BASE + (inter * 2) as u64));
+    assert_eq!(
+        (gate.cols, up.cols, gate.row_stride, up.row_stride),
+        (inter, inter, 2 * inter + 64, 2 * inter + 64)
+    );
+    assert!(
+        !gate.overlaps(&up),
+        "the halves of one buffer share no element"
+    );
+    let y = mat(BASE + 1 << 30, DType::BF16, rows, inter);
+    let l = fwd(&gate, &up, &y).unwrap();
+    assert_eq!(
+        (l.params.a_stride, l.params.b_stride, l.params.y_stride),
+        (2 * inter as u64 + 64, 2 * inter as u64 + 64, inter as u64)
+    );
+    assert_eq!(l.kernel, KernelId::GatedFwd(DType::BF16, VecMode::V16));
+    // In place over the up half is allowed; over the gate half it is not.
+    assert!(fwd(&gate, &up, &up).is_ok());
+    assert!(matches!(
+        fwd(&gate, &up, &gate),
+        Err(Error::Aliasing {
+            output: "y",
+            other: "a"
+        })
+    ));
+}
+
+#[test]
+fn odd_interleaved_width_is_rejected() {
+    let x = mat(BASE, DType::F16, 4, 2 * 100 + 1);
+    assert_eq!(
+        x.interleaved_halves(),
+        Err(Error::OddInterleavedWidth { cols: 201 })
+    );
+}
+
+#[test]
+fn shape_mismatch_names_the_tensor_and_shapes() {
+    let (a, b, _) = abc(DType::F32, 8, 64);
+    let y = mat(BASE + (1 << 30), DType::F32, 8, 32);
+    let e = fwd(&a, &b, &y).unwrap_err();
+    assert_eq!(
+        e,
+        Error::ShapeMismatch {
+            tensor: "y",
+            expected: (8, 64),
+            got: (8, 32)
+        }
+    );
+    assert!(
+        e.to_string().contains("8x32") && e.to_string().contains("8x64"),
+        "{e}"
+    );
+    let b = mat(BASE + (1 << 30), DType::F32, 7, 64);
+    assert_eq!(
+        fwd(&a, &b, &a).unwrap_err(),
+        Error::ShapeMismatch {
+            tensor: "b",
+            expected: (8, 64),
+            got: (7, 64)
+        }
+    );
+}
+
+#[test]
+fn dtype_mismatch_is_rejected() {
+    let (a, mut b, y) = abc(DType::BF16, 8, 64);
+    b.dtype = DType::F16;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::DTypeMismatch {
+            tensor: "b",
+            expected: DType::BF16,
+            got: DType::F16
+        }
+    );
+}
+
+#[test]
+fn non_unit_last_stride_is_rejected() {
+    let (a, b, mut y) = abc(DType::F32, 8, 64);
+    y.col_stride = 2;
+    y.len *= 2;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::NonUnitLastStride {
+            tensor: "y",
+            stride: 2
+        }
+    );
+}
+
+#[test]
+fn overlapping_rows_are_rejected() {
+    let (mut a, b, y) = abc(DType::F32, 8, 64);
+    a.row_stride = 32;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::RowStrideTooSmall {
+            tensor: "a",
+            row_stride: 32,
+            cols: 64
+        }
+    );
+}
+
+#[test]
+fn buffer_too_small_is_rejected() {
+    let (a, mut b, y) = abc(DType::BF16, 8, 64);
+    b.len = 8 * 64 - 1;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::BufferTooSmall {
+            tensor: "b",
+            needed: 512,
+            len: 511
+        }
+    );
+    // Strided: the last row ends at (rows - 1) * stride + cols.
+    let (mut a, b, y) = abc(DType::BF16, 8, 64);
+    a.row_stride = 100;
+    a.len = 7 * 100 + 63;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::BufferTooSmall {
+            tensor: "a",
+            needed: 764,
+            len: 763
+        }
+    );
+}
+
+#[test]
+fn misaligned_pointer_is_rejected() {
+    let (mut a, b, y) = abc(DType::F32, 8, 64);
+    a.addr += 2;
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::Misaligned {
+            tensor: "a",
+            addr: BASE + 2,
+            align: 4
+        }
+    );
+    let (a, b, mut y) = abc(DType::BF16, 8, 64);
+    y.addr += 1;
+    assert!(matches!(
+        fwd(&a, &b, &y),
+        Err(Error::Misaligned {
+            tensor: "y",
+            align: 2,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn forbidden_aliasing_is_rejected() {
+    let (a, b, _) = abc(DType::BF16, 8, 64);
+    // y exactly a.
+    assert_eq!(
+        fwd(&a, &b, &a).unwrap_err(),
+        Error::Aliasing {
+            output: "y",
+            other: "a"
+        }
+    );
+    // y shifted by one element from b: overlaps without being the same place.
+    let y = MatDesc {
+        addr: b.addr + 2,
+        ..b
+    };
+    assert!(matches!(
+        fwd(&a, &b, &y),
+        Err(Error::Aliasing {
+            output: "y",
+            other: "b"
+        })
+    ));
+    // y exactly b, but with another row stride: not the same place.
+    let y = MatDesc {
+        rows: 4,
+        row_stride: 128,
+        ..b
+    };
+    let b4 = MatDesc { rows: 4, ..b };
+    let a4 = MatDesc { rows: 4, ..a };
+    assert!(matches!(
+        fwd(&a4, &b4, &y),
+        Err(Error::Aliasing {
+            output: "y",
+            other: "b"
+        })
+    ));
+    // In place over b is allowed.
+    assert!(fwd(&a, &b, &b).is_ok());
+}
+
+#[test]
+fn backward_aliasing_rules() {
+    let dt = DType::F32;
+    let (a, b, dy) = abc(dt, 8, 64);
+    let (da, db, _) = abc(dt, 8, 64);
+    let (da, db) = (
+        MatDesc {
+            addr: da.addr + (3 << 20),
+            ..da
+        },
+        MatDesc {
+            addr: db.addr + (3 << 20),
+            ..db
+        },
+    );
+    let plan = |da: &MatDesc, db: &MatDesc| {
+        plan_gated_backward(Activation::GeluTanh, dt, &a, &b, &dy, da, db, SMS)
+    };
+    let l = plan(&da, &db).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedBwd(dt, VecMode::V16));
+    assert!(plan(&a, &b).is_ok(), "da over a, db over b");
+    assert!(plan(&dy, &b).is_ok(), "da over dy");
+    assert!(plan(&da, &dy).is_ok(), "db over dy");
+    assert!(matches!(
+        plan(&dy, &dy),
+        Err(Error::Aliasing {
+            output: "da",
+            other: "db"
+        })
+    ));
+    assert!(matches!(
+        plan(&b, &db),
+        Err(Error::Aliasing {
+            output: "da",
+            other: "b"
+        })
+    ));
+    assert!(matches!(
+        plan(&da, &a),
+        Err(Error::Aliasing {
+            output: "db",
+            other: "a"
+        })
+    ));
+    // Interleaved gradients [da | db] in one buffer do not overlap.
+    let dx = mat(BASE + (1 << 30), dt, 8, 128);
+    let (dga, dgb) = dx.interleaved_halves().unwrap();
+    let l = plan_gated_backward(Activation::Silu, dt, &a, &b, &dy, &dga, &dgb, SMS).unwrap();
+    assert_eq!(
+        (
+            l.params.da_stride,
+            l.params.db_stride,
+            l.params.db - l.params.da
+        ),
+        (128, 128, 64 * 4)
+    );
+}
+
+#[test]
+fn backward_validates_every_operand() {
+    let dt = DType::F16;
+    let (a, b, dy) = abc(dt, 8, 64);
+    let (da, _, _) = abc(dt, 8, 64);
+    let da = MatDesc {
+        addr: da.addr + (3 << 20),
+        ..da
+    };
+    let db = MatDesc {
+        addr: da.addr + (1 << 20),
+        ..da
+    };
+    let bad_dy = MatDesc {
+        rows: 9,
+        len: 9 * 64,
+        ..dy
+    };
+    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &bad_dy, &da, &db, SMS).unwrap_err();
+    assert_eq!(
+        e,
+        Error::ShapeMismatch {
+            tensor: "dy",
+            expected: (8, 64),
+            got: (9, 64)
+        }
+    );
+    let bad_db = MatDesc {
+        dtype: DType::BF16,
+        ..db
+    };
+    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &dy, &da, &bad_db, SMS).unwrap_err();
+    assert_eq!(
+        e,
+        Error::DTypeMismatch {
+            tensor: "db",
+            expected: DType::F16,
+            got: DType::BF16
+        }
+    );
+}
+
+/// `MatDesc::overlaps` against brute force on small strided matrices.
+#[test]
+fn overlap_test_is_exact_for_equal_strides() {
+    let elems = |m: &MatDesc| -> Vec<u64> {
+        let mut v = Vec::new();
+        for r in 0..m.rows {
+            for c in 0..m.cols {
+                v.push(m.addr + ((r * m.row_stride + c) * 4) as u64);
+            }
+        }
+        v
+    };
+    let mut checked = 0;
+    for stride in 1..7usize {
+        for (c1, c2) in (1..=stride).flat_map(|c1| (1..=stride).map(move |c2| (c1, c2))) {
+            for (r1, r2) in [(1, 1), (1, 3), (3, 1), (2, 2), (4, 3)] {
+                for off in -30i64..30 {
+                    let m1 = MatDesc {
+                        row_stride: stride,
+                        len: 1000,
+                        ..mat(4000, DType::F32, r1, c1)
+                    };
+                    let m2 = MatDesc {
+                        addr: (4000 + off * 4) as u64,
+                        row_stride: stride,
+                        len: 1000,
+                        ..mat(0, DType::F32, r2, c2)
+                    };
+                    let e1 = elems(&m1);
+                    let truth = elems(&m2).iter().any(|x| e1.contains(x));
+                    assert_eq!(m1.overlaps(&m2), truth, "{m1:?} vs {m2:?}");
+                    assert_eq!(m2.overlaps(&m1), truth, "{m2:?} vs {m1:?}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000);
+}
+
+#[test]
+fn errors_read_as_sentences() {
+    let e = Error::BufferTooSmall {
+        tensor: "b",
+        needed: 512,
+        len: 511,
+    };
+    assert_eq!(
+        e.to_string(),
+        "b buffer too small: its shape and strides reach 512 elements, the buffer has 511"
+    );
+    let e = Error::Aliasing {
+        output: "y",
+        other: "a",
+    };
+    assert!(e.to_string().starts_with("y overlaps a"));
+}

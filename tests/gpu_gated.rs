@@ -1,0 +1,577 @@
+//! GPU tests of the gated family: every activation x dtype x layout x in-place form, forward
+//! and backward, against the f64 reference on fresh random inputs, outputs poisoned (NaN)
+//! before each run. Without a CUDA driver each test prints why it skips and passes.
+//!
+//! `FERROFUSE_DEVICE=N` picks the device; `FERROFUSE_TEST_QUICK=1` trims the shapes (used under
+//! compute-sanitizer).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ferrofuse::half::{bf16, f16};
+use ferrofuse::{Activation, DType, Element, Error, Kernels, Mat, MatDesc, MatMut, reference};
+use rand::rngs::StdRng;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    Split,
+    Interleaved,
+}
+
+/// (rows, intermediate): odd and real model sizes, one row to many rows.
+fn shapes() -> Vec<(usize, usize)> {
+    if quick() {
+        return vec![(1, 1), (3, 3), (5, 133), (2, 1024), (300, 24)];
+    }
+    vec![
+        (1, 1),
+        (3, 3),
+        (7, 8),
+        (5, 4097),
+        (2, 11008),
+        (1, 14336),
+        (4, 18944),
+        (3, 28672),
+        (33, 1000),
+        (20000, 24),
+        (257, 14336),
+        (64, 28672),
+        (1024, 4096),
+    ]
+}
+
+/// Row strides used for the interleaved input and the output: padded, so strided views are
+/// exercised, and kept 16-byte friendly when the width is, so the vector path runs too.
+fn padded(cols: usize) -> usize {
+    cols + 8
+}
+
+fn upload<T: Element>(s: &Arc<CudaStream>, v: &[T]) -> CudaSlice<T> {
+    s.clone_htod(v).expect("upload")
+}
+
+fn download<T: Element>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Vec<T> {
+    s.clone_dtoh(d).expect("download")
+}
+
+/// Interleaves `a` and `b` as `[a | b]` rows of stride `stride`, padding poisoned.
+fn interleave<T: Element>(a: &[T], b: &[T], rows: usize, cols: usize, stride: usize) -> Vec<T> {
+    let mut x = vec![poison::<T>(); rows * stride];
+    for r in 0..rows {
+        x[r * stride..r * stride + cols].copy_from_slice(&a[r * cols..(r + 1) * cols]);
+        x[r * stride + cols..r * stride + 2 * cols].copy_from_slice(&b[r * cols..(r + 1) * cols]);
+    }
+    x
+}
+
+/// Columns `[c0, c0 + cols)` of each row of a strided buffer, as f64.
+fn gather<T: Element>(buf: &[T], rows: usize, cols: usize, stride: usize, c0: usize) -> Vec<f64> {
+    (0..rows)
+        .flat_map(|r| {
+            buf[r * stride + c0..r * stride + c0 + cols]
+                .iter()
+                .map(|v| v.to_f64())
+        })
+        .collect()
+}
+
+fn forward_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    act: Activation,
+    layout: Layout,
+    inplace: bool,
+    (rows, cols): (usize, usize),
+) {
+    let n = rows * cols;
+    let (a, af) = random::<T>(rng, n, 8.0);
+    let (b, bf) = random::<T>(rng, n, 2.0);
+    let want = reference::gated_forward(act, &af, &bf);
+    let what = format!(
+        "{} {} {layout:?} inplace={inplace} {rows}x{cols}",
+        act.name(),
+        T::DTYPE.name()
+    );
+    let got = match (layout, inplace) {
+        (Layout::Split, false) => {
+            let (da, db) = (upload(s, &a), upload(s, &b));
+            let mut y = upload(s, &vec![poison::<T>(); n]);
+            k.gated(
+                s,
+                act,
+                &Mat::new(da.as_view(), rows, cols),
+                &Mat::new(db.as_view(), rows, cols),
+                &mut MatMut::new(y.as_view_mut(), rows, cols),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            to_f64(&download(s, &y))
+        }
+        (Layout::Split, true) => {
+            let da = upload(s, &a);
+            let mut db = upload(s, &b);
+            k.gated_inplace(
+                s,
+                act,
+                &Mat::new(da.as_view(), rows, cols),
+                &mut MatMut::new(db.as_view_mut(), rows, cols),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            to_f64(&download(s, &db))
+        }
+        (Layout::Interleaved, false) => {
+            let xs = padded(2 * cols);
+            let dx = upload(s, &interleave(&a, &b, rows, cols, xs));
+            let ys = padded(cols);
+            let mut y = upload(s, &vec![poison::<T>(); rows * ys]);
+            k.gated_interleaved(
+                s,
+                act,
+                &Mat::strided(dx.as_view(), rows, 2 * cols, xs),
+                &mut MatMut::strided(y.as_view_mut(), rows, cols, ys),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let y = download(s, &y);
+            // The row padding of y is not written.
+            let pad = gather(&y, rows, ys - cols, ys, cols);
+            assert!(
+                pad.iter().all(|v| v.is_nan()),
+                "{what}: padding of y was written"
+            );
+            gather(&y, rows, cols, ys, 0)
+        }
+        (Layout::Interleaved, true) => {
+            let xs = padded(2 * cols);
+            let mut dx = upload(s, &interleave(&a, &b, rows, cols, xs));
+            k.gated_interleaved_inplace(
+                s,
+                act,
+                &mut MatMut::strided(dx.as_view_mut(), rows, 2 * cols, xs),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let x = download(s, &dx);
+            assert_eq!(
+                gather(&x, rows, cols, xs, 0),
+                af,
+                "{what}: the gate half changed"
+            );
+            gather(&x, rows, cols, xs, cols)
+        }
+    };
+    let (atol, rtol) = tolerance(T::DTYPE);
+    assert_close(&what, &got, &want, atol, rtol);
+}
+
+fn backward_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    act: Activation,
+    layout: Layout,
+    (rows, cols): (usize, usize),
+) {
+    let n = rows * cols;
+    let (a, af) = random::<T>(rng, n, 8.0);
+    let (b, bf) = random::<T>(rng, n, 2.0);
+    let (dy, dyf) = random::<T>(rng, n, 2.0);
+    let (want_da, want_db) = reference::gated_backward(act, &af, &bf, &dyf);
+    let what = format!(
+        "backward {} {} {layout:?} {rows}x{cols}",
+        act.name(),
+        T::DTYPE.name()
+    );
+    let ddy = upload(s, &dy);
+    let (got_da, got_db) = match layout {
+        Layout::Split => {
+            let (da_in, db_in) = (upload(s, &a), upload(s, &b));
+            let mut da = upload(s, &vec![poison::<T>(); n]);
+            let mut db = upload(s, &vec![poison::<T>(); n]);
+            k.gated_backward(
+                s,
+                act,
+                &Mat::new(da_in.as_view(), rows, cols),
+                &Mat::new(db_in.as_view(), rows, cols),
+                &Mat::new(ddy.as_view(), rows, cols),
+                &mut MatMut::new(da.as_view_mut(), rows, cols),
+                &mut MatMut::new(db.as_view_mut(), rows, cols),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            (to_f64(&download(s, &da)), to_f64(&download(s, &db)))
+        }
+        Layout::Interleaved => {
+            let xs = padded(2 * cols);
+            let dx_in = upload(s, &interleave(&a, &b, rows, cols, xs));
+            let mut dx = upload(s, &vec![poison::<T>(); rows * xs]);
+            k.gated_backward_interleaved(
+                s,
+                act,
+                &Mat::strided(dx_in.as_view(), rows, 2 * cols, xs),
+                &Mat::new(ddy.as_view(), rows, cols),
+                &mut MatMut::strided(dx.as_view_mut(), rows, 2 * cols, xs),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let dx = download(s, &dx);
+            (
+                gather(&dx, rows, cols, xs, 0),
+                gather(&dx, rows, cols, xs, cols),
+            )
+        }
+    };
+    let (atol, rtol) = tolerance(T::DTYPE);
+    assert_close(&format!("{what} da"), &got_da, &want_da, atol, rtol);
+    assert_close(&format!("{what} db"), &got_db, &want_db, atol, rtol);
+}
+
+/// Runs `f` for every dtype with a fresh seed, printing the seed if it panics.
+fn for_each_dtype(test: &str, f: impl Fn(&Kernels, &Arc<CudaStream>, &mut StdRng, DType)) {
+    let Some((k, s)) = gpu(test) else { return };
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        let run = std::panic::AssertUnwindSafe(|| f(&k, &s, &mut rng, dtype));
+        if let Err(p) = std::panic::catch_unwind(run) {
+            eprintln!("{test}: failed with seed {seed:#x}");
+            std::panic::resume_unwind(p);
+        }
+    }
+}
+
+macro_rules! typed {
+    ($dtype:expr, $f:ident::<T>($($arg:expr),*)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+        }
+    };
+}
+
+fn forward_all(layout: Layout, inplace: bool, test: &str) {
+    for_each_dtype(test, |k, s, rng, dtype| {
+        for act in Activation::ALL {
+            for shape in shapes() {
+                typed!(
+                    dtype,
+                    forward_case::<T>(k, s, rng, act, layout, inplace, shape)
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn forward_split() {
+    forward_all(Layout::Split, false, "forward_split");
+}
+
+#[test]
+fn forward_split_inplace() {
+    forward_all(Layout::Split, true, "forward_split_inplace");
+}
+
+#[test]
+fn forward_interleaved() {
+    forward_all(Layout::Interleaved, false, "forward_interleaved");
+}
+
+#[test]
+fn forward_interleaved_inplace() {
+    forward_all(Layout::Interleaved, true, "forward_interleaved_inplace");
+}
+
+#[test]
+fn backward_split() {
+    for_each_dtype("backward_split", |k, s, rng, dtype| {
+        for act in Activation::ALL {
+            for shape in shapes() {
+                typed!(
+                    dtype,
+                    backward_case::<T>(k, s, rng, act, Layout::Split, shape)
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn backward_interleaved() {
+    for_each_dtype("backward_interleaved", |k, s, rng, dtype| {
+        for act in Activation::ALL {
+            for shape in shapes() {
+                typed!(
+                    dtype,
+                    backward_case::<T>(k, s, rng, act, Layout::Interleaved, shape)
+                );
+            }
+        }
+    });
+}
+
+fn addr<T>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> u64 {
+    d.device_ptr(s).0
+}
+
+fn desc<T: Element>(s: &Arc<CudaStream>, d: &CudaSlice<T>, rows: usize, cols: usize) -> MatDesc {
+    MatDesc::contiguous(addr(s, d), d.len(), T::DTYPE, rows, cols)
+}
+
+/// The raw backward in its in-place forms: `da` over `dy` and `db` over `b`.
+fn raw_backward_inplace_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng) {
+    let (rows, cols) = (9, 4104);
+    let n = rows * cols;
+    let (a, af) = random::<T>(rng, n, 8.0);
+    let (b, bf) = random::<T>(rng, n, 2.0);
+    let (dy, dyf) = random::<T>(rng, n, 2.0);
+    let (want_da, want_db) = reference::gated_backward(Activation::GeluErf, &af, &bf, &dyf);
+    let (da_in, db_in, ddy) = (upload(s, &a), upload(s, &b), upload(s, &dy));
+    let (ma, mb, mdy) = (
+        desc(s, &da_in, rows, cols),
+        desc(s, &db_in, rows, cols),
+        desc(s, &ddy, rows, cols),
+    );
+    // SAFETY: the descriptions are of live buffers of this context, synchronised below.
+    unsafe { k.gated_backward_raw(s, Activation::GeluErf, &ma, &mb, &mdy, &mdy, &mb) }.unwrap();
+    let (atol, rtol) = tolerance(T::DTYPE);
+    assert_close(
+        "raw backward da over dy",
+        &to_f64(&download(s, &ddy)),
+        &want_da,
+        atol,
+        rtol,
+    );
+    assert_close(
+        "raw backward db over b",
+        &to_f64(&download(s, &db_in)),
+        &want_db,
+        atol,
+        rtol,
+    );
+}
+
+#[test]
+fn raw_backward_inplace() {
+    for_each_dtype("raw_backward_inplace", |k, s, rng, dtype| {
+        typed!(dtype, raw_backward_inplace_case::<T>(k, s, rng))
+    });
+}
+
+/// Rejected calls write nothing: the poisoned output (or the input an illegal output
+/// overlaps) is bit-for-bit unchanged.
+fn rejected_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng) {
+    let (rows, cols) = (4, 256);
+    let (a, _) = random::<T>(rng, rows * cols, 8.0);
+    let (b, _) = random::<T>(rng, rows * cols, 2.0);
+    let (da, db) = (upload(s, &a), upload(s, &b));
+    let poisoned = vec![poison::<T>(); rows * cols];
+    let mut y = upload(s, &poisoned);
+    let bits = |v: &[T]| -> Vec<u64> { v.iter().map(|x| x.to_f64().to_bits()).collect() };
+    // Shape mismatch.
+    let e = k
+        .gated(
+            s,
+            Activation::Silu,
+            &Mat::new(da.as_view(), rows, cols),
+            &Mat::new(db.as_view(), rows, cols),
+            &mut MatMut::new(y.as_view_mut(), rows, cols - 8),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { tensor: "y", .. }), "{e}");
+    // Buffer too small for the claimed shape.
+    let e = k
+        .gated(
+            s,
+            Activation::Silu,
+            &Mat::new(da.as_view(), rows + 1, cols),
+            &Mat::new(db.as_view(), rows + 1, cols),
+            &mut MatMut::new(y.as_view_mut(), rows + 1, cols),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::BufferTooSmall { tensor: "a", .. }),
+        "{e}"
+    );
+    assert_eq!(bits(&download(s, &y)), bits(&poisoned));
+    // Raw: y over a is forbidden aliasing.
+    let (ma, mb) = (desc(s, &da, rows, cols), desc(s, &db, rows, cols));
+    // SAFETY: live buffers of this context; the call is expected to be rejected before launch.
+    let e = unsafe { k.gated_raw(s, Activation::Silu, &ma, &mb, &ma) }.unwrap_err();
+    assert_eq!(
+        e,
+        Error::Aliasing {
+            output: "y",
+            other: "a"
+        }
+    );
+    assert_eq!(bits(&download(s, &da)), bits(&a));
+}
+
+#[test]
+fn rejected_calls_write_nothing() {
+    for_each_dtype("rejected_calls_write_nothing", |k, s, rng, dtype| {
+        typed!(dtype, rejected_case::<T>(k, s, rng))
+    });
+}
+
+/// +-1e4, +-inf and NaN gates behave as torch.nn.functional (the reference encodes torch's
+/// semantics; see tests/act_cpu.rs), on both the vector and the scalar path.
+fn extremes_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, act: Activation, cols: usize) {
+    let specials = [
+        1e4,
+        -1e4,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        0.0,
+        -0.0,
+        1.0,
+    ];
+    let rows = 3;
+    let a: Vec<T> = (0..rows * cols)
+        .map(|i| T::from_f64(specials[i % specials.len()]))
+        .collect();
+    let b: Vec<T> = (0..rows * cols)
+        .map(|i| T::from_f64(if i % 3 == 0 { -1.5 } else { 0.75 }))
+        .collect();
+    let want = reference::gated_forward(act, &to_f64(&a), &to_f64(&b));
+    let (da, db) = (upload(s, &a), upload(s, &b));
+    let mut y = upload(s, &vec![T::from_f64(7.0); rows * cols]);
+    k.gated(
+        s,
+        act,
+        &Mat::new(da.as_view(), rows, cols),
+        &Mat::new(db.as_view(), rows, cols),
+        &mut MatMut::new(y.as_view_mut(), rows, cols),
+    )
+    .unwrap();
+    let got = to_f64(&download(s, &y));
+    // Where the reference is NaN the kernel must be NaN; elsewhere within tolerance (1e4 * b
+    // rounds in f16/bf16, and both sides must agree on inf).
+    let (atol, rtol) = tolerance(T::DTYPE);
+    let what = format!("extremes {} {} cols={cols}", act.name(), T::DTYPE.name());
+    assert_close(
+        &what,
+        &got,
+        &want
+            .iter()
+            .map(|&w| T::from_f64(w).to_f64())
+            .collect::<Vec<_>>(),
+        atol,
+        rtol,
+    );
+}
+
+#[test]
+fn extreme_inputs() {
+    for_each_dtype("extreme_inputs", |k, s, _, dtype| {
+        for act in Activation::ALL {
+            for cols in [64, 67] {
+                typed!(dtype, extremes_case::<T>(k, s, act, cols));
+            }
+        }
+    });
+}
+
+/// A launch is one `cuLaunchKernel` with no allocation or synchronisation: it can be captured
+/// into a CUDA graph and replayed.
+#[test]
+fn launch_is_graph_capturable() {
+    let Some((k, s)) = gpu("launch_is_graph_capturable") else {
+        return;
+    };
+    let (mut rng, _) = rng();
+    let (rows, cols) = (16, 14336);
+    let (a, af) = random::<bf16>(&mut rng, rows * cols, 8.0);
+    let (b, bf) = random::<bf16>(&mut rng, rows * cols, 2.0);
+    let (da, db) = (upload(&s, &a), upload(&s, &b));
+    let y = upload(&s, &vec![poison::<bf16>(); rows * cols]);
+    let (ma, mb, my) = (
+        desc(&s, &da, rows, cols),
+        desc(&s, &db, rows, cols),
+        desc(&s, &y, rows, cols),
+    );
+    use ferrofuse::cudarc::driver::sys;
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    // SAFETY: live buffers of this context; the graph is replayed and synchronised below.
+    unsafe { k.gated_raw(&s, Activation::Silu, &ma, &mb, &my) }.unwrap();
+    let graph = s
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a captured graph");
+    graph.launch().unwrap();
+    s.synchronize().unwrap();
+    let want = reference::gated_forward(Activation::Silu, &af, &bf);
+    let (atol, rtol) = tolerance(DType::BF16);
+    assert_close(
+        "graph replay",
+        &to_f64(&download(&s, &y)),
+        &want,
+        atol,
+        rtol,
+    );
+}
+
+/// Past 2^31 elements: an interleaved input of 2^32 + elements and an output of 2^31 +
+/// elements, checked on sampled elements and whole first and last rows.
+#[test]
+fn indexing_past_2_pow_31_elements() {
+    if quick() {
+        eprintln!("skipping indexing_past_2_pow_31_elements in quick mode");
+        return;
+    }
+    let Some((k, s)) = gpu("indexing_past_2_pow_31_elements") else {
+        return;
+    };
+    let inter = 14336;
+    let rows = (1usize << 31) / inter + 1;
+    let n = rows * inter;
+    let (free, _) = k.context().mem_get_info().unwrap();
+    if free < 3 * n * 2 + (1 << 30) {
+        eprintln!("skipping indexing_past_2_pow_31_elements: {free} bytes free on the device");
+        return;
+    }
+    // A cheap deterministic pattern (an LCG), bf16 values in [-4, 4).
+    let value = |i: usize| -> bf16 {
+        let h = (i as u64)
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            >> 40;
+        bf16::from_f32((h as f32 / (1u64 << 24) as f32) * 8.0 - 4.0)
+    };
+    let x: Vec<bf16> = (0..2 * n).map(value).collect();
+    let dx = upload(&s, &x);
+    let mut y = upload(&s, &vec![poison::<bf16>(); n]);
+    k.gated_interleaved(
+        &s,
+        Activation::Silu,
+        &Mat::new(dx.as_view(), rows, 2 * inter),
+        &mut MatMut::new(y.as_view_mut(), rows, inter),
+    )
+    .unwrap();
+    let y = download(&s, &y);
+    let check = |r: usize, c: usize| {
+        let a = x[r * 2 * inter + c].to_f64();
+        let b = x[r * 2 * inter + inter + c].to_f64();
+        let want = reference::act(Activation::Silu, a) * b;
+        let got = y[r * inter + c].to_f64();
+        assert!(
+            (got - want).abs() <= 1e-2 + 1e-2 * want.abs(),
+            "row {r} col {c}: got {got}, want {want}"
+        );
+    };
+    for c in 0..inter {
+        check(0, c);
+        check(rows - 1, c);
+    }
+    let mut i = 12345usize;
+    for _ in 0..1_000_000 {
+        i = (i.wrapping_mul(2862933555777941757).wrapping_add(3037000493)) % n;
+        check(i / inter, i % inter);
+    }
+    assert!(
+        y.iter().all(|v| !v.is_nan()),
+        "an element past 2^31 was not written"
+    );
+}
