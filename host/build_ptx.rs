@@ -68,6 +68,11 @@ fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, Stri
         Ok(())
     };
     nested(&["build", "--quiet", "-p", "ptx-linker", "--release"], &[])?;
+    // sm_90+ kernels start with griddepcontrol (programmatic dependent launch).
+    let mut rustflags = format!("-C target-cpu={arch}");
+    if parse_arch(arch)? >= 90 {
+        rustflags.push_str(" --cfg ferrofuse_pdl");
+    }
     let linker = target_dir
         .join("release")
         .join(format!("ptx-linker{}", env::consts::EXE_SUFFIX));
@@ -88,10 +93,7 @@ fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, Stri
                 "CARGO_TARGET_NVPTX64_NVIDIA_CUDA_LINKER",
                 linker.display().to_string(),
             ),
-            (
-                "CARGO_TARGET_NVPTX64_NVIDIA_CUDA_RUSTFLAGS",
-                format!("-C target-cpu={arch}"),
-            ),
+            ("CARGO_TARGET_NVPTX64_NVIDIA_CUDA_RUSTFLAGS", rustflags),
         ],
     )?;
     Ok(target_dir.join("nvptx64-nvidia-cuda/ptx/ferrofuse_kernels.ptx"))
@@ -136,7 +138,8 @@ fn check_entries(ptx: &str) -> Result<(), String> {
     let entries: Vec<&str> = ptx
         .lines()
         .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
-        .map(|l| l.trim_end_matches('('))
+        // `name(` when the entry has parameters, `name()` when it has none.
+        .map(|l| l.split('(').next().unwrap_or(l).trim())
         .collect();
     let expected: Vec<&str> = ferrofuse_common::kernel_names().collect();
     for name in &expected {

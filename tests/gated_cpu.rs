@@ -3,9 +3,13 @@
 //! functions decide everything a launch does from the tensor descriptions.
 
 use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
-use ferrofuse::{Activation, DType, Error, KernelId, MatDesc, VecMode};
+use ferrofuse::{Activation, DType, Error, GridLimits, KernelId, MatDesc, VecMode};
 
 const SMS: u32 = 132;
+
+fn limits() -> GridLimits {
+    GridLimits::uniform(SMS, 2)
+}
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn mat(addr: u64, dtype: DType, rows: usize, cols: usize) -> MatDesc {
@@ -27,7 +31,7 @@ fn fwd(
     b: &MatDesc,
     y: &MatDesc,
 ) -> Result<ferrofuse::Launch<ferrofuse_common::GatedFwdParams>, Error> {
-    plan_gated_forward(Activation::Silu, a.dtype, a, b, y, SMS)
+    plan_gated_forward(Activation::Silu, a.dtype, a, b, y, &limits())
 }
 
 #[test]
@@ -41,14 +45,23 @@ fn valid_split_call_plans_the_vector_kernel() {
     );
     assert_eq!((l.params.rows, l.params.cols), (64, 14336));
     assert_eq!(l.params.act, Activation::Silu as u32);
-    // 64 * 14336 / 8 vectors, 1024 per block.
-    assert_eq!(l.grid, (64 * 14336 / 8usize).div_ceil(1024) as u32);
+    // 64 * 14336 / 8 vectors is more than 2 x 132 blocks of 256 threads: the resident grid.
+    assert_eq!(l.grid, 2 * SMS);
 }
 
 #[test]
-fn grid_is_capped_and_never_zero_for_work() {
+fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     let (a, b, y) = abc(DType::F32, 100_000, 4096);
-    assert_eq!(fwd(&a, &b, &y).unwrap().grid, SMS * 64);
+    assert_eq!(fwd(&a, &b, &y).unwrap().grid, SMS * 2);
+    // 1 x 14336 bf16: 1792 vectors, 7 blocks of 256 threads.
+    let (a, b, y) = abc(DType::BF16, 1, 14336);
+    assert_eq!(fwd(&a, &b, &y).unwrap().grid, 7);
+    // Scalar path: one element per access.
+    let (a, b, y) = abc(DType::BF16, 3, 4097);
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().grid,
+        (3 * 4097usize).div_ceil(256) as u32
+    );
     let (a, b, y) = abc(DType::F32, 1, 1);
     assert_eq!(fwd(&a, &b, &y).unwrap().grid, 1);
     let (a, b, y) = abc(DType::F32, 0, 4096);
@@ -315,7 +328,7 @@ fn backward_aliasing_rules() {
         },
     );
     let plan = |da: &MatDesc, db: &MatDesc| {
-        plan_gated_backward(Activation::GeluTanh, dt, &a, &b, &dy, da, db, SMS)
+        plan_gated_backward(Activation::GeluTanh, dt, &a, &b, &dy, da, db, &limits())
     };
     let l = plan(&da, &db).unwrap();
     assert_eq!(l.kernel, KernelId::GatedBwd(dt, VecMode::V16));
@@ -346,7 +359,7 @@ fn backward_aliasing_rules() {
     // Interleaved gradients [da | db] in one buffer do not overlap.
     let dx = mat(BASE + (1 << 30), dt, 8, 128);
     let (dga, dgb) = dx.interleaved_halves().unwrap();
-    let l = plan_gated_backward(Activation::Silu, dt, &a, &b, &dy, &dga, &dgb, SMS).unwrap();
+    let l = plan_gated_backward(Activation::Silu, dt, &a, &b, &dy, &dga, &dgb, &limits()).unwrap();
     assert_eq!(
         (
             l.params.da_stride,
@@ -375,7 +388,8 @@ fn backward_validates_every_operand() {
         len: 9 * 64,
         ..dy
     };
-    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &bad_dy, &da, &db, SMS).unwrap_err();
+    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &bad_dy, &da, &db, &limits())
+        .unwrap_err();
     assert_eq!(
         e,
         Error::ShapeMismatch {
@@ -388,7 +402,8 @@ fn backward_validates_every_operand() {
         dtype: DType::BF16,
         ..db
     };
-    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &dy, &da, &bad_db, SMS).unwrap_err();
+    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &dy, &da, &bad_db, &limits())
+        .unwrap_err();
     assert_eq!(
         e,
         Error::DTypeMismatch {

@@ -16,6 +16,9 @@ pub enum VecMode {
 pub enum KernelId {
     GatedFwd(DType, VecMode),
     GatedBwd(DType, VecMode),
+    /// An entry that does nothing, launched by the benchmark to measure the launch floor.
+    /// It keeps the last index: add new families before it.
+    Empty,
 }
 
 const fn dtype_index(d: DType) -> usize {
@@ -24,14 +27,22 @@ const fn dtype_index(d: DType) -> usize {
 
 impl KernelId {
     /// Number of kernel entry points.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
 
     /// Dense index in `0..COUNT`.
     pub const fn index(self) -> usize {
         match self {
             KernelId::GatedFwd(d, v) => dtype_index(d) * 2 + v as usize,
             KernelId::GatedBwd(d, v) => 6 + dtype_index(d) * 2 + v as usize,
+            KernelId::Empty => Self::COUNT - 1,
         }
+    }
+
+    /// Whether the entry starts with `griddepcontrol.wait` on sm_90 builds, so the host may
+    /// launch it with programmatic dependent launch. A kernel that does not must never be
+    /// launched that way: it could read its inputs before the previous kernel wrote them.
+    pub const fn syncs_grid_dependency(self) -> bool {
+        matches!(self, KernelId::GatedFwd(..) | KernelId::GatedBwd(..))
     }
 
     /// The PTX `.entry` name.
@@ -52,6 +63,7 @@ impl KernelId {
             GatedBwd(F16, Scalar) => "gated_bwd_f16_scalar",
             GatedBwd(BF16, V16) => "gated_bwd_bf16_v16",
             GatedBwd(BF16, Scalar) => "gated_bwd_bf16_scalar",
+            Empty => "empty_kernel",
         }
     }
 
@@ -76,6 +88,7 @@ impl KernelId {
             }
             d += 1;
         }
+        all[KernelId::Empty.index()] = KernelId::Empty;
         all
     };
 }

@@ -11,17 +11,13 @@
 //! same `plan_*` validation, which needs no GPU.
 
 use ferrofuse_common::{
-    Activation, DType, GATED_THREADS, GATED_UNROLL, GatedBwdParams, GatedFwdParams, KernelId,
-    VecMode,
+    Activation, DType, GATED_THREADS, GatedBwdParams, GatedFwdParams, KernelId, VecMode,
 };
 
 use crate::error::{Error, Result};
-use crate::runtime::{Kernels, Launch};
+use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use cudarc::driver::CudaStream;
-
-/// Most blocks a gated launch uses per multiprocessor; beyond that, blocks loop (grid-stride).
-const MAX_BLOCKS_PER_SM: u32 = 64;
 
 fn check_same_shape(name: &'static str, m: &MatDesc, expected: (usize, usize)) -> Result<()> {
     if m.shape() != expected {
@@ -63,16 +59,20 @@ fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
     if ok { VecMode::V16 } else { VecMode::Scalar }
 }
 
-/// Blocks for `rows x cols` elements moved `lanes` at a time.
-fn grid_for(rows: usize, cols: usize, mode: VecMode, dtype: DType, sm_count: u32) -> u32 {
+/// Blocks for `rows x cols` elements moved by `kernel`: one access per thread while that fits
+/// on the device at once (small tensors spread over every multiprocessor), else exactly the
+/// resident grid, whose threads loop (no tail wave, no block scheduling cost).
+fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> u32 {
+    let (KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode)) = kernel else {
+        unreachable!("grid_for sizes gated kernels only");
+    };
     let width = match mode {
         VecMode::V16 => dtype.lanes_per_16b(),
         VecMode::Scalar => 1,
     };
     let accesses = (rows as u64) * (cols / width) as u64;
-    let per_block = (GATED_THREADS as u64) * GATED_UNROLL as u64;
-    let blocks = accesses.div_ceil(per_block);
-    blocks.min((sm_count.max(1) * MAX_BLOCKS_PER_SM) as u64) as u32
+    let blocks = accesses.div_ceil(GATED_THREADS as u64);
+    blocks.min(limits.resident_blocks(kernel) as u64) as u32
 }
 
 /// Validates a forward call and decides its launch. `y` may equal `b` exactly (in place);
@@ -83,7 +83,7 @@ pub fn plan_gated_forward(
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
-    sm_count: u32,
+    limits: &GridLimits,
 ) -> Result<Launch<GatedFwdParams>> {
     a.check("a", dtype)?;
     b.check("b", dtype)?;
@@ -92,10 +92,10 @@ pub fn plan_gated_forward(
     check_same_shape("y", y, a.shape())?;
     check_aliasing(("y", y), &[("a", a), ("b", b)], &["b"])?;
     let (rows, cols) = a.shape();
-    let mode = vec_mode(dtype, cols, &[a, b, y]);
+    let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[a, b, y]));
     Ok(Launch {
-        kernel: KernelId::GatedFwd(dtype, mode),
-        grid: grid_for(rows, cols, mode, dtype, sm_count),
+        kernel,
+        grid: grid_for(kernel, rows, cols, limits),
         block: GATED_THREADS,
         shared_mem_bytes: 0,
         params: GatedFwdParams {
@@ -124,7 +124,7 @@ pub fn plan_gated_backward(
     dy: &MatDesc,
     da: &MatDesc,
     db: &MatDesc,
-    sm_count: u32,
+    limits: &GridLimits,
 ) -> Result<Launch<GatedBwdParams>> {
     for (name, m) in [("a", a), ("b", b), ("dy", dy), ("da", da), ("db", db)] {
         m.check(name, dtype)?;
@@ -139,10 +139,10 @@ pub fn plan_gated_backward(
     )?;
     check_aliasing(("db", db), &[("a", a), ("b", b), ("dy", dy)], &["b", "dy"])?;
     let (rows, cols) = a.shape();
-    let mode = vec_mode(dtype, cols, &[a, b, dy, da, db]);
+    let kernel = KernelId::GatedBwd(dtype, vec_mode(dtype, cols, &[a, b, dy, da, db]));
     Ok(Launch {
-        kernel: KernelId::GatedBwd(dtype, mode),
-        grid: grid_for(rows, cols, mode, dtype, sm_count),
+        kernel,
+        grid: grid_for(kernel, rows, cols, limits),
         block: GATED_THREADS,
         shared_mem_bytes: 0,
         params: GatedBwdParams {
@@ -192,7 +192,7 @@ impl Kernels {
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &y, self.sm_count())?;
+        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &y, self.limits())?;
         // SAFETY: planned from live views borrowed for this call; y cannot alias a or b (it is
         // borrowed mutably while they are borrowed shared) and the plan checked the rest.
         unsafe { self.launch(stream, &launch) }
@@ -211,7 +211,7 @@ impl Kernels {
         let (x, _gx) = x.desc(stream);
         let (gate, up) = x.interleaved_halves()?;
         let (y, _gy) = y.desc_mut(stream);
-        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &y, self.sm_count())?;
+        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &y, self.limits())?;
         // SAFETY: as in `gated`.
         unsafe { self.launch(stream, &launch) }
     }
@@ -228,7 +228,7 @@ impl Kernels {
         check_devices(stream, &[("a", a.stream()), ("b", b.stream())])?;
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc_mut(stream);
-        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &b, self.sm_count())?;
+        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &b, self.limits())?;
         // SAFETY: y is exactly b, which the kernel reads before writing, element by element.
         unsafe { self.launch(stream, &launch) }
     }
@@ -245,7 +245,7 @@ impl Kernels {
         check_devices(stream, &[("x", x.stream())])?;
         let (x, _gx) = x.desc_mut(stream);
         let (gate, up) = x.interleaved_halves()?;
-        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &up, self.sm_count())?;
+        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &up, self.limits())?;
         // SAFETY: y is exactly the up half; the halves of one row do not overlap.
         unsafe { self.launch(stream, &launch) }
     }
@@ -278,7 +278,7 @@ impl Kernels {
         let (dy, _gdy) = dy.desc(stream);
         let (da, _gda) = da.desc_mut(stream);
         let (db, _gdb) = db.desc_mut(stream);
-        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.sm_count())?;
+        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`.
         unsafe { self.launch(stream, &launch) }
     }
@@ -302,7 +302,7 @@ impl Kernels {
         let (dy, _gdy) = dy.desc(stream);
         let (dx, _gdx) = dx.desc_mut(stream);
         let (da, db) = dx.interleaved_halves()?;
-        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.sm_count())?;
+        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`; the halves of dx do not overlap each other.
         unsafe { self.launch(stream, &launch) }
     }
@@ -324,7 +324,7 @@ impl Kernels {
         y: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_forward(act, a.dtype, a, b, y, self.sm_count())?;
+        let launch = plan_gated_forward(act, a.dtype, a, b, y, self.limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
         // alignment and aliasing.
         unsafe { self.launch(stream, &launch) }
@@ -346,7 +346,7 @@ impl Kernels {
         db: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_backward(act, a.dtype, a, b, dy, da, db, self.sm_count())?;
+        let launch = plan_gated_backward(act, a.dtype, a, b, dy, da, db, self.limits())?;
         // SAFETY: as in `gated_raw`.
         unsafe { self.launch(stream, &launch) }
     }

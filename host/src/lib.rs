@@ -35,7 +35,7 @@ pub mod tensor;
 
 pub use error::{Error, Result};
 pub use ferrofuse_common::{Activation, DType, KernelId, VecMode, act};
-pub use runtime::{Kernels, Launch, PTX, PTX_ARCH, device_count, driver_available};
+pub use runtime::{GridLimits, Kernels, Launch, PTX, PTX_ARCH, device_count, driver_available};
 pub use tensor::{Element, Mat, MatDesc, MatMut};
 
 /// Re-exported so users name the same versions ferrofuse was built with.

@@ -1,9 +1,10 @@
 //! Loading the embedded PTX: once per device context, every function looked up once.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{GatedBwdParams, GatedFwdParams, KernelId};
@@ -66,8 +67,41 @@ pub struct Launch<P> {
 pub struct Kernels {
     ctx: Arc<CudaContext>,
     functions: Vec<CudaFunction>,
-    sm_count: u32,
+    limits: GridLimits,
+    /// Launch with programmatic stream serialization (sm_90+): see [`Kernels::launch`].
+    programmatic: AtomicBool,
     _module: Arc<CudaModule>,
+}
+
+/// What a plan sizes a grid with: the multiprocessor count and how many blocks of each
+/// kernel (at its family's block size) fit on one multiprocessor at once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GridLimits {
+    pub sm_count: u32,
+    blocks_per_sm: [u32; KernelId::COUNT],
+}
+
+impl GridLimits {
+    /// The same occupancy for every kernel (for planning without a device, and in tests).
+    pub fn uniform(sm_count: u32, blocks_per_sm: u32) -> Self {
+        Self {
+            sm_count,
+            blocks_per_sm: [blocks_per_sm; KernelId::COUNT],
+        }
+    }
+
+    /// Blocks of `kernel` the whole device holds at once (at least one per multiprocessor).
+    pub fn resident_blocks(&self, kernel: KernelId) -> u32 {
+        self.sm_count.max(1) * self.blocks_per_sm[kernel.index()].max(1)
+    }
+}
+
+/// The block size each kernel is launched with, where it is fixed for the family.
+fn family_block_size(kernel: KernelId) -> Option<u32> {
+    match kernel {
+        KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => Some(ferrofuse_common::GATED_THREADS),
+        _ => None,
+    }
 }
 
 static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
@@ -123,10 +157,21 @@ impl Kernels {
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .during("reading the multiprocessor count")? as u32;
+        let mut limits = GridLimits::uniform(sm_count, 1);
+        for (k, f) in KernelId::ALL.iter().zip(&functions) {
+            if let Some(block) = family_block_size(*k) {
+                limits.blocks_per_sm[k.index()] =
+                    f.occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+                        .during("reading a kernel's occupancy")? as u32;
+            }
+        }
+        // griddepcontrol is compiled in only for sm_90+ PTX (see host/build_ptx.rs).
+        let programmatic = major >= 9 && ptx_cc >= 90;
         Ok(Self {
             ctx: ctx.clone(),
             functions,
-            sm_count,
+            limits,
+            programmatic: AtomicBool::new(programmatic),
             _module: module,
         })
     }
@@ -137,7 +182,28 @@ impl Kernels {
 
     /// Streaming multiprocessors of the device (used to size grids).
     pub fn sm_count(&self) -> u32 {
-        self.sm_count
+        self.limits.sm_count
+    }
+
+    /// Multiprocessors and per-kernel occupancy, as the plans use them.
+    pub fn limits(&self) -> &GridLimits {
+        &self.limits
+    }
+
+    /// Whether launches use programmatic dependent launch (on by default on sm_90+).
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic.load(Ordering::Relaxed)
+    }
+
+    /// Turns programmatic dependent launch off or back on (where the device supports it), for
+    /// measuring what it brings or ruling it out while debugging.
+    pub fn set_programmatic_launch(&self, on: bool) {
+        let supported = PTX_CC.parse::<u32>().unwrap_or(0) >= 90
+            && self
+                .ctx
+                .compute_capability()
+                .is_ok_and(|(major, _)| major >= 9);
+        self.programmatic.store(on && supported, Ordering::Relaxed);
     }
 
     /// The stream must belong to this context.
@@ -146,6 +212,26 @@ impl Kernels {
             return Err(Error::WrongDevice { tensor: "stream" });
         }
         Ok(())
+    }
+
+    /// Enqueues the empty kernel (one block of 32 threads that does nothing) on `stream`: the
+    /// launch floor the benchmark measures beside every real kernel.
+    pub fn launch_empty(&self, stream: &CudaStream) -> Result<()> {
+        self.check_stream(stream)?;
+        let function = &self.functions[KernelId::Empty.index()];
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: the entry takes no parameters and touches no memory.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                function.cu_function(),
+                (1, 1, 1),
+                (32, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut [],
+            )
+        }
+        .during("launching a kernel")
     }
 
     /// Enqueues `launch` on `stream`: one `cuLaunchKernel`, no allocation, no synchronisation,
@@ -166,18 +252,54 @@ impl Kernels {
         let mut params = launch.params;
         let mut args = [&mut params as *mut P as *mut c_void];
         self.ctx.bind_to_thread().during("binding the context")?;
-        // SAFETY: the kernel takes one by-value parameter of type P (the shared struct from
-        // ferrofuse-common), which `args` points to; the plan checked every address in it.
+        if !(self.programmatic_launch() && launch.kernel.syncs_grid_dependency()) {
+            // SAFETY: the kernel takes one by-value parameter of type P (the shared struct from
+            // ferrofuse-common), which `args` points to; the plan checked every address in it.
+            return unsafe {
+                cudarc::driver::result::launch_kernel(
+                    function.cu_function(),
+                    (launch.grid, 1, 1),
+                    (launch.block, 1, 1),
+                    launch.shared_mem_bytes,
+                    stream.cu_stream(),
+                    &mut args,
+                )
+            }
+            .during("launching a kernel");
+        }
+        // Programmatic dependent launch: the kernel may be scheduled while the previous work in
+        // the stream drains. Every sm_90 entry executes `griddepcontrol.wait` before its first
+        // global memory access, which waits for the preceding grid to complete and its writes
+        // to be visible, so stream order is kept for any predecessor, PDL-aware or not.
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
+            value: unsafe { std::mem::zeroed() },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: launch.grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: launch.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: launch.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; `config` and `attr` outlive the call, which copies them.
         unsafe {
-            cudarc::driver::result::launch_kernel(
+            sys::cuLaunchKernelEx(
+                &config,
                 function.cu_function(),
-                (launch.grid, 1, 1),
-                (launch.block, 1, 1),
-                launch.shared_mem_bytes,
-                stream.cu_stream(),
-                &mut args,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         }
+        .result()
         .during("launching a kernel")
     }
 }

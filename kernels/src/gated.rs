@@ -8,11 +8,12 @@
 //! # Thread mapping
 //! The `rows x cols` elements are cut into accesses of `W` elements (`W` = 16 bytes of the
 //! dtype on the `v16` entries, 1 on the `scalar` entries) and numbered row-major, so access
-//! `i` is row `i / (cols / W)`. A block of [`GATED_THREADS`] threads takes
-//! `GATED_THREADS * GATED_UNROLL` consecutive accesses (thread `t` takes `t`, `t + threads`, ...,
-//! coalesced), issues all its loads, then computes and stores; blocks stride over the whole
-//! range, so any grid size is correct. No tile straddles a row in a way that needs masking
-//! other than `i < total`.
+//! `i` is row `i / (cols / W)`. With `G` threads in the grid, thread `g` takes accesses
+//! `g, g + G, g + 2G, ...` (consecutive threads, consecutive addresses: coalesced), in batches
+//! of [`GATED_UNROLL`]: all loads of a batch are issued before its first use, so several are in
+//! flight per thread. Any grid size is correct; the host sizes it to the device (one access per
+//! thread for small tensors, a resident grid that loops for large ones). Row and column are
+//! advanced incrementally, one division per thread.
 //!
 //! # Aliasing
 //! Each element is read and written by the same thread, and all of a thread's loads for one
@@ -23,9 +24,11 @@
 //! even in the storage dtype.
 
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
-use ferrofuse_common::{Activation, GATED_THREADS, GATED_UNROLL, GatedBwdParams, GatedFwdParams};
+use ferrofuse_common::{Activation, GATED_UNROLL, GatedBwdParams, GatedFwdParams};
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, ld_v4, st_v4};
+use core::num::NonZeroU64;
+
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
 
 /// How one access moves `WIDTH` elements between memory and f32 lanes.
 trait Access {
@@ -110,88 +113,141 @@ macro_rules! lanes {
     }};
 }
 
-/// Byte address of access `(row, col)` of a matrix at `base` with row stride `stride`.
+/// Byte address of access `(row, col)` (`col` counted in accesses) of a matrix at `base`.
 #[inline(always)]
-fn addr<X: Access>(base: u64, stride: u64, row: u64, col: u64) -> u64 {
-    base + (row * stride + col) * X::BYTES
+fn addr<X: Access>(base: u64, stride: u64, at: Cursor) -> u64 {
+    base + (at.row * stride + at.col * X::WIDTH) * X::BYTES
 }
 
-/// Splits access index `i` into (row, first column), with `per_row` accesses in a row.
+/// Row and column (in accesses) of one access.
+#[derive(Clone, Copy)]
+struct Cursor {
+    row: u64,
+    col: u64,
+}
+
+/// Walks access indices `g, g + G, g + 2G, ...` (G = all threads of the grid) as cursors,
+/// with one division per thread instead of one per access.
+struct Walk {
+    per_row: NonZeroU64,
+    step_rows: u64,
+    step_cols: u64,
+}
+
+impl Walk {
+    #[inline(always)]
+    fn new(per_row: NonZeroU64, step: u64) -> Self {
+        let step_rows = step / per_row;
+        Self {
+            per_row,
+            step_rows,
+            step_cols: step - step_rows * per_row.get(),
+        }
+    }
+
+    #[inline(always)]
+    fn at(&self, i: u64) -> Cursor {
+        let row = i / self.per_row;
+        Cursor {
+            row,
+            col: i - row * self.per_row.get(),
+        }
+    }
+
+    #[inline(always)]
+    fn advance(&self, c: Cursor) -> Cursor {
+        let (mut row, mut col) = (c.row + self.step_rows, c.col + self.step_cols);
+        if col >= self.per_row.get() {
+            col -= self.per_row.get();
+            row += 1;
+        }
+        Cursor { row, col }
+    }
+}
+
+/// This thread's first access index, the grid-wide step, and the walk over `rows x cols`
+/// elements in accesses of `X::WIDTH`; `None` when the matrix is empty.
 #[inline(always)]
-fn row_col<X: Access>(i: u64, per_row: core::num::NonZeroU64) -> (u64, u64) {
-    let row = i / per_row;
-    (row, (i - row * per_row.get()) * X::WIDTH)
+fn start<X: Access>(rows: u64, cols: u64) -> Option<(u64, u64, u64, Walk)> {
+    let per_row = NonZeroU64::new(cols / X::WIDTH)?;
+    let total = rows * per_row.get();
+    let step = grid::grid_dim_x() * grid::block_dim_x();
+    let first = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    Some((first, step, total, Walk::new(per_row, step)))
 }
 
 #[inline(always)]
 unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
-    let Some(per_row) = core::num::NonZeroU64::new(p.cols / X::WIDTH) else {
+    grid_dependency_sync();
+    let Some((mut i, step, total, walk)) = start::<X>(p.rows, p.cols) else {
         return;
     };
-    let total = p.rows * per_row.get();
-    let threads = grid::block_dim_x();
-    let step = grid::grid_dim_x() * threads * UNROLL as u64;
-    let mut base = grid::block_x() * threads * UNROLL as u64 + grid::thread_x();
-    while base < total {
+    let mut cur = walk.at(i);
+    while i < total {
+        let mut at = [cur; UNROLL];
+        let mut live = [false; UNROLL];
         let mut a = [[0.0f32; 8]; UNROLL];
         let mut b = [[0.0f32; 8]; UNROLL];
         unroll!(k => {
-            let i = base + k as u64 * threads;
-            if i < total {
-                let (r, c) = row_col::<X>(i, per_row);
-                // SAFETY: i < total, so (r, c) is inside both matrices; the host checked the
-                // allocations cover rows x cols at these strides and the alignment of X.
+            at[k] = cur;
+            live[k] = i + k as u64 * step < total;
+            cur = walk.advance(cur);
+        });
+        // All loads of the batch are issued before any store: in place over b is safe.
+        unroll!(k => {
+            if live[k] {
+                // SAFETY: the access is inside both matrices (index < total); the host checked
+                // the allocations cover rows x cols at these strides and the alignment of X.
                 unsafe {
-                    a[k] = X::load(addr::<X>(p.a, p.a_stride, r, c));
-                    b[k] = X::load(addr::<X>(p.b, p.b_stride, r, c));
+                    a[k] = X::load(addr::<X>(p.a, p.a_stride, at[k]));
+                    b[k] = X::load(addr::<X>(p.b, p.b_stride, at[k]));
                 }
             }
         });
         unroll!(k => {
-            let i = base + k as u64 * threads;
-            if i < total {
-                let (r, c) = row_col::<X>(i, per_row);
+            if live[k] {
                 let mut y = [0.0f32; 8];
                 lanes!(l < X::WIDTH as usize => {
                     y[l] = A::value(a[k][l]) * b[k][l];
                 });
                 // SAFETY: as for the loads; y may equal b, whose element was loaded above.
-                unsafe { X::store(addr::<X>(p.y, p.y_stride, r, c), &y) };
+                unsafe { X::store(addr::<X>(p.y, p.y_stride, at[k]), &y) };
             }
         });
-        base += step;
+        i += UNROLL as u64 * step;
     }
 }
 
 #[inline(always)]
 unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
-    let Some(per_row) = core::num::NonZeroU64::new(p.cols / X::WIDTH) else {
+    grid_dependency_sync();
+    let Some((mut i, step, total, walk)) = start::<X>(p.rows, p.cols) else {
         return;
     };
-    let total = p.rows * per_row.get();
-    let threads = grid::block_dim_x();
-    let step = grid::grid_dim_x() * threads * UNROLL as u64;
-    let mut base = grid::block_x() * threads * UNROLL as u64 + grid::thread_x();
-    while base < total {
+    let mut cur = walk.at(i);
+    while i < total {
+        let mut at = [cur; UNROLL];
+        let mut live = [false; UNROLL];
         let mut a = [[0.0f32; 8]; UNROLL];
         let mut b = [[0.0f32; 8]; UNROLL];
         let mut dy = [[0.0f32; 8]; UNROLL];
         unroll!(k => {
-            let i = base + k as u64 * threads;
-            if i < total {
-                let (r, c) = row_col::<X>(i, per_row);
+            at[k] = cur;
+            live[k] = i + k as u64 * step < total;
+            cur = walk.advance(cur);
+        });
+        unroll!(k => {
+            if live[k] {
                 // SAFETY: as in `fwd`.
                 unsafe {
-                    a[k] = X::load(addr::<X>(p.a, p.a_stride, r, c));
-                    b[k] = X::load(addr::<X>(p.b, p.b_stride, r, c));
-                    dy[k] = X::load(addr::<X>(p.dy, p.dy_stride, r, c));
+                    a[k] = X::load(addr::<X>(p.a, p.a_stride, at[k]));
+                    b[k] = X::load(addr::<X>(p.b, p.b_stride, at[k]));
+                    dy[k] = X::load(addr::<X>(p.dy, p.dy_stride, at[k]));
                 }
             }
         });
         unroll!(k => {
-            let i = base + k as u64 * threads;
-            if i < total {
-                let (r, c) = row_col::<X>(i, per_row);
+            if live[k] {
                 let mut da = [0.0f32; 8];
                 let mut db = [0.0f32; 8];
                 lanes!(l < X::WIDTH as usize => {
@@ -201,12 +257,12 @@ unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
                 });
                 // SAFETY: as in `fwd`; da/db may equal a/b/dy, all loaded above.
                 unsafe {
-                    X::store(addr::<X>(p.da, p.da_stride, r, c), &da);
-                    X::store(addr::<X>(p.db, p.db_stride, r, c), &db);
+                    X::store(addr::<X>(p.da, p.da_stride, at[k]), &da);
+                    X::store(addr::<X>(p.db, p.db_stride, at[k]), &db);
                 }
             }
         });
-        base += step;
+        i += UNROLL as u64 * step;
     }
 }
 
@@ -227,7 +283,7 @@ macro_rules! dispatch_act {
 
 macro_rules! entries {
     ($($fwd:ident, $bwd:ident: $x:ty;)*) => {$(
-        /// Gated forward; see the module docs. Launch: `GATED_THREADS` threads, any grid.
+        /// Gated forward; see the module docs. Launch: `GATED_THREADS` threads, any grid (see the module docs).
         ///
         /// # Safety
         /// The host launcher's checks: valid, aligned, in-bounds tensors; allowed aliasing only.
@@ -236,7 +292,7 @@ macro_rules! entries {
             unsafe { dispatch_act!(fwd, $x, &p) }
         }
 
-        /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, any grid.
+        /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, any grid (see the module docs).
         ///
         /// # Safety
         /// As for the forward entry.
@@ -256,5 +312,3 @@ entries! {
     gated_fwd_bf16_v16, gated_bwd_bf16_v16: V16<Bf16>;
     gated_fwd_bf16_scalar, gated_bwd_bf16_scalar: Scalar<Bf16>;
 }
-
-const _: () = assert!(GATED_THREADS % 32 == 0);

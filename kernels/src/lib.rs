@@ -20,6 +20,15 @@ mod gated;
 #[cfg(target_arch = "nvptx64")]
 mod mem;
 
+/// Does nothing. The benchmark launches it (one block of 32 threads) to measure the launch
+/// floor: what any kernel costs before it touches memory.
+///
+/// # Safety
+/// None needed: it reads and writes nothing. `unsafe` only to match the other entries.
+#[cfg(target_arch = "nvptx64")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn empty_kernel() {}
+
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {

@@ -250,6 +250,24 @@ impl Elem for Bf16 {
     }
 }
 
+/// Start of every kernel that is launched with programmatic dependent launch (sm_90+; see
+/// `Kernels::launch` on the host): allow the next grid in the stream to begin launching, then
+/// wait until the previous grid has completed and its memory operations are visible. Nothing
+/// may touch global memory before this returns. On archs without `griddepcontrol` it is empty
+/// and the host launches normally.
+#[inline(always)]
+pub fn grid_dependency_sync() {
+    #[cfg(ferrofuse_pdl)]
+    // SAFETY: both instructions only order this grid against its stream neighbours.
+    unsafe {
+        asm!(
+            "griddepcontrol.launch_dependents;",
+            "griddepcontrol.wait;",
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
 /// Thread and block coordinates, widened to u64 before any arithmetic.
 pub mod grid {
     use core::arch::nvptx;
