@@ -581,7 +581,9 @@ fn indexing_past_2_pow_31_elements() {
 /// early, and its `griddepcontrol.wait` must still order it after the previous one.
 #[test]
 fn chained_launches_see_previous_results() {
-    let Some((k, s)) = gpu("chained_launches_see_previous_results") else { return };
+    let Some((k, s)) = gpu("chained_launches_see_previous_results") else {
+        return;
+    };
     let (mut rng, seed) = rng();
     let (rows, cols) = if quick() { (4, 1024) } else { (512, 14336) };
     let n = rows * cols;
@@ -589,10 +591,18 @@ fn chained_launches_see_previous_results() {
     let (b, bf) = random::<f32>(&mut rng, n, 1.2);
     let bufs = [upload(&s, &x0), upload(&s, &vec![poison::<f32>(); n])];
     let db = upload(&s, &b);
-    let (m0, m1, mb) = (desc(&s, &bufs[0], rows, cols), desc(&s, &bufs[1], rows, cols), desc(&s, &db, rows, cols));
+    let (m0, m1, mb) = (
+        desc(&s, &bufs[0], rows, cols),
+        desc(&s, &bufs[1], rows, cols),
+        desc(&s, &db, rows, cols),
+    );
     let steps = 24;
     for step in 0..steps {
-        let (src, dst) = if step % 2 == 0 { (&m0, &m1) } else { (&m1, &m0) };
+        let (src, dst) = if step % 2 == 0 {
+            (&m0, &m1)
+        } else {
+            (&m1, &m0)
+        };
         // The raw entry adds nothing between launches (the safe views' event tracking could
         // put event records in between, which would hide a missing dependency).
         // SAFETY: live buffers of this context, synchronised by the download below.
@@ -601,9 +611,17 @@ fn chained_launches_see_previous_results() {
     // The reference rounds to f32 after every step, as the kernels' stores do.
     let mut want = x0f;
     for _ in 0..steps {
-        want = reference::gated_forward(Activation::Silu, &want, &bf).iter().map(|&v| v as f32 as f64).collect();
+        want = reference::gated_forward(Activation::Silu, &want, &bf)
+            .iter()
+            .map(|&v| v as f32 as f64)
+            .collect();
     }
     let got = to_f64(&download(&s, &bufs[steps % 2]));
     let (err, i) = worst_error(&got, &want, 1e-4, 1e-4);
-    assert!(err <= 1.0, "seed {seed:#x}: element {i} is {} after {steps} chained launches, reference {}", got[i], want[i]);
+    assert!(
+        err <= 1.0,
+        "seed {seed:#x}: element {i} is {} after {steps} chained launches, reference {}",
+        got[i],
+        want[i]
+    );
 }
