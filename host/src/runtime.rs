@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
-use ferrofuse_common::{GatedBwdParams, GatedFwdParams, KernelId};
+use ferrofuse_common::{
+    GatedBwdParams, GatedFwdParams, KernelId, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+};
 
 use crate::error::{DriverContext, Error, Result};
 
@@ -48,6 +50,10 @@ pub unsafe trait KernelParams: Copy {}
 // SAFETY: these are the parameter types of the gated entries (see ferrofuse-common).
 unsafe impl KernelParams for GatedFwdParams {}
 unsafe impl KernelParams for GatedBwdParams {}
+// SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
+unsafe impl KernelParams for RmsNormFwdParams {}
+unsafe impl KernelParams for RmsNormBwdParams {}
+unsafe impl KernelParams for RmsNormDwParams {}
 
 /// A kernel launch, fully decided on the host: which entry, the grid, and its parameters.
 /// Produced by the `plan_*` functions, which do all validation and can run without a GPU.
@@ -160,9 +166,9 @@ impl Kernels {
         let mut limits = GridLimits::uniform(sm_count, 1);
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
             if let Some(block) = family_block_size(*k) {
-                limits.blocks_per_sm[k.index()] =
-                    f.occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
-                        .during("reading a kernel's occupancy")? as u32;
+                limits.blocks_per_sm[k.index()] = f
+                    .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+                    .during("reading a kernel's occupancy")?;
             }
         }
         // griddepcontrol is compiled in only for sm_90+ PTX (see host/build_ptx.rs).
