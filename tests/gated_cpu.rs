@@ -4,6 +4,7 @@
 
 use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
 use ferrofuse::{Activation, DType, Error, GridLimits, KernelId, MatDesc, VecMode};
+use ferrofuse_common::GridWalk;
 
 const SMS: u32 = 132;
 
@@ -45,31 +46,98 @@ fn valid_split_call_plans_the_vector_kernel() {
     );
     assert_eq!((l.params.rows, l.params.cols), (64, 14336));
     assert_eq!(l.params.act, Activation::Silu as u32);
-    // 64 * 14336 / 8 vectors is more than 2 x 132 blocks of 256 threads: the resident grid.
-    assert_eq!(l.grid, 2 * SMS);
+    // 64 * 14336 / 8 = 114688 vectors, 3.4 x the 2 x 132 x 128 resident threads: 4 vectors
+    // for each of 28672 threads, a grid that fits at once.
+    assert_eq!(l.grid, 224);
+    assert_eq!(l.params.walk, GridWalk::new(14336 / 8, 224 * 128));
 }
 
 #[test]
 fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
-    let (a, b, y) = abc(DType::F32, 100_000, 4096);
-    assert_eq!(fwd(&a, &b, &y).unwrap().grid, SMS * 2);
-    // 1 x 14336 bf16: 1792 vectors, 7 blocks of 256 threads.
+    // 1 x 14336 bf16: 1792 vectors, one per thread, 14 blocks of 128.
     let (a, b, y) = abc(DType::BF16, 1, 14336);
-    assert_eq!(fwd(&a, &b, &y).unwrap().grid, 7);
+    assert_eq!(fwd(&a, &b, &y).unwrap().grid, 14);
     // Scalar path: one element per access.
     let (a, b, y) = abc(DType::BF16, 3, 4097);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().grid,
-        (3 * 4097usize).div_ceil(256) as u32
+        (3 * 4097usize).div_ceil(128) as u32
     );
-    let (a, b, y) = abc(DType::F32, 1, 1);
-    assert_eq!(fwd(&a, &b, &y).unwrap().grid, 1);
     let (a, b, y) = abc(DType::F32, 0, 4096);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().grid,
         0,
         "empty tensors launch nothing"
     );
+}
+
+/// For any size, the three regimes of `grid_for`: one access per thread up to the resident
+/// threads R; a grid that fits at once, with every thread doing the same number of accesses (to
+/// within one), up to 4R; one access per thread beyond.
+#[test]
+fn grid_regimes() {
+    let limits = limits();
+    let resident =
+        limits.resident_blocks(KernelId::GatedFwd(DType::F32, VecMode::V16)) as u64 * 128;
+    for rows in [1usize, 2, 63, 64, 100, 1000, 4096, 9999, 16384, 100_000] {
+        for cols in [4usize, 1024, 4096, 11008, 14336, 28672] {
+            let (a, b, y) = abc(DType::F32, rows, cols);
+            let l = fwd(&a, &b, &y).unwrap();
+            let total = (rows * cols / 4) as u64;
+            let threads = l.grid as u64 * 128;
+            if total > resident && total <= 4 * resident {
+                let passes = total.div_ceil(resident);
+                assert!(threads <= resident, "{rows}x{cols}");
+                assert_eq!(total.div_ceil(threads), passes, "{rows}x{cols}");
+            } else {
+                assert_eq!(l.grid as u64, total.div_ceil(128), "{rows}x{cols}");
+            }
+            assert_eq!(l.params.walk, GridWalk::new(total / rows as u64, threads));
+        }
+    }
+}
+
+/// The kernel's division-free walk: the first row by Lemire's multiply-high, then steps with
+/// one carry, against plain division.
+#[test]
+fn grid_walk_matches_division() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..200_000 {
+        let d = (next() >> (next() % 64)).clamp(1, u32::MAX as u64);
+        let n = next() >> 32;
+        assert_eq!(GridWalk::new(d, 1).row_of(n), n / d, "{n} / {d}");
+    }
+    for d in [1u64, 2, 3, 7, 1792, 1376, 4097, u32::MAX as u64] {
+        for n in [0u64, 1, d - 1, d, d + 1, u32::MAX as u64] {
+            assert_eq!(GridWalk::new(d, 1).row_of(n), n / d, "{n} / {d}");
+        }
+    }
+    // Stepping: thread g of G visits g, g + G, ... as (row, col) pairs.
+    for (per_row, threads, g) in [
+        (1792u64, 33792u64, 5u64),
+        (7, 3, 2),
+        (1, 128, 127),
+        (513, 512, 511),
+    ] {
+        let w = GridWalk::new(per_row, threads);
+        let (mut row, mut col) = (w.row_of(g), g - w.row_of(g) * per_row);
+        for k in 0..1000 {
+            let i = g + k * threads;
+            assert_eq!((row, col), (i / per_row, i % per_row));
+            row += w.step_rows;
+            col += w.step_cols;
+            if col >= per_row {
+                col -= per_row;
+                row += 1;
+            }
+        }
+    }
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! - the f32 activation math ([`act`]), run by the kernels and measured against f64 on the CPU.
 #![no_std]
 #![feature(core_intrinsics)]
+#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![allow(internal_features)]
 // Published coefficients are kept as printed; rounding them to f32 is the compiler's job.
 #![allow(clippy::excessive_precision)]

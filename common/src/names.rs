@@ -2,7 +2,7 @@
 //! check in `host/build.rs` and `cargo xtask ptx` compare the `.entry` list against it), and
 //! the host looks each one up once per context by [`KernelId::index`].
 
-use crate::DType;
+use crate::{DType, NormBwdVariant, NormFwdVariant};
 
 /// How a kernel touches memory: 16-byte vectors (every pointer 16-byte aligned, every row
 /// stride and the row length multiples of the vector) or one element at a time.
@@ -16,6 +16,12 @@ pub enum VecMode {
 pub enum KernelId {
     GatedFwd(DType, VecMode),
     GatedBwd(DType, VecMode),
+    /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
+    RmsNormFwd(DType, VecMode, NormFwdVariant),
+    /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
+    RmsNormBwd(DType, VecMode, NormBwdVariant),
+    /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
+    RmsNormDw(DType),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     /// It keeps the last index: add new families before it.
     Empty,
@@ -27,13 +33,20 @@ const fn dtype_index(d: DType) -> usize {
 
 impl KernelId {
     /// Number of kernel entry points.
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 46;
 
     /// Dense index in `0..COUNT`.
     pub const fn index(self) -> usize {
         match self {
             KernelId::GatedFwd(d, v) => dtype_index(d) * 2 + v as usize,
             KernelId::GatedBwd(d, v) => 6 + dtype_index(d) * 2 + v as usize,
+            KernelId::RmsNormFwd(d, v, n) => {
+                12 + (dtype_index(d) * 2 + v as usize) * 3 + n as usize
+            }
+            KernelId::RmsNormBwd(d, v, n) => {
+                30 + (dtype_index(d) * 2 + v as usize) * 2 + n as usize
+            }
+            KernelId::RmsNormDw(d) => 42 + dtype_index(d),
             KernelId::Empty => Self::COUNT - 1,
         }
     }
@@ -42,7 +55,14 @@ impl KernelId {
     /// launch it with programmatic dependent launch. A kernel that does not must never be
     /// launched that way: it could read its inputs before the previous kernel wrote them.
     pub const fn syncs_grid_dependency(self) -> bool {
-        matches!(self, KernelId::GatedFwd(..) | KernelId::GatedBwd(..))
+        matches!(
+            self,
+            KernelId::GatedFwd(..)
+                | KernelId::GatedBwd(..)
+                | KernelId::RmsNormFwd(..)
+                | KernelId::RmsNormBwd(..)
+                | KernelId::RmsNormDw(..)
+        )
     }
 
     /// The PTX `.entry` name.
@@ -63,6 +83,39 @@ impl KernelId {
             GatedBwd(F16, Scalar) => "gated_bwd_f16_scalar",
             GatedBwd(BF16, V16) => "gated_bwd_bf16_v16",
             GatedBwd(BF16, Scalar) => "gated_bwd_bf16_scalar",
+            RmsNormFwd(F32, V16, NormFwdVariant::E16) => "rmsnorm_fwd_f32_v16_e16",
+            RmsNormFwd(F32, V16, NormFwdVariant::E32) => "rmsnorm_fwd_f32_v16_e32",
+            RmsNormFwd(F32, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_f32_v16_loop",
+            RmsNormFwd(F32, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_f32_scalar_e16",
+            RmsNormFwd(F32, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_f32_scalar_e32",
+            RmsNormFwd(F32, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_f32_scalar_loop",
+            RmsNormFwd(F16, V16, NormFwdVariant::E16) => "rmsnorm_fwd_f16_v16_e16",
+            RmsNormFwd(F16, V16, NormFwdVariant::E32) => "rmsnorm_fwd_f16_v16_e32",
+            RmsNormFwd(F16, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_f16_v16_loop",
+            RmsNormFwd(F16, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_f16_scalar_e16",
+            RmsNormFwd(F16, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_f16_scalar_e32",
+            RmsNormFwd(F16, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_f16_scalar_loop",
+            RmsNormFwd(BF16, V16, NormFwdVariant::E16) => "rmsnorm_fwd_bf16_v16_e16",
+            RmsNormFwd(BF16, V16, NormFwdVariant::E32) => "rmsnorm_fwd_bf16_v16_e32",
+            RmsNormFwd(BF16, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_bf16_v16_loop",
+            RmsNormFwd(BF16, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_bf16_scalar_e16",
+            RmsNormFwd(BF16, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_bf16_scalar_e32",
+            RmsNormFwd(BF16, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_bf16_scalar_loop",
+            RmsNormBwd(F32, V16, NormBwdVariant::E16) => "rmsnorm_bwd_f32_v16_e16",
+            RmsNormBwd(F32, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_f32_v16_loop",
+            RmsNormBwd(F32, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_f32_scalar_e16",
+            RmsNormBwd(F32, Scalar, NormBwdVariant::Loop) => "rmsnorm_bwd_f32_scalar_loop",
+            RmsNormBwd(F16, V16, NormBwdVariant::E16) => "rmsnorm_bwd_f16_v16_e16",
+            RmsNormBwd(F16, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_f16_v16_loop",
+            RmsNormBwd(F16, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_f16_scalar_e16",
+            RmsNormBwd(F16, Scalar, NormBwdVariant::Loop) => "rmsnorm_bwd_f16_scalar_loop",
+            RmsNormBwd(BF16, V16, NormBwdVariant::E16) => "rmsnorm_bwd_bf16_v16_e16",
+            RmsNormBwd(BF16, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_bf16_v16_loop",
+            RmsNormBwd(BF16, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_bf16_scalar_e16",
+            RmsNormBwd(BF16, Scalar, NormBwdVariant::Loop) => "rmsnorm_bwd_bf16_scalar_loop",
+            RmsNormDw(F32) => "rmsnorm_dw_f32",
+            RmsNormDw(F16) => "rmsnorm_dw_f16",
+            RmsNormDw(BF16) => "rmsnorm_dw_bf16",
             Empty => "empty_kernel",
         }
     }
@@ -84,8 +137,22 @@ impl KernelId {
                 all[f.index()] = f;
                 let b = KernelId::GatedBwd(dt, vm);
                 all[b.index()] = b;
+                let mut n = 0;
+                while n < 3 {
+                    let f = KernelId::RmsNormFwd(dt, vm, NormFwdVariant::ALL[n]);
+                    all[f.index()] = f;
+                    n += 1;
+                }
+                let mut n = 0;
+                while n < 2 {
+                    let b = KernelId::RmsNormBwd(dt, vm, NormBwdVariant::ALL[n]);
+                    all[b.index()] = b;
+                    n += 1;
+                }
                 v += 1;
             }
+            let w = KernelId::RmsNormDw(dt);
+            all[w.index()] = w;
             d += 1;
         }
         all[KernelId::Empty.index()] = KernelId::Empty;

@@ -4,10 +4,58 @@
 //! index arithmetic wraps past 2^31 (or 2^32) elements. Every struct is `#[repr(C)]` with its
 //! fields ordered so no padding is implicit: the host copies the bytes, the kernel reads them.
 
+use crate::DType;
+
 /// Launch geometry of the gated kernels: threads per block.
-pub const GATED_THREADS: u32 = 256;
-/// Vectors (or scalars, on the scalar path) each thread keeps in flight per block-iteration.
-pub const GATED_UNROLL: usize = 4;
+pub const GATED_THREADS: u32 = 128;
+
+/// How a gated kernel's threads walk the `rows x cols/W` accesses (`W` elements per access):
+/// thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`. The host fills this in from the
+/// grid it launches, so the kernel needs no division: `first_row = mulhi(g, per_row_magic)`
+/// (Lemire's `ceil(2^64 / per_row)`, exact for 32-bit `g` and `per_row`; 0 when `per_row == 1`),
+/// and each step adds `step_rows` rows and `step_cols` accesses with one carry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GridWalk {
+    pub per_row: u64,
+    pub per_row_magic: u64,
+    pub step_rows: u64,
+    pub step_cols: u64,
+}
+
+impl GridWalk {
+    /// The walk of `threads` threads over rows of `per_row` accesses (`per_row`, `threads` < 2^32).
+    pub const fn new(per_row: u64, threads: u64) -> Self {
+        if per_row == 0 {
+            return Self {
+                per_row: 0,
+                per_row_magic: 0,
+                step_rows: 0,
+                step_cols: 0,
+            };
+        }
+        Self {
+            per_row,
+            per_row_magic: if per_row == 1 {
+                0
+            } else {
+                u64::MAX / per_row + 1
+            },
+            step_rows: threads / per_row,
+            step_cols: threads % per_row,
+        }
+    }
+
+    /// `i / per_row` for `i < 2^32` (what the kernel computes for its first access).
+    #[inline(always)]
+    pub const fn row_of(&self, i: u64) -> u64 {
+        if self.per_row_magic == 0 {
+            i
+        } else {
+            ((i as u128 * self.per_row_magic as u128) >> 64) as u64
+        }
+    }
+}
 
 /// `y[r, c] = act(a[r, c]) * b[r, c]` for `r < rows`, `c < cols`.
 ///
@@ -29,6 +77,9 @@ pub struct GatedFwdParams {
     pub rows: u64,
     pub cols: u64,
     /// An [`crate::Activation`] as `u32`.
+    /// The grid walk, precomputed by the host so the kernel divides nothing: see
+    /// [`GridWalk`].
+    pub walk: GridWalk,
     pub act: u32,
     pub _pad: u32,
 }
@@ -52,6 +103,309 @@ pub struct GatedBwdParams {
     pub db_stride: u64,
     pub rows: u64,
     pub cols: u64,
+    /// The grid walk, precomputed by the host so the kernel divides nothing: see
+    /// [`GridWalk`].
+    pub walk: GridWalk,
     pub act: u32,
     pub _pad: u32,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Residual-add + RMSNorm family (`rmsnorm_*` kernels).
+// ---------------------------------------------------------------------------------------------
+
+/// Flag bit of [`RmsNormFwdParams::flags`] / [`RmsNormBwdParams::flags`]: Gemma's weight
+/// convention, `y = n * (1 + w)` with `1 + w` formed in f32.
+pub const RMSNORM_GEMMA: u32 = 1;
+/// Flag bit (forward only): Hugging Face LLaMA numerics. The norm sees `h` as stored (rounded
+/// to the storage dtype), `n = h * rstd` is rounded to the storage dtype before the multiply
+/// by `w`, and `n * w` is rounded again at the store. Without it every step is f32 and only
+/// the stores round.
+pub const RMSNORM_HF: u32 = 2;
+/// Flag bit: the weight is stored as f32 (otherwise in the storage dtype of `x`).
+pub const RMSNORM_W_F32: u32 = 4;
+
+/// Most threads one row gets; the block size never exceeds it either, so a kernel may use up
+/// to 65536 / 512 = 128 registers per thread and still launch.
+pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
+/// Most threads one row (and one block) of the backward gets. Its kernels hold more per
+/// thread (h, the gradient, the dw partial) and ptxas gives them up to ~200 registers; 256
+/// threads launch whatever the count (256 x 255 <= 65536).
+pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 256;
+/// Block size the several-rows-per-block layouts aim at (rows are `threads_per_row` wide).
+pub const RMSNORM_BLOCK_TARGET: u32 = 256;
+/// Dynamic shared memory of every forward and backward launch: two sets of 32 f32 warp
+/// partials (the backward alternates between them from one row to the next).
+pub const RMSNORM_SMEM_BYTES: u32 = 256;
+/// The backward grid has at most this many threads in all; each block then loops over row
+/// groups and keeps its share of `dw` in registers. Bounds the `dw` workspace to
+/// `131072 / block_threads * rows_per_block * hidden` floats (see [`rmsnorm_bwd_workspace_len`]).
+pub const RMSNORM_BWD_GRID_THREADS: u64 = 131_072;
+/// `dw` reduction kernel: a block sums 32 columns, in 8 slices of the partial rows.
+pub const RMSNORM_DW_COLS: u32 = 32;
+pub const RMSNORM_DW_SLICES: u32 = 8;
+pub const RMSNORM_DW_THREADS: u32 = RMSNORM_DW_COLS * RMSNORM_DW_SLICES;
+/// Dynamic shared memory of the `dw` reduction: one f32 per thread.
+pub const RMSNORM_DW_SMEM_BYTES: u32 = RMSNORM_DW_THREADS * 4;
+
+/// How a forward kernel holds a row: 16 or 32 elements per thread in registers, or (rows
+/// longer than [`RMSNORM_MAX_THREADS_PER_ROW`] x 32 elements) tiles of 16 per thread in a
+/// loop that re-reads the `h` it stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormFwdVariant {
+    E16 = 0,
+    E32 = 1,
+    Loop = 2,
+}
+
+impl NormFwdVariant {
+    pub const ALL: [NormFwdVariant; 3] = [
+        NormFwdVariant::E16,
+        NormFwdVariant::E32,
+        NormFwdVariant::Loop,
+    ];
+}
+
+/// How a backward kernel holds a row: 16 elements per thread in registers (rows up to
+/// 256 x 16 = 4096), or tiles of 16 per thread in a loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormBwdVariant {
+    E16 = 0,
+    Loop = 1,
+}
+
+impl NormBwdVariant {
+    pub const ALL: [NormBwdVariant; 2] = [NormBwdVariant::E16, NormBwdVariant::Loop];
+}
+
+/// Launch geometry of a row kernel. A function of the row length and dtype only, never of
+/// the number of rows: it fixes which thread reads which element and the order of every
+/// reduction, which is what makes results batch-invariant.
+///
+/// Thread `t < threads_per_row` of a row owns the 16-byte chunks `c = t + j * threads_per_row`
+/// (`j < elems_per_thread / lanes` per tile; chunk `c` is elements `c*lanes .. c*lanes+lanes`,
+/// `lanes` = 16 bytes of the dtype); the vector and the scalar kernels of one geometry
+/// assign and accumulate elements identically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NormGeometry {
+    /// A multiple of 32, at most [`RMSNORM_MAX_THREADS_PER_ROW`] (forward) or
+    /// [`RMSNORM_BWD_MAX_THREADS_PER_ROW`] (backward).
+    pub threads_per_row: u32,
+    /// Rows side by side in one block (`threads_per_row * rows_per_block` threads).
+    pub rows_per_block: u32,
+    /// Elements each thread holds per tile (16 or 32).
+    pub elems_per_thread: u32,
+    /// Whether the row is processed in several tiles (only for rows too long for registers).
+    pub looped: bool,
+}
+
+impl NormGeometry {
+    pub const fn block_threads(&self) -> u32 {
+        self.threads_per_row * self.rows_per_block
+    }
+
+    /// Elements one tile of a row covers.
+    pub const fn tile_elems(&self) -> u64 {
+        self.threads_per_row as u64 * self.elems_per_thread as u64
+    }
+
+    /// `threads_per_row` threads each holding `ept` elements of a row of `chunks` 16-byte
+    /// chunks of `lanes` elements; rows of at most 256 threads are packed side by side.
+    const fn covering(chunks: u64, lanes: u64, ept: u64) -> Self {
+        let per_thread = ept / lanes;
+        let threads = chunks.div_ceil(per_thread).div_ceil(32) * 32;
+        let threads: u32 = if threads < 32 { 32 } else { threads as u32 };
+        let rows_per_block = if threads < RMSNORM_BLOCK_TARGET {
+            RMSNORM_BLOCK_TARGET / threads
+        } else {
+            1
+        };
+        NormGeometry {
+            threads_per_row: threads,
+            rows_per_block,
+            elems_per_thread: ept as u32,
+            looped: false,
+        }
+    }
+
+    const fn looping(threads_per_row: u32) -> Self {
+        NormGeometry {
+            threads_per_row,
+            rows_per_block: 1,
+            elems_per_thread: 16,
+            looped: true,
+        }
+    }
+}
+
+/// Forward geometry for rows of `hidden` elements of `dtype`: a warp per row (8 rows per
+/// block) up to 512 elements, 16 elements per thread up to 8192, 32 up to 16384, beyond that
+/// 512 threads looping over tiles of 8192.
+pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant, NormGeometry) {
+    let lanes = dtype.lanes_per_16b() as u64;
+    let chunks = if hidden == 0 {
+        1
+    } else {
+        hidden.div_ceil(lanes)
+    };
+    let max = RMSNORM_MAX_THREADS_PER_ROW as u64;
+    if chunks <= max * (16 / lanes) {
+        (
+            NormFwdVariant::E16,
+            NormGeometry::covering(chunks, lanes, 16),
+        )
+    } else if chunks <= max * (32 / lanes) {
+        (
+            NormFwdVariant::E32,
+            NormGeometry::covering(chunks, lanes, 32),
+        )
+    } else {
+        (
+            NormFwdVariant::Loop,
+            NormGeometry::looping(RMSNORM_MAX_THREADS_PER_ROW),
+        )
+    }
+}
+
+/// Backward geometry: 16 elements per thread up to 4096 per row (at most
+/// [`RMSNORM_BWD_MAX_THREADS_PER_ROW`] threads), then 256 threads looping over tiles of 4096.
+pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant, NormGeometry) {
+    let lanes = dtype.lanes_per_16b() as u64;
+    let chunks = if hidden == 0 {
+        1
+    } else {
+        hidden.div_ceil(lanes)
+    };
+    if chunks <= RMSNORM_BWD_MAX_THREADS_PER_ROW as u64 * (16 / lanes) {
+        (
+            NormBwdVariant::E16,
+            NormGeometry::covering(chunks, lanes, 16),
+        )
+    } else {
+        (
+            NormBwdVariant::Loop,
+            NormGeometry::looping(RMSNORM_BWD_MAX_THREADS_PER_ROW),
+        )
+    }
+}
+
+/// Blocks of the backward row kernel for `rows` rows: one per row group, capped so the grid
+/// has at most [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups).
+/// Depends on `rows`, `hidden` and the dtype only (not on the device), so `dw` is
+/// reproducible across machines.
+pub const fn rmsnorm_bwd_blocks(dtype: DType, rows: u64, hidden: u64) -> u64 {
+    let (_, g) = rmsnorm_bwd_geometry(dtype, hidden);
+    let groups = rows.div_ceil(g.rows_per_block as u64);
+    let cap = RMSNORM_BWD_GRID_THREADS / g.block_threads() as u64;
+    let cap = if cap == 0 { 1 } else { cap };
+    if groups < cap { groups } else { cap }
+}
+
+/// f32 elements of the backward workspace: one partial `dw` row per row slot
+/// (`blocks * rows_per_block` slots), plus, for the looped variant, one coefficient per row.
+pub const fn rmsnorm_bwd_workspace_len(dtype: DType, rows: u64, hidden: u64) -> u64 {
+    let (variant, g) = rmsnorm_bwd_geometry(dtype, hidden);
+    let slots = rmsnorm_bwd_blocks(dtype, rows, hidden) * g.rows_per_block as u64;
+    let coef = match variant {
+        NormBwdVariant::Loop => rows,
+        NormBwdVariant::E16 => 0,
+    };
+    slots * hidden + coef
+}
+
+/// Fused residual-add + RMSNorm forward, one row `r < rows` of `hidden` elements:
+///
+/// ```text
+/// h = x + residual              (f32, right after the loads; stored in the storage dtype)
+/// rstd = 1 / sqrt(sum(h*h) / hidden + eps)     (eps inside the square root)
+/// y = (h * rstd) * w            (w widened to f32 first; Gemma: (1 + w), formed in f32)
+/// ```
+///
+/// Element `[r, c]` of matrix `m` lives at `m + (r * m_stride + c) * size_of(dtype)`; `w` is
+/// one row of `hidden` elements (storage dtype, or f32 with [`RMSNORM_W_F32`]); `rstd` is f32
+/// at `rstd + r * rstd_stride * 4`.
+///
+/// Optional operands are address 0: `residual == 0` is plain RMSNorm (`h = x`, and then
+/// `h == 0`: nothing stored); `rstd == 0` skips the per-row `rstd` store.
+///
+/// Aliasing: `h` may be exactly `x` or exactly `residual`, `y` may be exactly `x` (not both
+/// on `x`); nothing else overlaps an output. Each element is read and written by one thread,
+/// reads first. `eps` is finite and > 0 (the host checks). Launch: the geometry of
+/// [`rmsnorm_fwd_geometry`], `ceil(rows / rows_per_block)` blocks, [`RMSNORM_SMEM_BYTES`]
+/// of dynamic shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RmsNormFwdParams {
+    pub x: u64,
+    pub residual: u64,
+    pub w: u64,
+    pub y: u64,
+    pub h: u64,
+    pub rstd: u64,
+    pub x_stride: u64,
+    pub residual_stride: u64,
+    pub y_stride: u64,
+    pub h_stride: u64,
+    pub rstd_stride: u64,
+    pub rows: u64,
+    pub hidden: u64,
+    pub eps: f32,
+    /// [`RMSNORM_GEMMA`] | [`RMSNORM_HF`] | [`RMSNORM_W_F32`].
+    pub flags: u32,
+    pub threads_per_row: u32,
+    pub rows_per_block: u32,
+}
+
+/// RMSNorm backward, first kernel: per row, from the saved `h` and `rstd`,
+///
+/// ```text
+/// g  = w * dy                                  (Gemma: (1 + w) * dy)
+/// dx = rstd * (g - h * rstd^2 * sum(h * g) / hidden) + dres
+/// ```
+///
+/// `dx` is the gradient of both `x` and `residual` (they enter as `x + residual`); `dres`
+/// (address 0: none) is the gradient already flowing into the residual stream. Each block
+/// also sums `dy * h * rstd` over its rows into its own rows of the f32 `workspace`
+/// (`[slots, hidden]`, `slots = grid * rows_per_block`, row slot `s` holding rows
+/// `s, s + slots, ...` in that order); the looped variant keeps one f32 per row after them
+/// (`workspace + slots * hidden`). [`RmsNormDwParams`] then sums the slots in a fixed order.
+///
+/// Aliasing: `dx` may be exactly `dy` or exactly `dres`; the workspace overlaps nothing.
+/// Launch: the geometry of [`rmsnorm_bwd_geometry`], [`rmsnorm_bwd_blocks`] blocks,
+/// [`RMSNORM_SMEM_BYTES`] of dynamic shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RmsNormBwdParams {
+    pub dy: u64,
+    pub h: u64,
+    pub w: u64,
+    pub rstd: u64,
+    pub dres: u64,
+    pub dx: u64,
+    pub workspace: u64,
+    pub dy_stride: u64,
+    pub h_stride: u64,
+    pub rstd_stride: u64,
+    pub dres_stride: u64,
+    pub dx_stride: u64,
+    pub rows: u64,
+    pub hidden: u64,
+    /// [`RMSNORM_GEMMA`] | [`RMSNORM_W_F32`].
+    pub flags: u32,
+    pub threads_per_row: u32,
+    pub rows_per_block: u32,
+    pub _pad: u32,
+}
+
+/// RMSNorm backward, second kernel: `dw[c] = sum over s < slots of workspace[s * hidden + c]`,
+/// in the order of `s` (fixed slices of the slots, then the slices in order), stored in the
+/// weight's dtype. Launch: `ceil(hidden / 32)` blocks of [`RMSNORM_DW_THREADS`],
+/// [`RMSNORM_DW_SMEM_BYTES`] of dynamic shared memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RmsNormDwParams {
+    pub workspace: u64,
+    pub dw: u64,
+    pub slots: u64,
+    pub hidden: u64,
 }

@@ -11,7 +11,7 @@
 //! same `plan_*` validation, which needs no GPU.
 
 use ferrofuse_common::{
-    Activation, DType, GATED_THREADS, GatedBwdParams, GatedFwdParams, KernelId, VecMode,
+    Activation, DType, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk, KernelId, VecMode,
 };
 
 use crate::error::{Error, Result};
@@ -59,10 +59,15 @@ fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
     if ok { VecMode::V16 } else { VecMode::Scalar }
 }
 
-/// Blocks for `rows x cols` elements moved by `kernel`: one access per thread while that fits
-/// on the device at once (small tensors spread over every multiprocessor), else exactly the
-/// resident grid, whose threads loop (no tail wave, no block scheduling cost).
-fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> u32 {
+/// The grid for `rows x cols` elements moved by `kernel`, and its walk.
+///
+/// With `R` threads resident on the device: up to `R` accesses, one per thread (a small
+/// tensor spreads over every multiprocessor); up to `4R`, `ceil(total / R)` accesses for every
+/// thread of a grid that fits at once (no second wave that is mostly empty); beyond, one access
+/// per thread again, the block scheduler streaming waves (what measured fastest for large
+/// tensors). Threads stay below 2^31 so the kernel's first-row multiply-high is exact. The
+/// measurements behind this are in `bench/TUNING.md`.
+fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
     let (KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode)) = kernel else {
         unreachable!("grid_for sizes gated kernels only");
     };
@@ -70,9 +75,17 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
         VecMode::V16 => dtype.lanes_per_16b(),
         VecMode::Scalar => 1,
     };
-    let accesses = (rows as u64) * (cols / width) as u64;
-    let blocks = accesses.div_ceil(GATED_THREADS as u64);
-    blocks.min(limits.resident_blocks(kernel) as u64) as u32
+    let per_row = (cols / width) as u64;
+    let total = rows as u64 * per_row;
+    let block = GATED_THREADS as u64;
+    let resident = limits.resident_blocks(kernel) as u64 * block;
+    let threads = if total > resident && total <= 4 * resident {
+        total.div_ceil(total.div_ceil(resident))
+    } else {
+        total.min(1 << 31)
+    };
+    let grid = threads.div_ceil(block);
+    (grid as u32, GridWalk::new(per_row, grid * block))
 }
 
 /// Validates a forward call and decides its launch. `y` may equal `b` exactly (in place);
@@ -93,9 +106,10 @@ pub fn plan_gated_forward(
     check_aliasing(("y", y), &[("a", a), ("b", b)], &["b"])?;
     let (rows, cols) = a.shape();
     let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[a, b, y]));
+    let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
         kernel,
-        grid: grid_for(kernel, rows, cols, limits),
+        grid,
         block: GATED_THREADS,
         shared_mem_bytes: 0,
         params: GatedFwdParams {
@@ -107,6 +121,7 @@ pub fn plan_gated_forward(
             y_stride: y.row_stride as u64,
             rows: rows as u64,
             cols: cols as u64,
+            walk,
             act: act as u32,
             _pad: 0,
         },
@@ -140,9 +155,10 @@ pub fn plan_gated_backward(
     check_aliasing(("db", db), &[("a", a), ("b", b), ("dy", dy)], &["b", "dy"])?;
     let (rows, cols) = a.shape();
     let kernel = KernelId::GatedBwd(dtype, vec_mode(dtype, cols, &[a, b, dy, da, db]));
+    let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
         kernel,
-        grid: grid_for(kernel, rows, cols, limits),
+        grid,
         block: GATED_THREADS,
         shared_mem_bytes: 0,
         params: GatedBwdParams {
@@ -158,6 +174,7 @@ pub fn plan_gated_backward(
             db_stride: db.row_stride as u64,
             rows: rows as u64,
             cols: cols as u64,
+            walk,
             act: act as u32,
             _pad: 0,
         },

@@ -4,7 +4,9 @@
 //! launched through [`cudarc`]:
 //!
 //! - gated activations `y = act(a) * b` (SwiGLU, GeGLU erf and tanh, ReGLU), split or
-//!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]).
+//!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]);
+//! - fused residual-add + RMSNorm `h = x + residual, y = rmsnorm(h) * w` (plain, Gemma, Hugging
+//!   Face numerics), every output placement, forward and backward, batch-invariant ([`norm`]).
 //!
 //! ```no_run
 //! use ferrofuse::{Activation, Kernels, Mat, MatMut};
@@ -29,12 +31,14 @@
 
 pub mod error;
 pub mod gated;
+pub mod norm;
 pub mod reference;
 pub mod runtime;
 pub mod tensor;
 
 pub use error::{Error, Result};
 pub use ferrofuse_common::{Activation, DType, KernelId, VecMode, act};
+pub use norm::{NormNumerics, RmsNormOptions};
 pub use runtime::{GridLimits, Kernels, Launch, PTX, PTX_ARCH, device_count, driver_available};
 pub use tensor::{Element, Mat, MatDesc, MatMut};
 

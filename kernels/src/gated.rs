@@ -9,11 +9,17 @@
 //! The `rows x cols` elements are cut into accesses of `W` elements (`W` = 16 bytes of the
 //! dtype on the `v16` entries, 1 on the `scalar` entries) and numbered row-major, so access
 //! `i` is row `i / (cols / W)`. With `G` threads in the grid, thread `g` takes accesses
-//! `g, g + G, g + 2G, ...` (consecutive threads, consecutive addresses: coalesced), in batches
-//! of [`GATED_UNROLL`]: all loads of a batch are issued before its first use, so several are in
-//! flight per thread. Any grid size is correct; the host sizes it to the device (one access per
-//! thread for small tensors, a resident grid that loops for large ones). Row and column are
-//! advanced incrementally, one division per thread.
+//! `g, g + G, g + 2G, ...` (consecutive threads, consecutive addresses: coalesced). Any grid
+//! size is correct; the host sizes it (`host/src/gated.rs::grid_for`): usually one access per
+//! thread, so a thread holds one 16-byte vector per operand, needs ~32 registers, and a full
+//! multiprocessor keeps 2048 threads' loads in flight. The row and column of the first access
+//! come from a host-precomputed multiply-high, later ones by adding the grid step: no division
+//! in the kernel ([`GridWalk`]).
+//!
+//! # Programmatic dependent launch (sm_90)
+//! Every entry first waits for the previous grid in the stream (`griddepcontrol.wait`), then
+//! lets the next one launch: it is scheduled while this one runs, without piling up a chain of
+//! early grids (triggering before the wait did, and was slower; see bench/TUNING.md).
 //!
 //! # Aliasing
 //! Each element is read and written by the same thread, and all of a thread's loads for one
@@ -24,17 +30,20 @@
 //! even in the storage dtype.
 
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
-use ferrofuse_common::{Activation, GATED_UNROLL, GatedBwdParams, GatedFwdParams};
+use ferrofuse_common::{Activation, GatedBwdParams, GatedFwdParams, GridWalk};
 
-use core::num::NonZeroU64;
+use crate::mem::{
+    Bf16, Elem, F16, F32, grid, grid_dependency_wait, launch_dependents, ld_v4, st_v4,
+};
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
-
-/// How one access moves `WIDTH` elements between memory and f32 lanes.
+/// How one access moves `WIDTH` elements between memory and registers. Loads return the raw
+/// bits (`[u32; 4]`, 16 bytes at most), widened to f32 lanes only when used, so a batch of
+/// loads in flight costs half the registers for 16-bit dtypes.
 trait Access {
     const WIDTH: u64;
     const BYTES: u64;
-    unsafe fn load(p: u64) -> [f32; 8];
+    unsafe fn load(p: u64) -> [u32; 4];
+    fn widen(raw: [u32; 4]) -> [f32; 8];
     unsafe fn store(p: u64, v: &[f32; 8]);
 }
 
@@ -47,8 +56,12 @@ impl<E: Elem> Access for V16<E> {
     const WIDTH: u64 = E::LANES as u64;
     const BYTES: u64 = E::BYTES;
     #[inline(always)]
-    unsafe fn load(p: u64) -> [f32; 8] {
-        E::unpack(unsafe { ld_v4(p) })
+    unsafe fn load(p: u64) -> [u32; 4] {
+        unsafe { ld_v4(p) }
+    }
+    #[inline(always)]
+    fn widen(raw: [u32; 4]) -> [f32; 8] {
+        E::unpack(raw)
     }
     #[inline(always)]
     unsafe fn store(p: u64, v: &[f32; 8]) {
@@ -60,9 +73,13 @@ impl<E: Elem> Access for Scalar<E> {
     const WIDTH: u64 = 1;
     const BYTES: u64 = E::BYTES;
     #[inline(always)]
-    unsafe fn load(p: u64) -> [f32; 8] {
+    unsafe fn load(p: u64) -> [u32; 4] {
+        [unsafe { E::load_bits(p) }, 0, 0, 0]
+    }
+    #[inline(always)]
+    fn widen(raw: [u32; 4]) -> [f32; 8] {
         let mut v = [0.0; 8];
-        v[0] = unsafe { E::load(p) };
+        v[0] = E::widen(raw[0]);
         v
     }
     #[inline(always)]
@@ -71,35 +88,8 @@ impl<E: Elem> Access for Scalar<E> {
     }
 }
 
-const UNROLL: usize = GATED_UNROLL;
-const _: () = assert!(UNROLL == 4, "`unroll!` expands exactly GATED_UNROLL copies");
-
-/// Repeats `$body` for `$k` = 0..4 with `$k` a literal after inlining, so the per-access
-/// arrays indexed by it stay in registers (a `for` loop here was not fully unrolled and the
-/// arrays went to local memory).
-macro_rules! unroll {
-    ($k:ident => $body:block) => {{
-        {
-            let $k: usize = 0;
-            $body
-        }
-        {
-            let $k: usize = 1;
-            $body
-        }
-        {
-            let $k: usize = 2;
-            $body
-        }
-        {
-            let $k: usize = 3;
-            $body
-        }
-    }};
-}
-
-/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled for the same reason: the
-/// backward's lane loop was not unrolled by LLVM and its arrays spilled to local memory.
+/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled by hand: LLVM did not
+/// fully unroll the backward's lane loop, and its arrays went to local memory.
 macro_rules! lanes {
     ($l:ident < $width:expr => $body:block) => {{
         { let $l: usize = 0; if $l < $width $body }
@@ -126,143 +116,92 @@ struct Cursor {
     col: u64,
 }
 
-/// Walks access indices `g, g + G, g + 2G, ...` (G = all threads of the grid) as cursors,
-/// with one division per thread instead of one per access.
-struct Walk {
-    per_row: NonZeroU64,
-    step_rows: u64,
-    step_cols: u64,
-}
-
-impl Walk {
-    #[inline(always)]
-    fn new(per_row: NonZeroU64, step: u64) -> Self {
-        let step_rows = step / per_row;
-        Self {
-            per_row,
-            step_rows,
-            step_cols: step - step_rows * per_row.get(),
-        }
-    }
-
-    #[inline(always)]
-    fn at(&self, i: u64) -> Cursor {
-        let row = i / self.per_row;
-        Cursor {
-            row,
-            col: i - row * self.per_row.get(),
-        }
-    }
-
-    #[inline(always)]
-    fn advance(&self, c: Cursor) -> Cursor {
-        let (mut row, mut col) = (c.row + self.step_rows, c.col + self.step_cols);
-        if col >= self.per_row.get() {
-            col -= self.per_row.get();
-            row += 1;
-        }
-        Cursor { row, col }
-    }
-}
-
-/// This thread's first access index, the grid-wide step, and the walk over `rows x cols`
-/// elements in accesses of `X::WIDTH`; `None` when the matrix is empty.
+/// Advances a cursor by the grid's step (precomputed on the host: no division here).
 #[inline(always)]
-fn start<X: Access>(rows: u64, cols: u64) -> Option<(u64, u64, u64, Walk)> {
-    let per_row = NonZeroU64::new(cols / X::WIDTH)?;
-    let total = rows * per_row.get();
+fn advance(w: &GridWalk, c: Cursor) -> Cursor {
+    let (mut row, mut col) = (c.row + w.step_rows, c.col + w.step_cols);
+    if col >= w.per_row {
+        col -= w.per_row;
+        row += 1;
+    }
+    Cursor { row, col }
+}
+
+/// This thread's first access index, the grid-wide step and the total number of accesses.
+#[inline(always)]
+fn start(rows: u64, w: &GridWalk) -> (u64, u64, u64) {
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let first = grid::block_x() * grid::block_dim_x() + grid::thread_x();
-    Some((first, step, total, Walk::new(per_row, step)))
+    (first, step, rows * w.per_row)
+}
+
+/// The cursor of access `i` (< 2^32: the first access of a thread).
+#[inline(always)]
+fn cursor(w: &GridWalk, i: u64) -> Cursor {
+    let row = w.row_of(i);
+    Cursor {
+        row,
+        col: i - row * w.per_row,
+    }
 }
 
 #[inline(always)]
 unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
-    grid_dependency_sync();
-    let Some((mut i, step, total, walk)) = start::<X>(p.rows, p.cols) else {
-        return;
-    };
-    let mut cur = walk.at(i);
+    grid_dependency_wait();
+    launch_dependents();
+    let walk = &p.walk;
+    let (mut i, step, total) = start(p.rows, walk);
+    let mut at = cursor(walk, i);
     while i < total {
-        let mut at = [cur; UNROLL];
-        let mut live = [false; UNROLL];
-        let mut a = [[0.0f32; 8]; UNROLL];
-        let mut b = [[0.0f32; 8]; UNROLL];
-        unroll!(k => {
-            at[k] = cur;
-            live[k] = i + k as u64 * step < total;
-            cur = walk.advance(cur);
+        // SAFETY: the access is inside every matrix (i < total); the host checked that the
+        // allocations cover rows x cols at these strides and the alignment of X. Both loads
+        // precede the store, so y may be exactly b.
+        let (a, b) = unsafe {
+            let a = X::load(addr::<X>(p.a, p.a_stride, at));
+            (a, X::load(addr::<X>(p.b, p.b_stride, at)))
+        };
+        let (a, b) = (X::widen(a), X::widen(b));
+        let mut y = [0.0f32; 8];
+        lanes!(l < X::WIDTH as usize => {
+            y[l] = A::value(a[l]) * b[l];
         });
-        // All loads of the batch are issued before any store: in place over b is safe.
-        unroll!(k => {
-            if live[k] {
-                // SAFETY: the access is inside both matrices (index < total); the host checked
-                // the allocations cover rows x cols at these strides and the alignment of X.
-                unsafe {
-                    a[k] = X::load(addr::<X>(p.a, p.a_stride, at[k]));
-                    b[k] = X::load(addr::<X>(p.b, p.b_stride, at[k]));
-                }
-            }
-        });
-        unroll!(k => {
-            if live[k] {
-                let mut y = [0.0f32; 8];
-                lanes!(l < X::WIDTH as usize => {
-                    y[l] = A::value(a[k][l]) * b[k][l];
-                });
-                // SAFETY: as for the loads; y may equal b, whose element was loaded above.
-                unsafe { X::store(addr::<X>(p.y, p.y_stride, at[k]), &y) };
-            }
-        });
-        i += UNROLL as u64 * step;
+        // SAFETY: as above.
+        unsafe { X::store(addr::<X>(p.y, p.y_stride, at), &y) };
+        at = advance(walk, at);
+        i += step;
     }
 }
 
 #[inline(always)]
 unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
-    grid_dependency_sync();
-    let Some((mut i, step, total, walk)) = start::<X>(p.rows, p.cols) else {
-        return;
-    };
-    let mut cur = walk.at(i);
+    grid_dependency_wait();
+    launch_dependents();
+    let walk = &p.walk;
+    let (mut i, step, total) = start(p.rows, walk);
+    let mut at = cursor(walk, i);
     while i < total {
-        let mut at = [cur; UNROLL];
-        let mut live = [false; UNROLL];
-        let mut a = [[0.0f32; 8]; UNROLL];
-        let mut b = [[0.0f32; 8]; UNROLL];
-        let mut dy = [[0.0f32; 8]; UNROLL];
-        unroll!(k => {
-            at[k] = cur;
-            live[k] = i + k as u64 * step < total;
-            cur = walk.advance(cur);
+        // SAFETY: as in `fwd`; all three loads precede both stores, so da/db may be exactly
+        // a/b/dy.
+        let (a, b, dy) = unsafe {
+            let a = X::load(addr::<X>(p.a, p.a_stride, at));
+            let b = X::load(addr::<X>(p.b, p.b_stride, at));
+            (a, b, X::load(addr::<X>(p.dy, p.dy_stride, at)))
+        };
+        let (a, b, dy) = (X::widen(a), X::widen(b), X::widen(dy));
+        let mut da = [0.0f32; 8];
+        let mut db = [0.0f32; 8];
+        lanes!(l < X::WIDTH as usize => {
+            let (f, df) = A::value_and_grad(a[l]);
+            da[l] = dy[l] * b[l] * df;
+            db[l] = dy[l] * f;
         });
-        unroll!(k => {
-            if live[k] {
-                // SAFETY: as in `fwd`.
-                unsafe {
-                    a[k] = X::load(addr::<X>(p.a, p.a_stride, at[k]));
-                    b[k] = X::load(addr::<X>(p.b, p.b_stride, at[k]));
-                    dy[k] = X::load(addr::<X>(p.dy, p.dy_stride, at[k]));
-                }
-            }
-        });
-        unroll!(k => {
-            if live[k] {
-                let mut da = [0.0f32; 8];
-                let mut db = [0.0f32; 8];
-                lanes!(l < X::WIDTH as usize => {
-                    let (f, df) = A::value_and_grad(a[k][l]);
-                    da[l] = dy[k][l] * b[k][l] * df;
-                    db[l] = dy[k][l] * f;
-                });
-                // SAFETY: as in `fwd`; da/db may equal a/b/dy, all loaded above.
-                unsafe {
-                    X::store(addr::<X>(p.da, p.da_stride, at[k]), &da);
-                    X::store(addr::<X>(p.db, p.db_stride, at[k]), &db);
-                }
-            }
-        });
-        i += UNROLL as u64 * step;
+        // SAFETY: as above.
+        unsafe {
+            X::store(addr::<X>(p.da, p.da_stride, at), &da);
+            X::store(addr::<X>(p.db, p.db_stride, at), &db);
+        }
+        at = advance(walk, at);
+        i += step;
     }
 }
 

@@ -1,7 +1,8 @@
 //! ferrofuse device code, compiled for `nvptx64-nvidia-cuda` and linked into one PTX module
 //! by `ptx-linker` (driven by `host/build.rs`).
 //!
-//! One module per op family (`gated`), over one module of memory primitives (`mem`). Entry
+//! One module per op family (`gated`, `norm`), over one module of memory primitives (`mem`)
+//! and one of deterministic reductions (`reduce`). Entry
 //! names and parameter structs come from `ferrofuse-common`, which the host uses too.
 //!
 //! Kernels are panic-free by construction and the build proves it: the panic handler calls a
@@ -14,11 +15,26 @@
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
 )]
+// norm/reduce: fma/sqrt intrinsics, dynamic shared memory, the convergent shuffle intrinsic.
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(
+        core_intrinsics,
+        gpu_intrinsics,
+        gpu_launch_sized_workgroup_mem,
+        link_llvm_intrinsics
+    ),
+    allow(internal_features)
+)]
 
 #[cfg(target_arch = "nvptx64")]
 mod gated;
 #[cfg(target_arch = "nvptx64")]
 mod mem;
+#[cfg(target_arch = "nvptx64")]
+mod norm;
+#[cfg(target_arch = "nvptx64")]
+mod reduce;
 
 /// Does nothing. The benchmark launches it (one block of 32 threads) to measure the launch
 /// floor: what any kernel costs before it touches memory.

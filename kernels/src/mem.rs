@@ -151,6 +151,10 @@ pub trait Elem {
     const BYTES: u64;
     const LANES: usize;
     unsafe fn load(p: u64) -> f32;
+    /// One element's raw bits (zero-extended to 32), for kernels that keep loaded data packed
+    /// in registers until it is used; [`Elem::widen`] turns them into f32.
+    unsafe fn load_bits(p: u64) -> u32;
+    fn widen(bits: u32) -> f32;
     unsafe fn store(p: u64, v: f32);
     fn unpack(w: [u32; 4]) -> [f32; 8];
     fn pack(v: &[f32; 8]) -> [u32; 4];
@@ -166,6 +170,14 @@ impl Elem for F32 {
     #[inline(always)]
     unsafe fn load(p: u64) -> f32 {
         f32::from_bits(unsafe { ld_u32(p) })
+    }
+    #[inline(always)]
+    unsafe fn load_bits(p: u64) -> u32 {
+        unsafe { ld_u32(p) }
+    }
+    #[inline(always)]
+    fn widen(bits: u32) -> f32 {
+        f32::from_bits(bits)
     }
     #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
@@ -198,6 +210,14 @@ impl Elem for F16 {
         f16_to_f32(unsafe { ld_u16(p) })
     }
     #[inline(always)]
+    unsafe fn load_bits(p: u64) -> u32 {
+        unsafe { ld_u16(p) as u32 }
+    }
+    #[inline(always)]
+    fn widen(bits: u32) -> f32 {
+        f16_to_f32(bits as u16)
+    }
+    #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
         unsafe { st_u16(p, f32_to_f16(v)) }
     }
@@ -228,6 +248,14 @@ impl Elem for Bf16 {
         bf16_to_f32(unsafe { ld_u16(p) })
     }
     #[inline(always)]
+    unsafe fn load_bits(p: u64) -> u32 {
+        unsafe { ld_u16(p) as u32 }
+    }
+    #[inline(always)]
+    fn widen(bits: u32) -> f32 {
+        bf16_to_f32(bits as u16)
+    }
+    #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
         unsafe { st_u16(p, f32_to_bf16(v)) }
     }
@@ -250,22 +278,38 @@ impl Elem for Bf16 {
     }
 }
 
-/// Start of every kernel that is launched with programmatic dependent launch (sm_90+; see
-/// `Kernels::launch` on the host): allow the next grid in the stream to begin launching, then
-/// wait until the previous grid has completed and its memory operations are visible. Nothing
-/// may touch global memory before this returns. On archs without `griddepcontrol` it is empty
-/// and the host launches normally.
+/// Programmatic dependent launch (sm_90+; see `Kernels::launch` on the host), first half:
+/// wait until the previous grid in the stream has completed and its memory operations are
+/// visible. Every kernel launched that way calls this before touching global memory. On
+/// archs without `griddepcontrol` it is empty and the host launches normally.
 #[inline(always)]
-pub fn grid_dependency_sync() {
+pub fn grid_dependency_wait() {
     #[cfg(ferrofuse_pdl)]
-    // SAFETY: both instructions only order this grid against its stream neighbours.
+    // SAFETY: only orders this grid after its stream predecessor.
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack, preserves_flags));
+    }
+}
+
+/// Programmatic dependent launch, second half: let the next grid in the stream start
+/// launching (its own `grid_dependency_wait` still waits for this grid to finish).
+#[inline(always)]
+pub fn launch_dependents() {
+    #[cfg(ferrofuse_pdl)]
+    // SAFETY: only allows the next grid to be scheduled early; it orders no memory.
     unsafe {
         asm!(
             "griddepcontrol.launch_dependents;",
-            "griddepcontrol.wait;",
             options(nostack, preserves_flags)
         );
     }
+}
+
+/// Both halves at the start of a kernel: let the next grid launch, then wait for the previous.
+#[inline(always)]
+pub fn grid_dependency_sync() {
+    launch_dependents();
+    grid_dependency_wait();
 }
 
 /// Thread and block coordinates, widened to u64 before any arithmetic.

@@ -1,0 +1,918 @@
+//! Fused residual-add + RMSNorm, forward and backward, batch-invariant.
+//!
+//! # Parameters
+//! [`RmsNormFwdParams`], [`RmsNormBwdParams`], [`RmsNormDwParams`] (their docs give the
+//! formulas, layouts and aliasing contracts). Every matrix is `[rows, hidden]` with its own
+//! row stride and unit column stride; `w` is one row; `rstd` is f32, one per row.
+//!
+//! # Thread mapping
+//! A row is cut into 16-byte chunks of `L` elements (`L` = 4 for f32, 8 for f16/bf16; the
+//! last one partial when `L` does not divide `hidden`). A row gets `T = threads_per_row`
+//! threads (a multiple of 32); thread `t` owns chunks `t, t + T, t + 2T, ...` (`K` of them
+//! per tile: `K * L` = 16 or 32 elements). Rows of fewer than 256 threads sit side by side in
+//! one block (`rows_per_block` of them). `T`, `K` and `rows_per_block` depend only on `hidden`
+//! and the dtype (`ferrofuse_common::rmsnorm_fwd_geometry`).
+//!
+//! # Determinism and batch invariance
+//! A row's reduction has one fixed shape: each thread accumulates `h*h` with `fma` over its
+//! chunks in order (tile, then chunk, then lane), then `reduce::row_sum` combines the threads
+//! (warp butterfly, then the per-warp values through shared memory, butterfly again). Nothing
+//! in that order depends on the number of rows, on the block the row lands in, or on timing.
+//! The `v16` and `scalar` kernels of one variant share every line except the memory access
+//! itself (one 16-byte access vs. `L` masked scalar ones), so they produce the same bits; the
+//! f32 arithmetic is all `.rn` (no contraction by ptxas) and the f32 -> storage conversions
+//! round to nearest even on both paths.
+//!
+//! # Registers and the looped path
+//! Up to 16384 elements the row stays in registers (`e16`: 16 per thread up to 8192, `e32`:
+//! 32 up to 16384) and memory is touched once: read x, residual, w; write h, y. Beyond that
+//! (`loop`) 512 threads walk the row in tiles of 8192 twice: the first pass stores `h` and
+//! accumulates the sum of squares, the second re-reads the `h` it stored (or `x` when there
+//! is no residual) to normalise. Each thread re-reads only chunks it wrote itself, so its own
+//! program order makes them visible. In the f32 numerics mode the looped path therefore
+//! normalises `h` as stored (rounded to the storage dtype); the statistics still use the f32
+//! sum. Recomputing `x + residual` instead would need two more reads and is impossible when
+//! `h` was written over one of them.
+//!
+//! # Aliasing
+//! A chunk is read and written by one thread only, and each thread issues a chunk's loads
+//! before its stores, so the in-place forms the host allows (h over x or residual, y over x;
+//! dx over dy or dres) are safe.
+
+use core::intrinsics::{fmaf32, sqrtf32};
+use core::num::NonZeroU64;
+
+use ferrofuse_common::{
+    RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormBwdParams,
+    RmsNormDwParams, RmsNormFwdParams,
+};
+
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
+use crate::reduce::{row_sum, smem_f32, sync_block};
+
+/// Most chunks one thread holds (32 f32 elements).
+const MAX_CHUNKS: usize = 8;
+/// f32 slots per reduction buffer in shared memory (one per warp of a block of <= 1024).
+const SLOTS_PER_BUFFER: u32 = 32;
+
+/// Repeats `$body` for chunk `$j` = 0..8 while `$j < $k` (`$k` a constant after inlining):
+/// literal indices keep the per-chunk arrays in registers (LLVM does not fully unroll the
+/// equivalent `for` loop, and the arrays then go to local memory).
+macro_rules! chunks {
+    ($j:ident < $k:expr => $body:block) => {{
+        { let $j: usize = 0; if $j < $k $body }
+        { let $j: usize = 1; if $j < $k $body }
+        { let $j: usize = 2; if $j < $k $body }
+        { let $j: usize = 3; if $j < $k $body }
+        { let $j: usize = 4; if $j < $k $body }
+        { let $j: usize = 5; if $j < $k $body }
+        { let $j: usize = 6; if $j < $k $body }
+        { let $j: usize = 7; if $j < $k $body }
+    }};
+}
+
+/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled for the same reason.
+macro_rules! lanes {
+    ($l:ident < $width:expr => $body:block) => {{
+        { let $l: usize = 0; if $l < $width $body }
+        { let $l: usize = 1; if $l < $width $body }
+        { let $l: usize = 2; if $l < $width $body }
+        { let $l: usize = 3; if $l < $width $body }
+        { let $l: usize = 4; if $l < $width $body }
+        { let $l: usize = 5; if $l < $width $body }
+        { let $l: usize = 6; if $l < $width $body }
+        { let $l: usize = 7; if $l < $width $body }
+    }};
+}
+
+/// How a chunk moves between memory and registers.
+trait Path {
+    /// One 16-byte access per chunk (every address 16-byte aligned, `L` divides `hidden`
+    /// and every row stride; the host checks) rather than `L` masked scalar accesses.
+    const VEC: bool;
+}
+struct Vec16;
+struct Scalar;
+impl Path for Vec16 {
+    const VEC: bool = true;
+}
+impl Path for Scalar {
+    const VEC: bool = false;
+}
+
+/// Chunk `c` of row `row` of the matrix at `base` (row stride `stride` elements) as f32
+/// lanes; on the scalar path, lanes at columns `>= hidden` are not read and stay 0.
+///
+/// # Safety
+/// `row` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the matrix's
+/// extent and alignment for the path.
+#[inline(always)]
+unsafe fn load_chunk<E: Elem, P: Path>(
+    base: u64,
+    stride: u64,
+    row: u64,
+    c: u64,
+    hidden: u64,
+) -> [f32; 8] {
+    let lanes = E::LANES as u64;
+    let first = row * stride + c * lanes;
+    if P::VEC {
+        // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
+        E::unpack(unsafe { ld_v4(base + first * E::BYTES) })
+    } else {
+        let mut v = [0.0f32; 8];
+        lanes!(l < E::LANES => {
+            if c * lanes + (l as u64) < hidden {
+                // SAFETY: column c*L + l < hidden of a row inside the matrix.
+                v[l] = unsafe { E::load(base + (first + l as u64) * E::BYTES) };
+            }
+        });
+        v
+    }
+}
+
+/// Stores chunk `c` of row `row` (rounding to nearest even in the storage dtype); on the
+/// scalar path, lanes at columns `>= hidden` are not written.
+///
+/// # Safety
+/// As for [`load_chunk`].
+#[inline(always)]
+unsafe fn store_chunk<E: Elem, P: Path>(
+    base: u64,
+    stride: u64,
+    row: u64,
+    c: u64,
+    hidden: u64,
+    v: &[f32; 8],
+) {
+    let lanes = E::LANES as u64;
+    let first = row * stride + c * lanes;
+    if P::VEC {
+        // SAFETY: as in `load_chunk`.
+        unsafe { st_v4(base + first * E::BYTES, E::pack(v)) }
+    } else {
+        lanes!(l < E::LANES => {
+            if c * lanes + (l as u64) < hidden {
+                // SAFETY: as in `load_chunk`.
+                unsafe { E::store(base + (first + l as u64) * E::BYTES, v[l]) };
+            }
+        });
+    }
+}
+
+/// `lanes` (4 or 8) f32s of an f32 array at `base`, from element `first`, which holds
+/// column `col0`; on the scalar path only columns `< hidden` are read.
+///
+/// # Safety
+/// The elements exist; on the vector path `base + first * 4` is 16-byte aligned.
+#[inline(always)]
+unsafe fn load_f32s<P: Path>(
+    base: u64,
+    first: u64,
+    col0: u64,
+    hidden: u64,
+    lanes: usize,
+) -> [f32; 8] {
+    let mut v = [0.0f32; 8];
+    if P::VEC {
+        // SAFETY: caller's contract.
+        let a = F32::unpack(unsafe { ld_v4(base + first * 4) });
+        v[0] = a[0];
+        v[1] = a[1];
+        v[2] = a[2];
+        v[3] = a[3];
+        if lanes == 8 {
+            // SAFETY: as above, the second half of a 32-byte chunk.
+            let b = F32::unpack(unsafe { ld_v4(base + first * 4 + 16) });
+            v[4] = b[0];
+            v[5] = b[1];
+            v[6] = b[2];
+            v[7] = b[3];
+        }
+    } else {
+        lanes!(l < lanes => {
+            if col0 + (l as u64) < hidden {
+                // SAFETY: caller's contract.
+                v[l] = unsafe { F32::load(base + (first + l as u64) * 4) };
+            }
+        });
+    }
+    v
+}
+
+/// Stores `lanes` f32s as [`load_f32s`] reads them.
+///
+/// # Safety
+/// As for [`load_f32s`].
+#[inline(always)]
+unsafe fn store_f32s<P: Path>(
+    base: u64,
+    first: u64,
+    col0: u64,
+    hidden: u64,
+    lanes: usize,
+    v: &[f32; 8],
+) {
+    if P::VEC {
+        // SAFETY: caller's contract.
+        unsafe {
+            st_v4(
+                base + first * 4,
+                F32::pack(&[v[0], v[1], v[2], v[3], 0.0, 0.0, 0.0, 0.0]),
+            )
+        };
+        if lanes == 8 {
+            // SAFETY: as above.
+            unsafe {
+                st_v4(
+                    base + first * 4 + 16,
+                    F32::pack(&[v[4], v[5], v[6], v[7], 0.0, 0.0, 0.0, 0.0]),
+                )
+            };
+        }
+    } else {
+        lanes!(l < lanes => {
+            if col0 + (l as u64) < hidden {
+                // SAFETY: caller's contract.
+                unsafe { F32::store(base + (first + l as u64) * 4, v[l]) };
+            }
+        });
+    }
+}
+
+/// The weight factor for chunk `c`: `w` widened to f32 (stored as f32 or in the storage
+/// dtype), or `1 + w` formed in f32 for Gemma.
+///
+/// # Safety
+/// `c < ceil(hidden / L)`; `w` holds `hidden` elements of its dtype, aligned for the path.
+#[inline(always)]
+unsafe fn load_w<E: Elem, P: Path>(
+    w: u64,
+    c: u64,
+    hidden: u64,
+    w_f32: bool,
+    gemma: bool,
+) -> [f32; 8] {
+    let lanes = E::LANES as u64;
+    let mut v = if w_f32 {
+        // SAFETY: caller's contract (f32 weight; chunk c starts at element c*L, 16-byte aligned
+        // on the vector path because L*4 is a multiple of 16).
+        unsafe { load_f32s::<P>(w, c * lanes, c * lanes, hidden, E::LANES) }
+    } else {
+        // SAFETY: caller's contract; the weight is row 0 of a one-row matrix.
+        unsafe { load_chunk::<E, P>(w, 0, 0, c, hidden) }
+    };
+    if gemma {
+        lanes!(l < E::LANES => { v[l] = 1.0 + v[l]; });
+    }
+    v
+}
+
+/// Rounds each lane to the storage dtype and back (round to nearest even), with the same
+/// conversion instructions as the vector stores.
+#[inline(always)]
+fn round_to<E: Elem>(v: &[f32; 8]) -> [f32; 8] {
+    E::unpack(E::pack(v))
+}
+
+/// `1 / sqrt(sum / hidden + eps)`: eps inside the square root. IEEE division, square root
+/// and reciprocal (`div.rn`, `sqrt.rn`, `rcp.rn`): once per row, so exactness costs nothing.
+#[inline(always)]
+fn rstd_of(sum_sq: f32, hidden: u64, eps: f32) -> f32 {
+    let var = sum_sq / hidden as f32;
+    1.0 / sqrtf32(var + eps)
+}
+
+/// `y = n * w` with `n = h * rstd`, `n` first rounded to the storage dtype in the Hugging
+/// Face numerics mode.
+#[inline(always)]
+fn normalize<E: Elem>(h: &[f32; 8], rstd: f32, w: &[f32; 8], hf: bool) -> [f32; 8] {
+    let mut n = [0.0f32; 8];
+    lanes!(l < E::LANES => { n[l] = h[l] * rstd; });
+    if hf {
+        n = round_to::<E>(&n);
+    }
+    let mut y = [0.0f32; 8];
+    lanes!(l < E::LANES => { y[l] = n[l] * w[l]; });
+    y
+}
+
+/// Where a thread sits: its row group slot and its place in the row.
+#[derive(Clone, Copy)]
+struct Me {
+    /// Thread index in its row, `< tpr`.
+    t: u64,
+    /// Threads per row.
+    tpr: u64,
+    /// Row index inside the block (`< rows_per_block`).
+    r_local: u64,
+    lane: u32,
+    /// Warp index in the row, and warps per row.
+    warp: u32,
+    warps: u32,
+}
+
+impl Me {
+    #[inline(always)]
+    fn new(tpr: NonZeroU64) -> Self {
+        let tid = grid::thread_x();
+        let r_local = tid / tpr;
+        let t = tid - r_local * tpr.get();
+        Me {
+            t,
+            tpr: tpr.get(),
+            r_local,
+            lane: (tid & 31) as u32,
+            warp: (t >> 5) as u32,
+            warps: (tpr.get() >> 5) as u32,
+        }
+    }
+
+    /// First shared-memory slot of this row's warp partials in reduction buffer `buf`.
+    #[inline(always)]
+    fn slot(&self, buf: u32) -> u32 {
+        buf * SLOTS_PER_BUFFER + self.r_local as u32 * self.warps
+    }
+}
+
+/// Forward, whole row in registers: `EPT` elements per thread (16 or 32).
+///
+/// # Safety
+/// The host's plan: params checked (extents, alignment for `P`, aliasing), launched with the
+/// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
+#[inline(always)]
+unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
+    grid_dependency_sync();
+    let k = EPT / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new(tpr);
+    let row = grid::block_x() * p.rows_per_block as u64 + me.r_local;
+    let live = row < p.rows;
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+
+    // All loads first (x, residual and w of every chunk), so they are in flight together;
+    // h = x + residual in f32 right away. Chunks past the row stay 0 and add nothing below.
+    let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+    chunks!(j < k => {
+        let c = j as u64 * me.tpr + me.t;
+        if live && c < nchunks {
+            // SAFETY: row < rows and c < nchunks: inside every operand (host-checked).
+            let x = unsafe { load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden) };
+            if has_res {
+                // SAFETY: as above.
+                let r = unsafe { load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden) };
+                lanes!(l < E::LANES => { h[j][l] = x[l] + r[l]; });
+            } else {
+                h[j] = x;
+            }
+            // SAFETY: as above.
+            w[j] = unsafe { load_w::<E, P>(p.w, c, hidden, w_f32, gemma) };
+        }
+    });
+    if hf {
+        // Hugging Face: the norm sees h as stored.
+        chunks!(j < k => { h[j] = round_to::<E>(&h[j]); });
+    }
+    if live && has_res {
+        chunks!(j < k => {
+            let c = j as u64 * me.tpr + me.t;
+            if c < nchunks {
+                // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
+                unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, &h[j]) };
+            }
+        });
+    }
+    let mut acc = 0.0f32;
+    chunks!(j < k => {
+        lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+    });
+    // SAFETY: every thread of the block gets here; slots < 16 + 32 fit RMSNORM_SMEM_BYTES.
+    let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
+    let rstd = rstd_of(sum_sq, hidden, p.eps);
+    if !live {
+        return;
+    }
+    if me.t == 0 && p.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
+    }
+    chunks!(j < k => {
+        let c = j as u64 * me.tpr + me.t;
+        if c < nchunks {
+            let y = normalize::<E>(&h[j], rstd, &w[j], hf);
+            // SAFETY: as above; y may be x, whose chunk was loaded above.
+            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, &y) };
+        }
+    });
+}
+
+/// Forward for rows too long for registers: two passes over tiles of 16 elements per thread.
+///
+/// # Safety
+/// As for [`fwd_regs`].
+#[inline(always)]
+unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
+    grid_dependency_sync();
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new(tpr);
+    let row = grid::block_x() * p.rows_per_block as u64 + me.r_local;
+    let live = row < p.rows;
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+
+    // Pass 1: h = x + residual, stored; sum of squares in the fixed order (tile, chunk, lane).
+    let mut acc = 0.0f32;
+    let mut tile = 0u64;
+    while tile < tiles {
+        let first = tile * per_tile + me.t;
+        let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+        chunks!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            if live && c < nchunks {
+                // SAFETY: row < rows, c < nchunks (host-checked extents).
+                let x = unsafe { load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden) };
+                if has_res {
+                    // SAFETY: as above.
+                    let r = unsafe { load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden) };
+                    lanes!(l < E::LANES => { h[j][l] = x[l] + r[l]; });
+                } else {
+                    h[j] = x;
+                }
+            }
+        });
+        if hf {
+            chunks!(j < k => { h[j] = round_to::<E>(&h[j]); });
+        }
+        if live && has_res {
+            chunks!(j < k => {
+                let c = first + j as u64 * me.tpr;
+                if c < nchunks {
+                    // SAFETY: as above; h may be x or residual, loaded above.
+                    unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, &h[j]) };
+                }
+            });
+        }
+        chunks!(j < k => {
+            lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+        });
+        tile += 1;
+    }
+    // SAFETY: every thread of the block gets here.
+    let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
+    let rstd = rstd_of(sum_sq, hidden, p.eps);
+    if !live {
+        return;
+    }
+    if me.t == 0 && p.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
+    }
+    // Pass 2: read back h as stored (x when there is no residual), normalise, store y. Every
+    // chunk read here was written (pass 1) by this same thread.
+    let (src, src_stride) = if has_res {
+        (p.h, p.h_stride)
+    } else {
+        (p.x, p.x_stride)
+    };
+    let mut tile = 0u64;
+    while tile < tiles {
+        let first = tile * per_tile + me.t;
+        let mut hv = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+        chunks!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            if c < nchunks {
+                // SAFETY: as in pass 1.
+                unsafe {
+                    hv[j] = load_chunk::<E, P>(src, src_stride, row, c, hidden);
+                    w[j] = load_w::<E, P>(p.w, c, hidden, w_f32, gemma);
+                }
+            }
+        });
+        chunks!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            if c < nchunks {
+                let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
+                // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
+                unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, &y) };
+            }
+        });
+        tile += 1;
+    }
+}
+
+/// Backward, rows of up to 4096 elements: 16 per thread in registers. Each block walks the
+/// row groups `block, block + grid, ...`; each thread keeps its columns' share of `dw` in
+/// registers and writes it to its row slot of the workspace at the end.
+///
+/// # Safety
+/// As for [`fwd_regs`], with [`RmsNormBwdParams`] and the backward geometry.
+#[inline(always)]
+unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
+    grid_dependency_sync();
+    let k = 16 / E::LANES;
+    let (Some(tpr), Some(rpb)) = (
+        NonZeroU64::new(p.threads_per_row as u64),
+        NonZeroU64::new(p.rows_per_block as u64),
+    ) else {
+        return;
+    };
+    let me = Me::new(tpr);
+    let hidden = p.hidden;
+    let lanes = E::LANES as u64;
+    let nchunks = hidden.div_ceil(lanes);
+    let groups = p.rows.div_ceil(rpb.get());
+    let has_dres = p.dres != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let hidden_f = hidden as f32;
+
+    let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut g = grid::block_x();
+    let step = grid::grid_dim_x();
+    let mut buf = 0u32;
+    while g < groups {
+        let row = g * rpb.get() + me.r_local;
+        let live = row < p.rows;
+        let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut rstd = 0.0f32;
+        if live {
+            // SAFETY: row < rows: inside every operand (host-checked).
+            rstd = unsafe { F32::load(p.rstd + row * p.rstd_stride * 4) };
+            chunks!(j < k => {
+                let c = j as u64 * me.tpr + me.t;
+                if c < nchunks {
+                    // SAFETY: as above, c < nchunks. w is re-read per row (an L1 hit after
+                    // the first row) rather than held: registers are the limit here.
+                    unsafe {
+                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden);
+                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden);
+                        w[j] = load_w::<E, P>(p.w, c, hidden, w_f32, gemma);
+                        if has_dres {
+                            dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden);
+                        }
+                    }
+                }
+            });
+        }
+        // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
+        // chunks past the row are all zeros and change nothing.
+        let mut acc = 0.0f32;
+        chunks!(j < k => {
+            lanes!(l < E::LANES => {
+                let gl = w[j][l] * dy[j][l];
+                acc = fmaf32(h[j][l], gl, acc);
+                dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
+                dy[j][l] = gl;
+            });
+        });
+        // SAFETY: every thread of the block runs the same number of iterations (g is
+        // per-block), and the two buffers alternate (see reduce::row_sum).
+        let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(buf)) };
+        let coef = (total / hidden_f) * (rstd * rstd);
+        if live {
+            chunks!(j < k => {
+                let c = j as u64 * me.tpr + me.t;
+                if c < nchunks {
+                    let mut dx = [0.0f32; 8];
+                    lanes!(l < E::LANES => {
+                        dx[l] = rstd * (dy[j][l] - h[j][l] * coef);
+                        if has_dres {
+                            dx[l] += dres[j][l];
+                        }
+                    });
+                    // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
+                    unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, &dx) };
+                }
+            });
+        }
+        g += step;
+        buf ^= 1;
+    }
+    // This row slot's partial dw, a row of the f32 workspace.
+    let slot = grid::block_x() * rpb.get() + me.r_local;
+    chunks!(j < k => {
+        let c = j as u64 * me.tpr + me.t;
+        if c < nchunks {
+            // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized);
+            // row offsets slot*hidden*4 are 16-byte multiples on the vector path (L | hidden).
+            unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, &dw[j]) };
+        }
+    });
+}
+
+/// Backward for rows longer than 4096 elements. Phase A: per row, the coefficient
+/// `rstd^2 * sum(h*g) / hidden`, kept in the workspace after the partials. Phase B: tile by
+/// tile, `dx` for every row of the block and the tile's `dw` partial in registers.
+///
+/// # Safety
+/// As for [`bwd_regs`]; the workspace also holds one f32 per row after the partials.
+#[inline(always)]
+unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
+    grid_dependency_sync();
+    let k = 16 / E::LANES;
+    let (Some(tpr), Some(rpb)) = (
+        NonZeroU64::new(p.threads_per_row as u64),
+        NonZeroU64::new(p.rows_per_block as u64),
+    ) else {
+        return;
+    };
+    let me = Me::new(tpr);
+    let hidden = p.hidden;
+    let lanes = E::LANES as u64;
+    let nchunks = hidden.div_ceil(lanes);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let groups = p.rows.div_ceil(rpb.get());
+    let step = grid::grid_dim_x();
+    let slots = step * rpb.get();
+    let coef_base = p.workspace + slots * hidden * 4;
+    let has_dres = p.dres != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let hidden_f = hidden as f32;
+
+    // Phase A.
+    let mut g = grid::block_x();
+    let mut buf = 0u32;
+    while g < groups {
+        let row = g * rpb.get() + me.r_local;
+        let live = row < p.rows;
+        let mut acc = 0.0f32;
+        let mut tile = 0u64;
+        while tile < tiles {
+            let first = tile * per_tile + me.t;
+            let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+            let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
+            let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+            chunks!(j < k => {
+                let c = first + j as u64 * me.tpr;
+                if live && c < nchunks {
+                    // SAFETY: row < rows, c < nchunks (host-checked extents).
+                    unsafe {
+                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden);
+                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden);
+                        w[j] = load_w::<E, P>(p.w, c, hidden, w_f32, gemma);
+                    }
+                }
+            });
+            chunks!(j < k => {
+                lanes!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
+            });
+            tile += 1;
+        }
+        // SAFETY: all threads of the block iterate alike; buffers alternate.
+        let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(buf)) };
+        if live && me.t == 0 {
+            // SAFETY: row < rows; the host sized the workspace with one f32 per row here.
+            unsafe {
+                let rstd = F32::load(p.rstd + row * p.rstd_stride * 4);
+                F32::store(coef_base + row * 4, (total / hidden_f) * (rstd * rstd));
+            }
+        }
+        g += step;
+        buf ^= 1;
+    }
+    // The coefficients were stored by thread 0 of each row; the barrier makes them visible
+    // to the rest of the block (and keeps the loads below after the stores).
+    sync_block();
+
+    // Phase B.
+    let slot = grid::block_x() * rpb.get() + me.r_local;
+    let mut tile = 0u64;
+    while tile < tiles {
+        let first = tile * per_tile + me.t;
+        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+        chunks!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            if c < nchunks {
+                // SAFETY: c < nchunks; the host checked w.
+                w[j] = unsafe { load_w::<E, P>(p.w, c, hidden, w_f32, gemma) };
+            }
+        });
+        let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut g = grid::block_x();
+        while g < groups {
+            let row = g * rpb.get() + me.r_local;
+            if row < p.rows {
+                let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+                let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
+                let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
+                // SAFETY: row < rows; the coefficient was stored in phase A (same block).
+                let (rstd, coef) = unsafe {
+                    (
+                        F32::load(p.rstd + row * p.rstd_stride * 4),
+                        F32::load(coef_base + row * 4),
+                    )
+                };
+                chunks!(j < k => {
+                    let c = first + j as u64 * me.tpr;
+                    if c < nchunks {
+                        // SAFETY: row < rows, c < nchunks.
+                        unsafe {
+                            h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden);
+                            dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden);
+                            if has_dres {
+                                dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden);
+                            }
+                        }
+                    }
+                });
+                chunks!(j < k => {
+                    let c = first + j as u64 * me.tpr;
+                    if c < nchunks {
+                        let mut dx = [0.0f32; 8];
+                        lanes!(l < E::LANES => {
+                            let gl = w[j][l] * dy[j][l];
+                            dx[l] = rstd * (gl - h[j][l] * coef);
+                            if has_dres {
+                                dx[l] += dres[j][l];
+                            }
+                            dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
+                        });
+                        // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
+                        unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, &dx) };
+                    }
+                });
+            }
+            g += step;
+        }
+        chunks!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            if c < nchunks {
+                // SAFETY: as in `bwd_regs`.
+                unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, &dw[j]) };
+            }
+        });
+        tile += 1;
+    }
+}
+
+/// `dw[c] = sum over slots of the partials`, column `c` per lane: warp `q` of the block sums
+/// slots `[q*S/8, (q+1)*S/8)` in order, then lane `c` of warp 0 adds the 8 slices in order.
+///
+/// # Safety
+/// Launched with `RMSNORM_DW_THREADS` threads, `RMSNORM_DW_SMEM_BYTES` of shared memory,
+/// and a workspace of `slots * hidden` f32s written by the backward rows kernel.
+#[inline(always)]
+unsafe fn dw_reduce<W: Elem>(p: &RmsNormDwParams) {
+    grid_dependency_sync();
+    let cols = RMSNORM_DW_COLS as u64;
+    let slices = RMSNORM_DW_SLICES as u64;
+    let tid = grid::thread_x();
+    let lane = tid % cols;
+    let q = tid / cols;
+    let col = grid::block_x() * cols + lane;
+    let lo = q * p.slots / slices;
+    let hi = (q + 1) * p.slots / slices;
+    let mut s = 0.0f32;
+    if col < p.hidden {
+        let at = |i: u64| p.workspace + (i * p.hidden + col) * 4;
+        let mut i = lo;
+        // Four loads in flight, added in slot order.
+        while i + 4 <= hi {
+            // SAFETY: i + 3 < hi <= slots, col < hidden: inside the workspace.
+            let v = unsafe {
+                [
+                    F32::load(at(i)),
+                    F32::load(at(i + 1)),
+                    F32::load(at(i + 2)),
+                    F32::load(at(i + 3)),
+                ]
+            };
+            s = s + v[0] + v[1] + v[2] + v[3];
+            i += 4;
+        }
+        while i < hi {
+            // SAFETY: as above.
+            s += unsafe { F32::load(at(i)) };
+            i += 1;
+        }
+    }
+    let smem = smem_f32();
+    // SAFETY: tid < RMSNORM_DW_THREADS f32s of shared memory.
+    unsafe { *smem.add(tid as usize) = s };
+    sync_block();
+    if q == 0 && col < p.hidden {
+        let mut t = 0.0f32;
+        let mut k = 0u64;
+        while k < slices {
+            // SAFETY: k * 32 + lane < RMSNORM_DW_THREADS.
+            t += unsafe { *smem.add((k * cols + lane) as usize) };
+            k += 1;
+        }
+        // SAFETY: col < hidden; dw holds hidden elements of W (host-checked).
+        unsafe { W::store(p.dw + col * W::BYTES, t) };
+    }
+}
+
+macro_rules! norm_entries {
+    ($($e:ty, $p:ty => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident;)*) => {$(
+        /// RMSNorm forward, 16 elements per thread; see the module docs.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $f16(p: RmsNormFwdParams) {
+            unsafe { fwd_regs::<$e, $p, 16>(&p) }
+        }
+
+        /// RMSNorm forward, 32 elements per thread; see the module docs.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $f32(p: RmsNormFwdParams) {
+            unsafe { fwd_regs::<$e, $p, 32>(&p) }
+        }
+
+        /// RMSNorm forward, looped over tiles; see the module docs.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $floop(p: RmsNormFwdParams) {
+            unsafe { fwd_loop::<$e, $p>(&p) }
+        }
+
+        /// RMSNorm backward rows and dw partials, 16 elements per thread.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $b16(p: RmsNormBwdParams) {
+            unsafe { bwd_regs::<$e, $p>(&p) }
+        }
+
+        /// RMSNorm backward rows and dw partials, looped over tiles.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bloop(p: RmsNormBwdParams) {
+            unsafe { bwd_loop::<$e, $p>(&p) }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name` (checked against the PTX at build time).
+norm_entries! {
+    F32, Vec16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
+        rmsnorm_bwd_f32_v16_e16, rmsnorm_bwd_f32_v16_loop;
+    F32, Scalar => rmsnorm_fwd_f32_scalar_e16, rmsnorm_fwd_f32_scalar_e32, rmsnorm_fwd_f32_scalar_loop,
+        rmsnorm_bwd_f32_scalar_e16, rmsnorm_bwd_f32_scalar_loop;
+    F16, Vec16 => rmsnorm_fwd_f16_v16_e16, rmsnorm_fwd_f16_v16_e32, rmsnorm_fwd_f16_v16_loop,
+        rmsnorm_bwd_f16_v16_e16, rmsnorm_bwd_f16_v16_loop;
+    F16, Scalar => rmsnorm_fwd_f16_scalar_e16, rmsnorm_fwd_f16_scalar_e32, rmsnorm_fwd_f16_scalar_loop,
+        rmsnorm_bwd_f16_scalar_e16, rmsnorm_bwd_f16_scalar_loop;
+    Bf16, Vec16 => rmsnorm_fwd_bf16_v16_e16, rmsnorm_fwd_bf16_v16_e32, rmsnorm_fwd_bf16_v16_loop,
+        rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop;
+    Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
+        rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop;
+}
+
+macro_rules! dw_entries {
+    ($($e:ty => $name:ident;)*) => {$(
+        /// RMSNorm dw: fixed-order sum of the backward's partials, in the weight's dtype.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_backward` decides, after the rows kernel on the stream.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormDwParams) {
+            unsafe { dw_reduce::<$e>(&p) }
+        }
+    )*};
+}
+
+dw_entries! {
+    F32 => rmsnorm_dw_f32;
+    F16 => rmsnorm_dw_f16;
+    Bf16 => rmsnorm_dw_bf16;
+}
+
+const _: () = assert!(RMSNORM_DW_COLS == 32, "dw_reduce maps one column per lane");
+const _: () = assert!(
+    ferrofuse_common::RMSNORM_SMEM_BYTES >= 2 * SLOTS_PER_BUFFER * 4,
+    "two reduction buffers of SLOTS_PER_BUFFER f32s"
+);
+const _: () = assert!(ferrofuse_common::RMSNORM_MAX_THREADS_PER_ROW / 32 <= SLOTS_PER_BUFFER);

@@ -1,0 +1,1662 @@
+//! GPU tests of the residual-add + RMSNorm family, against the f64 reference on fresh random
+//! inputs (the seed is in every failure message), outputs poisoned (NaN) before each run,
+//! every element outside the written regions (row padding, the tail, unused buffers, the
+//! inputs) checked unchanged afterwards. Without a CUDA driver each test prints why it skips.
+//!
+//! Tolerances. `h` must be exact (the f32 sum rounded once). f32 `y` and `rstd`: 1e-5
+//! relative. f16/bf16 `y`: within one unit in the last place of the reference rounded to the
+//! storage dtype, in the f32 numerics mode. In the Hugging Face mode `y = round(round(h *
+//! rstd) * w)`: when `h * rstd` lies within the f32 error of `rstd` (1e-5 relative, which the
+//! rstd check enforces) of a rounding boundary of the storage dtype, the intermediate rounding
+//! may go either way, and that choice moves `y` by up to 2 ulps. So HF `y` must be within one
+//! ulp of `round(round(h * rstd') * w)` for `rstd'` at one of `rstd * (1 - 1e-5)`, `rstd`,
+//! `rstd * (1 + 1e-5)`: the one-ulp bound around each possible intermediate, no looser.
+//! Backward: `dx` within one ulp plus the f32 error of its row sum (1e-5 of the sum of
+//! absolute terms, propagated), `dw` within one ulp plus 1e-5 of the sum of absolute terms.
+//!
+//! `FERROFUSE_DEVICE=N` picks the device; `FERROFUSE_TEST_QUICK=1` trims the matrices to a small
+//! one that still runs every kernel, placement and option (for compute-sanitizer).
+
+// Element loops over matrices read best with explicit indices.
+#![allow(clippy::needless_range_loop)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use common::{gpu, poison, quick};
+use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ferrofuse::half::{bf16, f16};
+use ferrofuse::norm::{
+    RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
+    rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
+};
+use ferrofuse::reference::{
+    RmsNormRef, rmsnorm_backward, rmsnorm_forward_row, rmsnorm_hf_y, rmsnorm_rstd, rmsnorm_weight,
+};
+use ferrofuse::{
+    DType, Element, Error, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics, RmsNormOptions,
+    VecMode,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Relative error allowed on f32 results and on `rstd`.
+const REL: f64 = 1e-5;
+
+// ------------------------------------------------------------------------------------------
+// Shapes.
+// ------------------------------------------------------------------------------------------
+
+/// Hidden sizes of real models, odd ones, and rows longer than registers hold (looped path).
+fn hidden_sizes() -> Vec<usize> {
+    if quick() {
+        return vec![3, 769, 896, 4096, 16384, 20000];
+    }
+    vec![
+        1, 3, 769, 896, 2048, 3584, 4096, 5120, 5125, 7168, 8192, 16384, 65536,
+    ]
+}
+
+fn row_counts() -> Vec<usize> {
+    if quick() {
+        return vec![1, 7];
+    }
+    vec![1, 2, 7, 64, 1000, 8192]
+}
+
+/// Largest `rows x hidden` the full matrix runs (8192 x 8192; larger H at 1000 rows).
+const MAX_ELEMS: usize = 1 << 26;
+
+// ------------------------------------------------------------------------------------------
+// Host-side buffers laid out as the device sees them.
+// ------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Rows back to back from a 16-byte aligned start: the vector kernels when L divides H.
+    Dense,
+    /// Rows padded to a multiple of 16 bytes plus one vector: still the vector kernels.
+    Padded,
+    /// Every buffer starts one element past an aligned address, rows `H + 1` apart: the
+    /// scalar kernels, whatever H.
+    Misaligned,
+}
+
+const LAYOUTS: [Layout; 3] = [Layout::Dense, Layout::Padded, Layout::Misaligned];
+
+impl Layout {
+    /// (offset of element [0, 0], row stride) for rows of `cols` with vectors of `lanes`.
+    fn place(self, cols: usize, lanes: usize) -> (usize, usize) {
+        match self {
+            Layout::Dense => (0, cols),
+            Layout::Padded => (0, cols.next_multiple_of(lanes) + lanes),
+            Layout::Misaligned => (1, cols + 1),
+        }
+    }
+}
+
+/// A `rows x cols` matrix inside a host copy of its whole device buffer: element `[r, c]` at
+/// `off + r * stride + c`; every other element (row padding, the leading offset, a tail of
+/// three) holds a sentinel that must survive the kernel.
+#[derive(Clone)]
+struct Laid<T> {
+    buf: Vec<T>,
+    off: usize,
+    rows: usize,
+    cols: usize,
+    stride: usize,
+}
+
+fn sentinel<T: Element>() -> T {
+    T::from_f64(-4242.0)
+}
+
+impl<T: Element> Laid<T> {
+    fn new(dense: &[T], rows: usize, cols: usize, layout: Layout, lanes: usize) -> Self {
+        assert_eq!(dense.len(), rows * cols);
+        let (off, stride) = layout.place(cols, lanes);
+        let span = if rows == 0 {
+            0
+        } else {
+            (rows - 1) * stride + cols
+        };
+        let mut buf = vec![sentinel::<T>(); off + span + 3];
+        for r in 0..rows {
+            buf[off + r * stride..off + r * stride + cols]
+                .copy_from_slice(&dense[r * cols..(r + 1) * cols]);
+        }
+        Self {
+            buf,
+            off,
+            rows,
+            cols,
+            stride,
+        }
+    }
+
+    fn poisoned(rows: usize, cols: usize, layout: Layout, lanes: usize) -> Self {
+        Self::new(&vec![poison::<T>(); rows * cols], rows, cols, layout, lanes)
+    }
+
+    fn at(&self, r: usize, c: usize) -> T {
+        self.buf[self.off + r * self.stride + c]
+    }
+
+    fn row(&self, r: usize) -> &[T] {
+        &self.buf[self.off + r * self.stride..self.off + r * self.stride + self.cols]
+    }
+
+    fn in_region(&self, i: usize) -> bool {
+        if i < self.off || self.rows == 0 {
+            return false;
+        }
+        let j = i - self.off;
+        j / self.stride < self.rows && j % self.stride < self.cols
+    }
+
+    /// The same matrix over a downloaded copy of the buffer.
+    fn with_buf(&self, buf: Vec<T>) -> Self {
+        assert_eq!(buf.len(), self.buf.len());
+        Self { buf, ..*self }
+    }
+
+    fn upload(&self, s: &Arc<CudaStream>) -> CudaSlice<T> {
+        s.clone_htod(&self.buf).expect("upload")
+    }
+
+    fn mat<'a>(&self, d: &'a CudaSlice<T>) -> Mat<'a, T> {
+        Mat::strided(d.slice(self.off..), self.rows, self.cols, self.stride)
+    }
+
+    fn mat_mut<'a>(&self, d: &'a mut CudaSlice<T>) -> MatMut<'a, T> {
+        MatMut::strided(d.slice_mut(self.off..), self.rows, self.cols, self.stride)
+    }
+
+    /// The raw description of the matrix in device buffer `d` (to re-plan a safe call and
+    /// learn which kernel it ran).
+    fn desc(&self, s: &Arc<CudaStream>, d: &CudaSlice<T>) -> MatDesc {
+        let (base, _guard) = d.device_ptr(s);
+        MatDesc {
+            addr: base + (self.off * T::DTYPE.size_bytes()) as u64,
+            len: self.buf.len() - self.off,
+            dtype: T::DTYPE,
+            rows: self.rows,
+            cols: self.cols,
+            row_stride: self.stride,
+            col_stride: 1,
+        }
+    }
+}
+
+fn download<T: Element>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Vec<T> {
+    s.clone_dtoh(d).expect("download")
+}
+
+fn same<T: Element>(a: T, b: T) -> bool {
+    bits(a) == bits(b)
+}
+
+/// The storage bits of `v` (its dtype's encoding), for bitwise comparisons.
+fn bits<T: Element>(v: T) -> u32 {
+    let f = v.to_f64();
+    match T::DTYPE {
+        DType::F32 => (f as f32).to_bits(),
+        DType::F16 => f16::from_f64(f).to_bits() as u32,
+        DType::BF16 => bf16::from_f64(f).to_bits() as u32,
+    }
+}
+
+/// Every element of `after` outside `m`'s region (all of it when `written` is false) is
+/// bitwise what was uploaded.
+fn assert_untouched<T: Element>(what: &str, m: &Laid<T>, after: &[T], written: bool) {
+    for (i, (&b, &a)) in m.buf.iter().zip(after).enumerate() {
+        if written && m.in_region(i) {
+            continue;
+        }
+        assert!(
+            same(a, b),
+            "{what}: element {i} of the buffer (outside what the call may write) changed from {} to {}",
+            b.to_f64(),
+            a.to_f64()
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Random inputs, generated in parallel (the large shapes have 10^8 elements).
+// ------------------------------------------------------------------------------------------
+
+fn threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get())
+        .min(32)
+}
+
+/// `n` values uniform in `[-scale, scale]` rounded to `T`, a function of `seed` only.
+fn random_vec<T: Element>(seed: u64, n: usize, scale: f64) -> Vec<T> {
+    let mut v = vec![T::from_f64(0.0); n];
+    let chunk = n.div_ceil(threads()).max(1 << 16);
+    std::thread::scope(|sc| {
+        for (i, part) in v.chunks_mut(chunk).enumerate() {
+            sc.spawn(move || {
+                let mut rng =
+                    StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                for x in part {
+                    *x = T::from_f64(rng.random_range(-scale..=scale));
+                }
+            });
+        }
+    });
+    v
+}
+
+/// `f` over `0..rows` split across threads; the results in order.
+fn par_rows<R: Send>(rows: usize, f: impl Fn(Range<usize>) -> R + Sync) -> Vec<R> {
+    let chunk = rows.div_ceil(threads()).max(1);
+    let f = &f;
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..rows)
+            .step_by(chunk)
+            .map(|r0| sc.spawn(move || f(r0..(r0 + chunk).min(rows))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn fresh_seed() -> u64 {
+    rand::rng().random()
+}
+
+// ------------------------------------------------------------------------------------------
+// Error measures.
+// ------------------------------------------------------------------------------------------
+
+/// `v` (a value of `dtype`, or an f64 that the conversion rounds to one) as a position on the
+/// number line of `dtype`: adjacent values differ by 1, +0 and -0 are both 0.
+fn ordinal(dtype: DType, v: f64) -> i64 {
+    let (b, sign) = match dtype {
+        DType::F32 => ((v as f32).to_bits() as i64, 1i64 << 31),
+        DType::F16 => (f16::from_f64(v).to_bits() as i64, 1 << 15),
+        DType::BF16 => (bf16::from_f64(v).to_bits() as i64, 1 << 15),
+    };
+    if b & sign != 0 { -(b & (sign - 1)) } else { b }
+}
+
+/// Units in the last place of `dtype` between `got` and `want` rounded to `dtype`.
+fn ulps(dtype: DType, got: f64, want: f64) -> u64 {
+    if got.is_nan() || want.is_nan() {
+        return if got.is_nan() && want.is_nan() {
+            0
+        } else {
+            u64::MAX
+        };
+    }
+    ordinal(dtype, got).abs_diff(ordinal(dtype, want))
+}
+
+/// The gap between adjacent values of `dtype` at `v`'s magnitude.
+fn ulp_at(dtype: DType, v: f64) -> f64 {
+    let mant = match dtype {
+        DType::F32 => 23,
+        DType::F16 => 10,
+        DType::BF16 => 7,
+    };
+    let min_exp = match dtype {
+        DType::F32 | DType::BF16 => -126,
+        DType::F16 => -14,
+    };
+    let e = if v == 0.0 {
+        min_exp
+    } else {
+        (v.abs().log2().floor() as i32).max(min_exp)
+    };
+    2f64.powi(e - mant)
+}
+
+fn rel_err(got: f64, want: f64) -> f64 {
+    if got == want {
+        return 0.0;
+    }
+    if !got.is_finite() || !want.is_finite() {
+        return f64::INFINITY;
+    }
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
+
+/// The worst errors seen by a test, printed at its end.
+#[derive(Default, Debug, Clone)]
+struct Worst {
+    /// f16/bf16 y: most ulps from the reference (must be <= 1) and how many were 1 ulp off.
+    y_ulps: u64,
+    y_one_ulp: u64,
+    y_checked: u64,
+    /// f32 y and every rstd: relative.
+    y_rel: f64,
+    rstd_rel: f64,
+    /// Backward: worst error as a fraction of its tolerance.
+    dx_ratio: f64,
+    dw_ratio: f64,
+}
+
+impl Worst {
+    fn merge(&mut self, o: &Worst) {
+        self.y_ulps = self.y_ulps.max(o.y_ulps);
+        self.y_one_ulp += o.y_one_ulp;
+        self.y_checked += o.y_checked;
+        self.y_rel = self.y_rel.max(o.y_rel);
+        self.rstd_rel = self.rstd_rel.max(o.rstd_rel);
+        self.dx_ratio = self.dx_ratio.max(o.dx_ratio);
+        self.dw_ratio = self.dw_ratio.max(o.dw_ratio);
+    }
+}
+
+fn report(test: &str, worst: &Mutex<Vec<(DType, Worst)>>) {
+    for (d, w) in worst.lock().unwrap().iter() {
+        eprintln!(
+            "{test} {}: y worst {} ulp ({} of {} elements 1 ulp off), y f32 rel {:.2e}, rstd rel {:.2e}, dx {:.3} of tol, dw {:.3} of tol",
+            d.name(),
+            w.y_ulps,
+            w.y_one_ulp,
+            w.y_checked,
+            w.y_rel,
+            w.rstd_rel,
+            w.dx_ratio,
+            w.dw_ratio
+        );
+    }
+}
+
+fn record(worst: &Mutex<Vec<(DType, Worst)>>, d: DType, w: &Worst) {
+    let mut all = worst.lock().unwrap();
+    match all.iter_mut().find(|(x, _)| *x == d) {
+        Some((_, acc)) => acc.merge(w),
+        None => all.push((d, w.clone())),
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// The forward: one case.
+// ------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// `y` and `h` in their own buffers.
+    Separate,
+    HOverX,
+    HOverResidual,
+    YOverX,
+    /// vLLM / FlashInfer: `x` receives `y`, `residual` receives `h`.
+    YOverXHOverResidual,
+    /// No residual: `rmsnorm` into `y`.
+    Plain,
+    /// No residual: `rmsnorm_inplace`.
+    PlainInPlace,
+}
+
+const PLACEMENTS: [Placement; 7] = [
+    Placement::Separate,
+    Placement::HOverX,
+    Placement::HOverResidual,
+    Placement::YOverX,
+    Placement::YOverXHOverResidual,
+    Placement::Plain,
+    Placement::PlainInPlace,
+];
+
+impl Placement {
+    fn has_residual(self) -> bool {
+        !matches!(self, Placement::Plain | Placement::PlainInPlace)
+    }
+    fn y_over_x(self) -> bool {
+        matches!(
+            self,
+            Placement::YOverX | Placement::YOverXHOverResidual | Placement::PlainInPlace
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Fwd {
+    rows: usize,
+    hidden: usize,
+    placement: Placement,
+    layout: Layout,
+    gemma: bool,
+    hf: bool,
+    w_f32: bool,
+    rstd: bool,
+    eps: f32,
+}
+
+impl Fwd {
+    fn new(rows: usize, hidden: usize) -> Self {
+        Fwd {
+            rows,
+            hidden,
+            placement: Placement::Separate,
+            layout: Layout::Dense,
+            gemma: false,
+            hf: false,
+            w_f32: false,
+            rstd: true,
+            eps: 1e-6,
+        }
+    }
+
+    fn opts(&self) -> RmsNormOptions {
+        RmsNormOptions::new(self.eps)
+            .with_gemma(self.gemma)
+            .with_numerics(if self.hf {
+                NormNumerics::HfLlama
+            } else {
+                NormNumerics::F32
+            })
+    }
+}
+
+/// Inputs of a forward case, as dense row-major host vectors (the weight as f64 too).
+struct FwdIn<T> {
+    x: Vec<T>,
+    residual: Vec<T>,
+    w_f64: Vec<f64>,
+}
+
+fn fwd_inputs<T: Element>(c: &Fwd, seed: u64) -> FwdIn<T> {
+    let n = c.rows * c.hidden;
+    let mut x = random_vec::<T>(seed, n, 2.0);
+    let mut residual = random_vec::<T>(seed.wrapping_add(1), n, 2.0);
+    let wscale = if c.gemma { 0.5 } else { 1.5 };
+    let w_raw = random_vec::<f32>(seed.wrapping_add(2), c.hidden, wscale);
+    // The weight is stored as T or as f32; its exact values either way.
+    let w_f64 = if c.w_f32 {
+        w_raw.iter().map(|&v| v as f64).collect()
+    } else {
+        w_raw
+            .iter()
+            .map(|&v| T::from_f64(v as f64).to_f64())
+            .collect()
+    };
+    // Edge rows: one whose h is exactly 0 (rstd = 1/sqrt(eps), y = 0) and one of large values.
+    if c.rows >= 3 {
+        let z = c.hidden..2 * c.hidden;
+        if c.placement.has_residual() {
+            for i in z {
+                residual[i] = T::from_f64(-x[i].to_f64());
+            }
+        } else {
+            for i in z {
+                x[i] = T::from_f64(0.0);
+            }
+        }
+        for i in 2 * c.hidden..3 * c.hidden {
+            x[i] = T::from_f64(x[i].to_f64() * 100.0);
+        }
+    }
+    FwdIn { x, residual, w_f64 }
+}
+
+/// What a forward call left in memory.
+struct FwdOut<T> {
+    y: Laid<T>,
+    h: Option<Laid<T>>,
+    rstd: Option<Laid<f32>>,
+    kernel: KernelId,
+}
+
+/// Runs one forward case through the safe API of its placement; checks that everything the
+/// call must not write is unchanged, and returns the outputs.
+fn run_forward<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Fwd,
+    inp: &FwdIn<T>,
+    what: &str,
+) -> FwdOut<T> {
+    let (rows, hidden) = (c.rows, c.hidden);
+    let lanes = T::DTYPE.lanes_per_16b();
+    let lx = Laid::new(&inp.x, rows, hidden, c.layout, lanes);
+    let lr = Laid::new(&inp.residual, rows, hidden, c.layout, lanes);
+    let w_vals: Vec<W> = inp.w_f64.iter().map(|&v| W::from_f64(v)).collect();
+    let lw = Laid::new(&w_vals, 1, hidden, c.layout, lanes);
+    let ly = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
+    let lh = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
+    // rstd: contiguous, or every other f32 in the padded and misaligned layouts.
+    let ls = Laid::<f32>::poisoned(rows, 1, c.layout, 1);
+
+    let mut dx = lx.upload(s);
+    let mut dr = lr.upload(s);
+    let dw = lw.upload(s);
+    let mut dy = ly.upload(s);
+    let mut dh = lh.upload(s);
+    let mut ds = ls.upload(s);
+
+    // The kernel the call runs, from the same plan on the same addresses.
+    let descs = {
+        let x = lx.desc(s, &dx);
+        let r = lr.desc(s, &dr);
+        let y = if c.placement.y_over_x() {
+            x
+        } else {
+            ly.desc(s, &dy)
+        };
+        let h = match c.placement {
+            Placement::HOverX => Some(x),
+            Placement::HOverResidual | Placement::YOverXHOverResidual => Some(r),
+            Placement::Separate | Placement::YOverX => Some(lh.desc(s, &dh)),
+            Placement::Plain | Placement::PlainInPlace => None,
+        };
+        RmsNormFwdDescs {
+            x,
+            residual: c.placement.has_residual().then_some(r),
+            weight: lw.desc(s, &dw),
+            y,
+            h,
+            rstd: c.rstd.then(|| ls.desc(s, &ds)),
+        }
+    };
+    let kernel = plan_rmsnorm_forward(T::DTYPE, &descs, &c.opts())
+        .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
+        .kernel;
+
+    let opts = c.opts();
+    let w = lw.mat(&dw);
+    let mut rstd_m = c.rstd.then(|| ls.mat_mut(&mut ds));
+    let rstd = rstd_m.as_mut();
+    let result = match c.placement {
+        Placement::Separate => k.add_rmsnorm(
+            s,
+            &lx.mat(&dx),
+            &lr.mat(&dr),
+            &w,
+            &mut ly.mat_mut(&mut dy),
+            &mut lh.mat_mut(&mut dh),
+            rstd,
+            &opts,
+        ),
+        Placement::HOverX => k.add_rmsnorm_h_over_x(
+            s,
+            &mut lx.mat_mut(&mut dx),
+            &lr.mat(&dr),
+            &w,
+            &mut ly.mat_mut(&mut dy),
+            rstd,
+            &opts,
+        ),
+        Placement::HOverResidual => k.add_rmsnorm_h_over_residual(
+            s,
+            &lx.mat(&dx),
+            &mut lr.mat_mut(&mut dr),
+            &w,
+            &mut ly.mat_mut(&mut dy),
+            rstd,
+            &opts,
+        ),
+        Placement::YOverX => k.add_rmsnorm_y_over_x(
+            s,
+            &mut lx.mat_mut(&mut dx),
+            &lr.mat(&dr),
+            &w,
+            &mut lh.mat_mut(&mut dh),
+            rstd,
+            &opts,
+        ),
+        Placement::YOverXHOverResidual => k.add_rmsnorm_inplace(
+            s,
+            &mut lx.mat_mut(&mut dx),
+            &mut lr.mat_mut(&mut dr),
+            &w,
+            rstd,
+            &opts,
+        ),
+        Placement::Plain => k.rmsnorm(s, &lx.mat(&dx), &w, &mut ly.mat_mut(&mut dy), rstd, &opts),
+        Placement::PlainInPlace => k.rmsnorm_inplace(s, &mut lx.mat_mut(&mut dx), &w, rstd, &opts),
+    };
+    result.unwrap_or_else(|e| panic!("{what}: {e}"));
+
+    let bx = download(s, &dx);
+    let br = download(s, &dr);
+    let bw = download(s, &dw);
+    let by = download(s, &dy);
+    let bh = download(s, &dh);
+    let bs = download(s, &ds);
+    let (x_written, r_written) = match c.placement {
+        Placement::HOverX | Placement::YOverX | Placement::PlainInPlace => (true, false),
+        Placement::HOverResidual => (false, true),
+        Placement::YOverXHOverResidual => (true, true),
+        Placement::Separate | Placement::Plain => (false, false),
+    };
+    let y_separate = !c.placement.y_over_x();
+    let h_separate = matches!(c.placement, Placement::Separate | Placement::YOverX);
+    assert_untouched(&format!("{what}: x"), &lx, &bx, x_written);
+    assert_untouched(&format!("{what}: residual"), &lr, &br, r_written);
+    assert_untouched(&format!("{what}: weight"), &lw, &bw, false);
+    assert_untouched(&format!("{what}: y buffer"), &ly, &by, y_separate);
+    assert_untouched(&format!("{what}: h buffer"), &lh, &bh, h_separate);
+    assert_untouched(&format!("{what}: rstd"), &ls, &bs, c.rstd);
+
+    let y = if y_separate {
+        ly.with_buf(by)
+    } else {
+        lx.with_buf(bx.clone())
+    };
+    let h = match c.placement {
+        Placement::HOverX => Some(lx.with_buf(bx)),
+        Placement::HOverResidual | Placement::YOverXHOverResidual => Some(lr.with_buf(br)),
+        Placement::Separate | Placement::YOverX => Some(lh.with_buf(bh)),
+        Placement::Plain | Placement::PlainInPlace => None,
+    };
+    FwdOut {
+        y,
+        h,
+        rstd: c.rstd.then(|| ls.with_buf(bs)),
+        kernel,
+    }
+}
+
+/// Compares a forward's outputs with the f64 reference, row by row in parallel.
+fn check_forward<T: Element>(c: &Fwd, inp: &FwdIn<T>, out: &FwdOut<T>, what: &str) -> Worst {
+    let dtype = T::DTYPE;
+    let hidden = c.hidden;
+    let looped = rmsnorm_forward_geometry(dtype, hidden).1.looped;
+    let opts = RmsNormRef {
+        eps: c.eps,
+        gemma: c.gemma,
+        hf: c.hf,
+        normalize_stored_h: looped,
+    };
+    let parts = par_rows(c.rows, |rows| {
+        let mut w = Worst::default();
+        for r in rows {
+            let x = &inp.x[r * hidden..(r + 1) * hidden];
+            let res = c
+                .placement
+                .has_residual()
+                .then(|| &inp.residual[r * hidden..(r + 1) * hidden]);
+            let want = rmsnorm_forward_row(x, res, &inp.w_f64, &opts);
+            if let Some(h) = &out.h {
+                for i in 0..hidden {
+                    let got = h.at(r, i);
+                    assert!(
+                        same(got, T::from_f64(want.h[i])),
+                        "{what}: h[{r},{i}] = {} but x + residual rounded is {}",
+                        got.to_f64(),
+                        want.h[i]
+                    );
+                }
+            }
+            if let Some(s) = &out.rstd {
+                let e = rel_err(s.at(r, 0) as f64, want.rstd);
+                assert!(
+                    e <= REL,
+                    "{what}: rstd[{r}] = {} vs {} (rel {e:.2e})",
+                    s.at(r, 0),
+                    want.rstd
+                );
+                w.rstd_rel = w.rstd_rel.max(e);
+            }
+            for i in 0..hidden {
+                let got = out.y.at(r, i).to_f64();
+                if dtype == DType::F32 {
+                    let e = rel_err(got, want.y[i]);
+                    assert!(
+                        e <= REL,
+                        "{what}: y[{r},{i}] = {got} vs {} (rel {e:.2e} > {REL})",
+                        want.y[i]
+                    );
+                    w.y_rel = w.y_rel.max(e);
+                    continue;
+                }
+                let mut u = ulps(dtype, got, want.y[i]);
+                if c.hf && u > 1 {
+                    // The intermediate round(h * rstd) may fall on either side (module docs).
+                    let w_eff = rmsnorm_weight(inp.w_f64[i], c.gemma);
+                    for f in [1.0 - REL, 1.0 + REL] {
+                        let alt = rmsnorm_hf_y::<T>(want.h[i], want.rstd * f, w_eff);
+                        u = u.min(ulps(dtype, got, alt));
+                    }
+                }
+                assert!(
+                    u <= 1,
+                    "{what}: y[{r},{i}] = {got} but the reference is {} ({} rounded): {u} ulps",
+                    T::from_f64(want.y[i]).to_f64(),
+                    want.y[i]
+                );
+                w.y_ulps = w.y_ulps.max(u);
+                w.y_one_ulp += u;
+                w.y_checked += 1;
+            }
+        }
+        w
+    });
+    let mut w = Worst::default();
+    for p in &parts {
+        w.merge(p);
+    }
+    w
+}
+
+/// Runs and checks one forward case with weight type `W`.
+fn forward_case<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Fwd,
+    seed: u64,
+) -> (Worst, KernelId) {
+    let what = format!("{} {c:?} seed {seed}", T::DTYPE.name());
+    let inp = fwd_inputs::<T>(c, seed);
+    let out = run_forward::<T, W>(k, s, c, &inp, &what);
+    // Dense and padded rows are vector-friendly exactly when L divides H.
+    let want_mode =
+        if c.layout != Layout::Misaligned && c.hidden.is_multiple_of(T::DTYPE.lanes_per_16b()) {
+            VecMode::V16
+        } else {
+            VecMode::Scalar
+        };
+    let KernelId::RmsNormFwd(_, mode, _) = out.kernel else {
+        panic!("{what}: planned {:?}", out.kernel)
+    };
+    assert_eq!(mode, want_mode, "{what}: vector path choice");
+    (check_forward(c, &inp, &out, &what), out.kernel)
+}
+
+/// `forward_case` for a storage dtype chosen at run time, weight as storage dtype or f32.
+fn forward_any(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    dtype: DType,
+    c: &Fwd,
+    seed: u64,
+) -> (Worst, KernelId) {
+    match (dtype, c.w_f32) {
+        (DType::F32, _) => forward_case::<f32, f32>(k, s, c, seed),
+        (DType::F16, false) => forward_case::<f16, f16>(k, s, c, seed),
+        (DType::F16, true) => forward_case::<f16, f32>(k, s, c, seed),
+        (DType::BF16, false) => forward_case::<bf16, bf16>(k, s, c, seed),
+        (DType::BF16, true) => forward_case::<bf16, f32>(k, s, c, seed),
+    }
+}
+
+/// Runs `cases` on a few threads, each with its own stream; returns the kernels they ran.
+fn run_cases<C: Sync>(
+    k: &Arc<Kernels>,
+    cases: &[C],
+    f: impl Fn(&Kernels, &Arc<CudaStream>, &C) -> KernelId + Sync,
+) -> BTreeSet<String> {
+    let next = Mutex::new(0usize);
+    let seen = Mutex::new(BTreeSet::new());
+    std::thread::scope(|sc| {
+        for _ in 0..threads().min(8) {
+            sc.spawn(|| {
+                let s = k.context().new_stream().expect("stream");
+                loop {
+                    let i = {
+                        let mut n = next.lock().unwrap();
+                        *n += 1;
+                        *n - 1
+                    };
+                    let Some(c) = cases.get(i) else { break };
+                    let kernel = f(k, &s, c);
+                    seen.lock().unwrap().insert(kernel.name().to_string());
+                }
+            });
+        }
+    });
+    seen.into_inner().unwrap()
+}
+
+fn assert_covered(test: &str, seen: &BTreeSet<String>, filter: impl Fn(&KernelId) -> bool) {
+    let missing: Vec<_> = KernelId::ALL
+        .iter()
+        .filter(|k| filter(k) && !seen.contains(k.name()))
+        .map(|k| k.name())
+        .collect();
+    assert!(missing.is_empty(), "{test}: kernels never run: {missing:?}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Forward tests.
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn forward_every_dtype_hidden_size_and_row_count() {
+    let Some((k, _)) = gpu("forward_every_dtype_hidden_size_and_row_count") else {
+        return;
+    };
+    let mut cases = Vec::new();
+    for dtype in DType::ALL {
+        for &hidden in &hidden_sizes() {
+            for &rows in &row_counts() {
+                if rows * hidden > MAX_ELEMS {
+                    eprintln!(
+                        "skipping {} {rows} x {hidden}: over {MAX_ELEMS} elements",
+                        dtype.name()
+                    );
+                    continue;
+                }
+                cases.push((dtype, Fwd::new(rows, hidden)));
+            }
+        }
+    }
+    let worst = Mutex::new(Vec::new());
+    run_cases(&k, &cases, |k, s, (dtype, c)| {
+        let (w, kernel) = forward_any(k, s, *dtype, c, fresh_seed());
+        record(&worst, *dtype, &w);
+        kernel
+    });
+    report("forward_every_dtype_hidden_size_and_row_count", &worst);
+}
+
+/// Every placement x every option (Gemma, HF numerics, f32 weight, rstd output) x every
+/// layout (vector and scalar kernels) x hidden sizes covering each kernel variant.
+#[test]
+fn forward_every_placement_option_and_layout() {
+    let Some((k, _)) = gpu("forward_every_placement_option_and_layout") else {
+        return;
+    };
+    let hidden: Vec<usize> = if quick() {
+        vec![3, 896, 16384, 20000]
+    } else {
+        vec![1, 3, 769, 896, 4096, 5125, 16384, 65536, 70001]
+    };
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for (di, dtype) in DType::ALL.into_iter().enumerate() {
+        for (hi, &h) in hidden.iter().enumerate() {
+            for (li, layout) in LAYOUTS.into_iter().enumerate() {
+                if quick() && layout == Layout::Padded {
+                    continue;
+                }
+                for (pi, placement) in PLACEMENTS.into_iter().enumerate() {
+                    // Quick: one option set per (dtype, hidden, layout, placement); over the
+                    // 24 of those per placement, `di * 8 + hi * 2 + lq` (lq: 0 dense, 1
+                    // misaligned) takes every value mod 16, so each placement still meets
+                    // every option set.
+                    let lq = if quick() { usize::from(li == 2) } else { li };
+                    let quick_opt = ((di * 8 + hi * 2 + lq + pi * 3) % 16) as u32;
+                    for opt in 0..16u32 {
+                        if quick() && opt != quick_opt {
+                            continue;
+                        }
+                        i += 1;
+                        let c = Fwd {
+                            rows: [1, 2, 7][i % 3],
+                            placement,
+                            layout,
+                            gemma: opt & 1 != 0,
+                            hf: opt & 2 != 0,
+                            w_f32: opt & 4 != 0 && dtype != DType::F32,
+                            rstd: opt & 8 != 0,
+                            eps: [1e-6, 1e-5, 0.25][i % 3],
+                            ..Fwd::new(1, h)
+                        };
+                        cases.push((dtype, c));
+                    }
+                }
+            }
+        }
+    }
+    let worst = Mutex::new(Vec::new());
+    let seen = run_cases(&k, &cases, |k, s, (dtype, c)| {
+        let (w, kernel) = forward_any(k, s, *dtype, c, fresh_seed());
+        record(&worst, *dtype, &w);
+        kernel
+    });
+    report("forward_every_placement_option_and_layout", &worst);
+    assert_covered("forward_every_placement_option_and_layout", &seen, |k| {
+        matches!(k, KernelId::RmsNormFwd(..))
+    });
+}
+
+/// The bits of a forward's outputs, row by row.
+struct Bits {
+    y: Vec<Vec<u32>>,
+    h: Vec<Vec<u32>>,
+    rstd: Vec<u32>,
+}
+
+fn bits_of<T: Element>(out: &FwdOut<T>) -> Bits {
+    let rows = out.y.rows;
+    Bits {
+        y: (0..rows)
+            .map(|r| out.y.row(r).iter().map(|&v| bits(v)).collect())
+            .collect(),
+        h: out
+            .h
+            .as_ref()
+            .map(|h| {
+                (0..rows)
+                    .map(|r| h.row(r).iter().map(|&v| bits(v)).collect())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        rstd: out
+            .rstd
+            .as_ref()
+            .map(|s| (0..rows).map(|r| s.at(r, 0).to_bits()).collect())
+            .unwrap_or_default(),
+    }
+}
+
+fn assert_same_row(what: &str, a: &Bits, ra: usize, b: &Bits, rb: usize) {
+    assert!(
+        a.y[ra] == b.y[rb],
+        "{what}: y of row {ra} differs from row {rb}"
+    );
+    if !a.h.is_empty() {
+        assert!(
+            a.h[ra] == b.h[rb],
+            "{what}: h of row {ra} differs from row {rb}"
+        );
+    }
+    assert_eq!(
+        a.rstd[ra], b.rstd[rb],
+        "{what}: rstd of row {ra} vs row {rb}"
+    );
+}
+
+/// Rows `idx` of `inp` as a new case's inputs.
+fn pick<T: Element>(c: &Fwd, inp: &FwdIn<T>, idx: &[usize]) -> FwdIn<T> {
+    let h = c.hidden;
+    let gather = |v: &[T]| {
+        idx.iter()
+            .flat_map(|&r| v[r * h..(r + 1) * h].iter().copied())
+            .collect()
+    };
+    FwdIn {
+        x: gather(&inp.x),
+        residual: gather(&inp.residual),
+        w_f64: inp.w_f64.clone(),
+    }
+}
+
+fn batch_invariance<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    hidden: usize,
+    opt: u32,
+) {
+    // The 16384-row batch once per (dtype, hidden); the other option set on a smaller one.
+    let big = if quick() {
+        300
+    } else if hidden <= 8192 && opt == 0 {
+        16384
+    } else if hidden <= 16384 {
+        4096
+    } else {
+        1024
+    };
+    let seed = fresh_seed();
+    let base = Fwd {
+        gemma: opt & 1 != 0,
+        hf: opt & 2 != 0,
+        w_f32: T::DTYPE != W::DTYPE,
+        ..Fwd::new(big, hidden)
+    };
+    let what = format!("{} {base:?} seed {seed}", T::DTYPE.name());
+    let inp = fwd_inputs::<T>(&base, seed);
+    let full = bits_of(&run_forward::<T, W>(k, s, &base, &inp, &what));
+    // Determinism: the same batch again.
+    let again = bits_of(&run_forward::<T, W>(k, s, &base, &inp, &what));
+    for r in 0..big {
+        assert_same_row(&format!("{what}: second run"), &again, r, &full, r);
+    }
+    // The scalar kernels (misaligned buffers) on the same batch.
+    let scalar = Fwd {
+        layout: Layout::Misaligned,
+        ..base
+    };
+    let sc = bits_of(&run_forward::<T, W>(k, s, &scalar, &inp, &what));
+    for r in 0..big {
+        assert_same_row(
+            &format!("{what}: scalar vs vector kernel"),
+            &sc,
+            r,
+            &full,
+            r,
+        );
+    }
+    for &p in &[0, 1, big / 2 + 3, big - 1] {
+        // Alone, and with the vLLM in-place placement (another call, same arithmetic).
+        let one = Fwd { rows: 1, ..base };
+        let alone = bits_of(&run_forward::<T, W>(
+            k,
+            s,
+            &one,
+            &pick(&one, &inp, &[p]),
+            &what,
+        ));
+        assert_same_row(&format!("{what}: row {p} alone"), &alone, 0, &full, p);
+        for pos in [0usize, 3, 6] {
+            let idx: Vec<usize> = (0..7)
+                .map(|j| if j == pos { p } else { (p + 11 * j + 5) % big })
+                .collect();
+            let seven = Fwd {
+                rows: 7,
+                placement: Placement::YOverXHOverResidual,
+                layout: if pos == 3 {
+                    Layout::Padded
+                } else {
+                    Layout::Dense
+                },
+                ..base
+            };
+            let got = bits_of(&run_forward::<T, W>(
+                k,
+                s,
+                &seven,
+                &pick(&seven, &inp, &idx),
+                &what,
+            ));
+            assert_same_row(
+                &format!("{what}: row {p} at {pos} of 7"),
+                &got,
+                pos,
+                &full,
+                p,
+            );
+        }
+    }
+}
+
+/// A row's y, h and rstd are bitwise the same alone, in a batch of 7 (at several positions,
+/// in place or not), in a batch of 16384, through the vector or the scalar kernel, and from
+/// one run to the next.
+#[test]
+fn forward_is_batch_invariant_and_deterministic_bitwise() {
+    let Some((k, s)) = gpu("forward_is_batch_invariant_and_deterministic_bitwise") else {
+        return;
+    };
+    let hidden: Vec<usize> = if quick() {
+        vec![896, 16384, 20000]
+    } else {
+        vec![8, 896, 4096, 5120, 8192, 16384, 65536]
+    };
+    for &h in &hidden {
+        for opt in [0u32, 3] {
+            batch_invariance::<f32, f32>(&k, &s, h, opt);
+            batch_invariance::<f16, f16>(&k, &s, h, opt);
+            batch_invariance::<bf16, bf16>(&k, &s, h, opt);
+        }
+        batch_invariance::<bf16, f32>(&k, &s, h, 0);
+    }
+    // Odd sizes have only the scalar kernels; invariance across batch sizes still holds.
+    for h in [1usize, 3, 769, 5125] {
+        let c = Fwd::new(64, h);
+        let seed = fresh_seed();
+        let inp = fwd_inputs::<bf16>(&c, seed);
+        let what = format!("bf16 {c:?} seed {seed}");
+        let full = bits_of(&run_forward::<bf16, bf16>(&k, &s, &c, &inp, &what));
+        for p in [0, 37, 63] {
+            let one = Fwd { rows: 1, ..c };
+            let alone = bits_of(&run_forward::<bf16, bf16>(
+                &k,
+                &s,
+                &one,
+                &pick(&one, &inp, &[p]),
+                &what,
+            ));
+            assert_same_row(&format!("{what}: row {p} alone"), &alone, 0, &full, p);
+        }
+    }
+}
+
+/// Calls rejected by validation return the error and write nothing; empty shapes are no-ops.
+#[test]
+fn rejected_and_empty_calls_write_nothing() {
+    let Some((k, s)) = gpu("rejected_and_empty_calls_write_nothing") else {
+        return;
+    };
+    let (rows, hidden) = (4, 256);
+    let x = s
+        .clone_htod(&vec![bf16::from_f32(1.0); rows * hidden])
+        .unwrap();
+    let r = s
+        .clone_htod(&vec![bf16::from_f32(0.5); rows * hidden])
+        .unwrap();
+    let w = s.clone_htod(&vec![bf16::from_f32(1.0); hidden]).unwrap();
+    let mut y = s
+        .clone_htod(&vec![poison::<bf16>(); rows * hidden])
+        .unwrap();
+    let mut h = s
+        .clone_htod(&vec![poison::<bf16>(); rows * hidden])
+        .unwrap();
+    let call = |y: &mut CudaSlice<bf16>, h: &mut CudaSlice<bf16>, eps: f32, wcols: usize| {
+        k.add_rmsnorm(
+            &s,
+            &Mat::new(x.as_view(), rows, hidden),
+            &Mat::new(r.as_view(), rows, hidden),
+            &Mat::new(w.as_view(), 1, wcols),
+            &mut MatMut::new(y.as_view_mut(), rows, hidden),
+            &mut MatMut::new(h.as_view_mut(), rows, hidden),
+            None,
+            &RmsNormOptions::new(eps),
+        )
+    };
+    assert!(matches!(
+        call(&mut y, &mut h, 0.0, hidden),
+        Err(Error::InvalidArgument { what: "eps", .. })
+    ));
+    assert!(matches!(
+        call(&mut y, &mut h, f32::NAN, hidden),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        call(&mut y, &mut h, 1e-6, hidden - 1),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    for v in download(&s, &y).into_iter().chain(download(&s, &h)) {
+        assert!(v.to_f64().is_nan(), "a rejected call wrote an output");
+    }
+    // Zero rows: nothing to do.
+    k.rmsnorm(
+        &s,
+        &Mat::new(x.as_view(), 0, hidden),
+        &Mat::new(w.as_view(), 1, hidden),
+        &mut MatMut::new(y.as_view_mut(), 0, hidden),
+        None,
+        &RmsNormOptions::new(1e-6),
+    )
+    .unwrap();
+    assert!(download(&s, &y).iter().all(|v| v.to_f64().is_nan()));
+    // A valid call then writes everything: y = 1.5 / sqrt(1.5^2 + eps) ~ 1.
+    call(&mut y, &mut h, 1e-6, hidden).unwrap();
+    assert!(
+        download(&s, &y)
+            .iter()
+            .all(|v| (v.to_f64() - 1.0).abs() < 0.01)
+    );
+    assert!(download(&s, &h).iter().all(|v| v.to_f64() == 1.5));
+    // Backward with zero rows writes dw = 0.
+    let mut dw = s.clone_htod(&vec![poison::<bf16>(); hidden]).unwrap();
+    let mut dx = s.clone_htod(&vec![poison::<bf16>(); 1]).unwrap();
+    let rstd = s.clone_htod(&vec![1.0f32; 1]).unwrap();
+    let mut ws = s.clone_htod(&vec![0.0f32; 1]).unwrap();
+    k.rmsnorm_backward(
+        &s,
+        &Mat::new(x.as_view(), 0, hidden),
+        &Mat::new(r.as_view(), 0, hidden),
+        &Mat::new(w.as_view(), 1, hidden),
+        &Mat::new(rstd.as_view(), 0, 1),
+        None,
+        &mut MatMut::new(dx.as_view_mut(), 0, hidden),
+        &mut MatMut::new(dw.as_view_mut(), 1, hidden),
+        &mut ws,
+        false,
+    )
+    .unwrap();
+    assert!(download(&s, &dw).iter().all(|v| v.to_f64() == 0.0));
+    assert!(download(&s, &dx)[0].to_f64().is_nan());
+}
+
+// ------------------------------------------------------------------------------------------
+// The backward.
+// ------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BwdPlacement {
+    /// `dx` in its own buffer, no incoming residual gradient.
+    Separate,
+    /// `dx` in its own buffer, plus an incoming residual gradient.
+    SeparateDres,
+    /// `dx` over `dy`.
+    OverDy,
+    /// `dx` over `dy`, plus an incoming residual gradient.
+    OverDyDres,
+    /// `dx` accumulated into the incoming residual gradient's buffer.
+    Accumulate,
+}
+
+const BWD_PLACEMENTS: [BwdPlacement; 5] = [
+    BwdPlacement::Separate,
+    BwdPlacement::SeparateDres,
+    BwdPlacement::OverDy,
+    BwdPlacement::OverDyDres,
+    BwdPlacement::Accumulate,
+];
+
+impl BwdPlacement {
+    fn has_dres(self) -> bool {
+        !matches!(self, BwdPlacement::Separate | BwdPlacement::OverDy)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bwd {
+    rows: usize,
+    hidden: usize,
+    placement: BwdPlacement,
+    layout: Layout,
+    gemma: bool,
+    w_f32: bool,
+}
+
+struct BwdIn<T> {
+    dy: Vec<T>,
+    h: Vec<T>,
+    dres: Vec<T>,
+    w_f64: Vec<f64>,
+    /// The saved rstd, as the forward would have stored it (f32).
+    rstd: Vec<f32>,
+}
+
+fn bwd_inputs<T: Element>(c: &Bwd, seed: u64) -> BwdIn<T> {
+    let n = c.rows * c.hidden;
+    let dy = random_vec::<T>(seed, n, 1.0);
+    let h = random_vec::<T>(seed.wrapping_add(1), n, 2.0);
+    let dres = random_vec::<T>(seed.wrapping_add(2), n, 1.0);
+    let w_raw = random_vec::<f32>(seed.wrapping_add(3), c.hidden, 1.5);
+    let w_f64 = if c.w_f32 {
+        w_raw.iter().map(|&v| v as f64).collect()
+    } else {
+        w_raw
+            .iter()
+            .map(|&v| T::from_f64(v as f64).to_f64())
+            .collect()
+    };
+    let rstd = (0..c.rows)
+        .map(|r| {
+            let row: Vec<f64> = h[r * c.hidden..(r + 1) * c.hidden]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect();
+            rmsnorm_rstd(&row, 1e-6) as f32
+        })
+        .collect();
+    BwdIn {
+        dy,
+        h,
+        dres,
+        w_f64,
+        rstd,
+    }
+}
+
+struct BwdOut<T, W> {
+    dx: Laid<T>,
+    dw: Vec<W>,
+    kernels: (KernelId, KernelId),
+}
+
+fn run_backward<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+    inp: &BwdIn<T>,
+    what: &str,
+) -> BwdOut<T, W> {
+    let (rows, hidden) = (c.rows, c.hidden);
+    let lanes = T::DTYPE.lanes_per_16b();
+    let ldy = Laid::new(&inp.dy, rows, hidden, c.layout, lanes);
+    let lh = Laid::new(&inp.h, rows, hidden, c.layout, lanes);
+    let ldr = Laid::new(&inp.dres, rows, hidden, c.layout, lanes);
+    let ldx = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
+    let w_vals: Vec<W> = inp.w_f64.iter().map(|&v| W::from_f64(v)).collect();
+    let lw = Laid::new(&w_vals, 1, hidden, c.layout, lanes);
+    let ldw = Laid::<W>::poisoned(1, hidden, c.layout, lanes);
+    let ls = Laid::new(&inp.rstd, rows, 1, c.layout, 1);
+
+    let mut d_dy = ldy.upload(s);
+    let d_h = lh.upload(s);
+    let mut d_dr = ldr.upload(s);
+    let mut d_dx = ldx.upload(s);
+    let d_w = lw.upload(s);
+    let mut d_dw = ldw.upload(s);
+    let d_s = ls.upload(s);
+    // Uninitialised on purpose: the kernels must write every partial they read (initcheck).
+    let ws_len = rmsnorm_backward_workspace_len(T::DTYPE, rows, hidden).max(1);
+    // SAFETY: only ever read by the kernels after they wrote it (what initcheck verifies).
+    let mut d_ws = unsafe { s.alloc::<f32>(ws_len) }.expect("workspace");
+
+    let plan = {
+        let dy = ldy.desc(s, &d_dy);
+        let dr = ldr.desc(s, &d_dr);
+        let (ws_addr, _g) = d_ws.device_ptr(s);
+        let t = RmsNormBwdDescs {
+            dy,
+            h: lh.desc(s, &d_h),
+            weight: lw.desc(s, &d_w),
+            rstd: ls.desc(s, &d_s),
+            dres: c.placement.has_dres().then_some(dr),
+            dx: match c.placement {
+                BwdPlacement::OverDy | BwdPlacement::OverDyDres => dy,
+                BwdPlacement::Accumulate => dr,
+                _ => ldx.desc(s, &d_dx),
+            },
+            dw: ldw.desc(s, &d_dw),
+            workspace: MatDesc::contiguous(ws_addr, ws_len, DType::F32, 1, ws_len),
+        };
+        plan_rmsnorm_backward(T::DTYPE, &t, c.gemma)
+            .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
+    };
+
+    let (h, w, rstd) = (lh.mat(&d_h), lw.mat(&d_w), ls.mat(&d_s));
+    let result = match c.placement {
+        BwdPlacement::Separate | BwdPlacement::SeparateDres => {
+            let dr = ldr.mat(&d_dr);
+            k.rmsnorm_backward(
+                s,
+                &ldy.mat(&d_dy),
+                &h,
+                &w,
+                &rstd,
+                c.placement.has_dres().then_some(&dr),
+                &mut ldx.mat_mut(&mut d_dx),
+                &mut ldw.mat_mut(&mut d_dw),
+                &mut d_ws,
+                c.gemma,
+            )
+        }
+        BwdPlacement::OverDy | BwdPlacement::OverDyDres => {
+            let dr = ldr.mat(&d_dr);
+            k.rmsnorm_backward_dx_over_dy(
+                s,
+                &mut ldy.mat_mut(&mut d_dy),
+                &h,
+                &w,
+                &rstd,
+                c.placement.has_dres().then_some(&dr),
+                &mut ldw.mat_mut(&mut d_dw),
+                &mut d_ws,
+                c.gemma,
+            )
+        }
+        BwdPlacement::Accumulate => k.rmsnorm_backward_accumulate(
+            s,
+            &ldy.mat(&d_dy),
+            &h,
+            &w,
+            &rstd,
+            &mut ldr.mat_mut(&mut d_dr),
+            &mut ldw.mat_mut(&mut d_dw),
+            &mut d_ws,
+            c.gemma,
+        ),
+    };
+    result.unwrap_or_else(|e| panic!("{what}: {e}"));
+
+    let b_dy = download(s, &d_dy);
+    let b_dr = download(s, &d_dr);
+    let b_dx = download(s, &d_dx);
+    let b_dw = download(s, &d_dw);
+    let over_dy = matches!(c.placement, BwdPlacement::OverDy | BwdPlacement::OverDyDres);
+    let accumulate = c.placement == BwdPlacement::Accumulate;
+    let separate = !over_dy && !accumulate;
+    assert_untouched(&format!("{what}: dy"), &ldy, &b_dy, over_dy);
+    assert_untouched(&format!("{what}: dres"), &ldr, &b_dr, accumulate);
+    assert_untouched(&format!("{what}: dx buffer"), &ldx, &b_dx, separate);
+    assert_untouched(&format!("{what}: h"), &lh, &download(s, &d_h), false);
+    assert_untouched(&format!("{what}: weight"), &lw, &download(s, &d_w), false);
+    assert_untouched(&format!("{what}: rstd"), &ls, &download(s, &d_s), false);
+    assert_untouched(&format!("{what}: dw"), &ldw, &b_dw, true);
+    let dx = if over_dy {
+        ldy.with_buf(b_dy)
+    } else if accumulate {
+        ldr.with_buf(b_dr)
+    } else {
+        ldx.with_buf(b_dx)
+    };
+    let dw = ldw.with_buf(b_dw).row(0).to_vec();
+    BwdOut {
+        dx,
+        dw,
+        kernels: (plan.rows.kernel, plan.dw.kernel),
+    }
+}
+
+fn check_backward<T: Element, W: Element>(
+    c: &Bwd,
+    inp: &BwdIn<T>,
+    out: &BwdOut<T, W>,
+    what: &str,
+) -> Worst {
+    let (rows, hidden) = (c.rows, c.hidden);
+    let f = |v: &[T]| v.iter().map(|a| a.to_f64()).collect::<Vec<f64>>();
+    let (dy, h, dres) = (f(&inp.dy), f(&inp.h), f(&inp.dres));
+    let rstd: Vec<f64> = inp.rstd.iter().map(|&v| v as f64).collect();
+    let (dx_ref, dw_ref) = rmsnorm_backward(
+        &dy,
+        &h,
+        &inp.w_f64,
+        &rstd,
+        c.placement.has_dres().then_some(&dres[..]),
+        rows,
+        hidden,
+        c.gemma,
+    );
+    let w_eff: Vec<f64> = inp
+        .w_f64
+        .iter()
+        .map(|&w| rmsnorm_weight(w, c.gemma))
+        .collect();
+    let u32_ = 2f64.powi(-24);
+    let dtype = T::DTYPE;
+    let parts = par_rows(rows, |range| {
+        let mut worst = 0.0f64;
+        for r in range {
+            let row = r * hidden..(r + 1) * hidden;
+            let s = rstd[r];
+            let hg_abs = row
+                .clone()
+                .map(|i| (h[i] * w_eff[i - r * hidden] * dy[i]).abs())
+                .sum::<f64>()
+                / hidden as f64;
+            let hg = row
+                .clone()
+                .map(|i| h[i] * w_eff[i - r * hidden] * dy[i])
+                .sum::<f64>()
+                / hidden as f64;
+            let coef = s * s * hg;
+            for cidx in 0..hidden {
+                let i = r * hidden + cidx;
+                let g = w_eff[cidx] * dy[i];
+                // The f32 row sum (1e-5 of the absolute terms) through rstd^3 * h, the few f32
+                // roundings of the element's own arithmetic, then the store's rounding.
+                let tol = REL * s * s * s * h[i].abs() * hg_abs
+                    + 8.0 * u32_ * (s * (g.abs() + (h[i] * coef).abs()) + dres[i].abs())
+                    + ulp_at(dtype, dx_ref[i]);
+                let got = out.dx.at(r, cidx).to_f64();
+                let err = (got - dx_ref[i]).abs();
+                assert!(
+                    err <= tol,
+                    "{what}: dx[{r},{cidx}] = {got} vs {} (error {err:.3e} > tolerance {tol:.3e})",
+                    dx_ref[i]
+                );
+                worst = worst.max(err / tol);
+            }
+        }
+        worst
+    });
+    let mut w = Worst {
+        dx_ratio: parts.into_iter().fold(0.0, f64::max),
+        ..Worst::default()
+    };
+    for cidx in 0..hidden {
+        let abs: f64 = (0..rows)
+            .map(|r| (dy[r * hidden + cidx] * h[r * hidden + cidx] * rstd[r]).abs())
+            .sum();
+        let tol = REL * abs + ulp_at(W::DTYPE, dw_ref[cidx]);
+        let got = out.dw[cidx].to_f64();
+        let err = (got - dw_ref[cidx]).abs();
+        assert!(
+            err <= tol,
+            "{what}: dw[{cidx}] = {got} vs {} (error {err:.3e} > tolerance {tol:.3e})",
+            dw_ref[cidx]
+        );
+        w.dw_ratio = w.dw_ratio.max(err / tol);
+    }
+    w
+}
+
+fn backward_case<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+    seed: u64,
+) -> (Worst, KernelId, KernelId) {
+    let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
+    let inp = bwd_inputs::<T>(c, seed);
+    let out = run_backward::<T, W>(k, s, c, &inp, &what);
+    let want_mode =
+        if c.layout != Layout::Misaligned && c.hidden.is_multiple_of(T::DTYPE.lanes_per_16b()) {
+            VecMode::V16
+        } else {
+            VecMode::Scalar
+        };
+    let KernelId::RmsNormBwd(_, mode, _) = out.kernels.0 else {
+        panic!("{what}: planned {:?}", out.kernels.0)
+    };
+    assert_eq!(mode, want_mode, "{what}: vector path choice");
+    (
+        check_backward(c, &inp, &out, &what),
+        out.kernels.0,
+        out.kernels.1,
+    )
+}
+
+fn backward_any(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    dtype: DType,
+    c: &Bwd,
+    seed: u64,
+) -> (Worst, KernelId, KernelId) {
+    match (dtype, c.w_f32) {
+        (DType::F32, _) => backward_case::<f32, f32>(k, s, c, seed),
+        (DType::F16, false) => backward_case::<f16, f16>(k, s, c, seed),
+        (DType::F16, true) => backward_case::<f16, f32>(k, s, c, seed),
+        (DType::BF16, false) => backward_case::<bf16, bf16>(k, s, c, seed),
+        (DType::BF16, true) => backward_case::<bf16, f32>(k, s, c, seed),
+    }
+}
+
+/// dx and dw against the reference: dtypes x hidden sizes (both backward variants, odd sizes)
+/// x row counts x every placement (separate, over dy, accumulating into dres; with and
+/// without an incoming residual gradient) x Gemma, the layouts and the weight dtype cycling.
+#[test]
+fn backward_every_dtype_size_placement_and_option() {
+    let Some((k, _)) = gpu("backward_every_dtype_size_placement_and_option") else {
+        return;
+    };
+    let (hidden, rows): (Vec<usize>, Vec<usize>) = if quick() {
+        (vec![3, 896, 4104, 5125], vec![1, 7])
+    } else {
+        (
+            vec![1, 3, 769, 896, 2048, 4096, 4104, 5125, 8192, 16384, 65536],
+            vec![1, 7, 64, 1000],
+        )
+    };
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for (di, dtype) in DType::ALL.into_iter().enumerate() {
+        for (hi, &h) in hidden.iter().enumerate() {
+            for (ri, &r) in rows.iter().enumerate() {
+                if r * h > (1 << 22) {
+                    continue;
+                }
+                for (pi, placement) in BWD_PLACEMENTS.into_iter().enumerate() {
+                    for gemma in [false, true] {
+                        // Quick: Gemma on every other (dtype, hidden, rows, placement).
+                        if quick() && gemma != ((di + hi + ri + pi) % 2 == 1) {
+                            continue;
+                        }
+                        i += 1;
+                        cases.push((
+                            dtype,
+                            Bwd {
+                                rows: r,
+                                hidden: h,
+                                placement,
+                                layout: LAYOUTS[i % 3],
+                                gemma,
+                                w_f32: dtype != DType::F32 && (i / 3) % 2 == 1,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let worst = Mutex::new(Vec::new());
+    let seen = Mutex::new(BTreeSet::new());
+    let kernels = run_cases(&k, &cases, |k, s, (dtype, c)| {
+        let (w, rows_kernel, dw_kernel) = backward_any(k, s, *dtype, c, fresh_seed());
+        record(&worst, *dtype, &w);
+        seen.lock().unwrap().insert(dw_kernel.name().to_string());
+        rows_kernel
+    });
+    report("backward_every_dtype_size_placement_and_option", &worst);
+    let mut all = seen.into_inner().unwrap();
+    all.extend(kernels);
+    assert_covered(
+        "backward_every_dtype_size_placement_and_option",
+        &all,
+        |k| matches!(k, KernelId::RmsNormBwd(..) | KernelId::RmsNormDw(..)),
+    );
+}
+
+/// Repeated backward runs give the same dx and dw bits (many blocks, many dw slots).
+#[test]
+fn backward_is_deterministic_bitwise() {
+    let Some((k, s)) = gpu("backward_is_deterministic_bitwise") else {
+        return;
+    };
+    let shapes: Vec<(usize, usize)> = if quick() {
+        vec![(300, 1024), (40, 8192)]
+    } else {
+        vec![(8192, 4096), (2048, 16384), (16384, 896), (1000, 5125)]
+    };
+    for (rows, hidden) in shapes {
+        for gemma in [false, true] {
+            let c = Bwd {
+                rows,
+                hidden,
+                placement: BwdPlacement::SeparateDres,
+                layout: Layout::Dense,
+                gemma,
+                w_f32: false,
+            };
+            let seed = fresh_seed();
+            let what = format!("bf16 backward {c:?} seed {seed}");
+            let inp = bwd_inputs::<bf16>(&c, seed);
+            let a = run_backward::<bf16, bf16>(&k, &s, &c, &inp, &what);
+            let b = run_backward::<bf16, bf16>(&k, &s, &c, &inp, &what);
+            assert!(
+                a.dx.buf.iter().zip(&b.dx.buf).all(|(p, q)| same(*p, *q)),
+                "{what}: dx differs between runs"
+            );
+            assert!(
+                a.dw.iter().zip(&b.dw).all(|(p, q)| same(*p, *q)),
+                "{what}: dw differs between runs"
+            );
+            // A row's dx does not depend on the batch either.
+            let one = Bwd { rows: 1, ..c };
+            let p = rows / 2 + 1;
+            let row_of = |v: &[bf16]| v[p * hidden..(p + 1) * hidden].to_vec();
+            let single = BwdIn {
+                dy: row_of(&inp.dy),
+                h: row_of(&inp.h),
+                dres: row_of(&inp.dres),
+                w_f64: inp.w_f64.clone(),
+                rstd: vec![inp.rstd[p]],
+            };
+            let alone = run_backward::<bf16, bf16>(&k, &s, &one, &single, &what);
+            assert!(
+                alone
+                    .dx
+                    .row(0)
+                    .iter()
+                    .zip(a.dx.row(p))
+                    .all(|(p, q)| same(*p, *q)),
+                "{what}: dx of row {p} alone differs from the batch"
+            );
+            let w = check_backward(&c, &inp, &a, &what);
+            eprintln!(
+                "{what}: dx {:.3} of tol, dw {:.3} of tol",
+                w.dx_ratio, w.dw_ratio
+            );
+        }
+    }
+}

@@ -1,0 +1,1209 @@
+//! CPU tests of the residual-add + RMSNorm family: the f64 reference (its properties, `h`
+//! being `x + residual` rounded to the storage dtype, the backward against finite
+//! differences), every validation error of the plan functions, the aliasing rules, the
+//! vector/scalar choice, and the launch geometry being a function of the row length only.
+//! No GPU is needed: the `plan_*` functions decide everything a launch does.
+
+// Element loops over rows read best with explicit indices.
+#![allow(clippy::needless_range_loop)]
+
+use ferrofuse::half::{bf16, f16};
+use ferrofuse::norm::{
+    NormBwdVariant, NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward,
+    plan_rmsnorm_forward, rmsnorm_backward_geometry, rmsnorm_backward_workspace_len,
+    rmsnorm_forward_geometry,
+};
+use ferrofuse::reference::{
+    RmsNormRef, rmsnorm_add, rmsnorm_backward, rmsnorm_exact, rmsnorm_forward_row, rmsnorm_rstd,
+    rmsnorm_weight,
+};
+use ferrofuse::{DType, Element, Error, KernelId, MatDesc, NormNumerics, RmsNormOptions, VecMode};
+use ferrofuse_common::{
+    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
+    RMSNORM_SMEM_BYTES, RMSNORM_W_F32,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const HIDDEN: [usize; 16] = [
+    1, 3, 8, 256, 257, 512, 769, 896, 2048, 3584, 4096, 5120, 5125, 7168, 8192, 16384,
+];
+const BIG_HIDDEN: [usize; 4] = [16385, 65536, 70001, 1 << 20];
+
+// ------------------------------------------------------------------------------------------
+// Fake device matrices: plans only look at addresses, lengths and shapes.
+// ------------------------------------------------------------------------------------------
+
+/// Each operand in its own 16 TiB window, so nothing overlaps unless a test makes it.
+fn addr(i: u64) -> u64 {
+    (1 << 48) + (i << 44)
+}
+
+fn mat(i: u64, dtype: DType, rows: usize, cols: usize) -> MatDesc {
+    MatDesc::contiguous(addr(i), rows * cols, dtype, rows, cols)
+}
+
+fn fwd_descs(dtype: DType, rows: usize, hidden: usize, residual: bool) -> RmsNormFwdDescs {
+    RmsNormFwdDescs {
+        x: mat(0, dtype, rows, hidden),
+        residual: residual.then(|| mat(1, dtype, rows, hidden)),
+        weight: mat(2, dtype, 1, hidden),
+        y: mat(3, dtype, rows, hidden),
+        h: residual.then(|| mat(4, dtype, rows, hidden)),
+        rstd: Some(mat(5, DType::F32, rows, 1)),
+    }
+}
+
+fn bwd_descs(dtype: DType, rows: usize, hidden: usize, dres: bool) -> RmsNormBwdDescs {
+    let ws = rmsnorm_backward_workspace_len(dtype, rows, hidden);
+    RmsNormBwdDescs {
+        dy: mat(0, dtype, rows, hidden),
+        h: mat(1, dtype, rows, hidden),
+        weight: mat(2, dtype, 1, hidden),
+        rstd: mat(3, DType::F32, rows, 1),
+        dres: dres.then(|| mat(4, dtype, rows, hidden)),
+        dx: mat(5, dtype, rows, hidden),
+        dw: mat(6, dtype, 1, hidden),
+        workspace: MatDesc::contiguous(addr(7), ws, DType::F32, 1, ws),
+    }
+}
+
+fn opts() -> RmsNormOptions {
+    RmsNormOptions::new(1e-6)
+}
+
+fn fwd(
+    t: &RmsNormFwdDescs,
+) -> Result<ferrofuse::Launch<ferrofuse_common::RmsNormFwdParams>, Error> {
+    plan_rmsnorm_forward(t.x.dtype, t, &opts())
+}
+
+fn bwd(t: &RmsNormBwdDescs) -> Result<ferrofuse::norm::RmsNormBwdPlan, Error> {
+    plan_rmsnorm_backward(t.dy.dtype, t, false)
+}
+
+fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+fn random<T: Element>(rng: &mut StdRng, n: usize, scale: f64) -> Vec<T> {
+    (0..n)
+        .map(|_| T::from_f64(rng.random_range(-scale..=scale)))
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------------
+// The reference.
+// ------------------------------------------------------------------------------------------
+
+fn plain(eps: f32) -> RmsNormRef {
+    RmsNormRef {
+        eps,
+        gemma: false,
+        hf: false,
+        normalize_stored_h: false,
+    }
+}
+
+#[test]
+fn reference_of_a_constant_row() {
+    for &c in &[0.5f32, -3.0, 1e-3] {
+        for hidden in [1usize, 7, 4096] {
+            let x = vec![c; hidden];
+            let c = c as f64;
+            let w: Vec<f64> = (0..hidden)
+                .map(|i| 0.5 + i as f64 / hidden as f64)
+                .collect();
+            let eps = 1e-5f32;
+            let r = rmsnorm_forward_row(&x, None, &w, &plain(eps));
+            let rstd = 1.0 / (c * c + eps as f64).sqrt();
+            assert!(
+                (r.rstd - rstd).abs() <= 1e-12 * rstd,
+                "{} vs {rstd}",
+                r.rstd
+            );
+            for (i, (&y, &w)) in r.y.iter().zip(&w).enumerate() {
+                let want = c * w * rstd;
+                assert!(
+                    (y - want).abs() <= 1e-12 * want.abs(),
+                    "[{i}] {y} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_normalised_row_has_unit_mean_square_up_to_eps() {
+    let mut rng = rng(1);
+    for hidden in [3usize, 896, 5125] {
+        let x = random::<f32>(&mut rng, hidden, 2.0);
+        let w = vec![1.0; hidden];
+        let eps = 1e-3f32;
+        let r = rmsnorm_forward_row(&x, None, &w, &plain(eps));
+        let ms = r.y.iter().map(|v| v * v).sum::<f64>() / hidden as f64;
+        let var = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / hidden as f64;
+        // mean(n^2) = var / (var + eps): eps inside the square root, denominator H.
+        let want = var / (var + eps as f64);
+        assert!((ms - want).abs() < 1e-12, "{ms} vs {want}");
+    }
+}
+
+#[test]
+fn reference_is_scale_invariant_without_eps() {
+    let mut rng = rng(2);
+    let x = random::<f32>(&mut rng, 512, 1.0);
+    let w: Vec<f64> = random::<f32>(&mut rng, 512, 1.0)
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    let scaled: Vec<f32> = x.iter().map(|&v| v * 64.0).collect();
+    let a = rmsnorm_forward_row(&x, None, &w, &plain(f32::MIN_POSITIVE));
+    let b = rmsnorm_forward_row(&scaled, None, &w, &plain(f32::MIN_POSITIVE));
+    for (p, q) in a.y.iter().zip(&b.y) {
+        assert!((p - q).abs() <= 1e-12 * p.abs().max(1e-30), "{p} vs {q}");
+    }
+}
+
+#[test]
+fn reference_gemma_is_plain_with_one_plus_w_formed_in_f32() {
+    let mut rng = rng(3);
+    let hidden = 1000;
+    let x = random::<bf16>(&mut rng, hidden, 2.0);
+    let w: Vec<f64> = random::<bf16>(&mut rng, hidden, 0.5)
+        .iter()
+        .map(|v| v.to_f64())
+        .collect();
+    let gemma = RmsNormRef {
+        gemma: true,
+        ..plain(1e-6)
+    };
+    let shifted: Vec<f64> = w.iter().map(|&w| (1.0f32 + w as f32) as f64).collect();
+    let a = rmsnorm_forward_row(&x, None, &w, &gemma);
+    let b = rmsnorm_forward_row(&x, None, &shifted, &plain(1e-6));
+    assert_eq!(a, b);
+    // 1 + w rounds in f32 when w is tiny: the contract says f32, not f64.
+    assert_eq!(rmsnorm_weight(1e-9, true), 1.0);
+    assert_eq!(rmsnorm_weight(0.25, true), 1.25);
+    assert_eq!(rmsnorm_weight(0.25, false), 0.25);
+}
+
+#[test]
+fn reference_hf_mode_rounds_h_and_the_normalised_value() {
+    let mut rng = rng(4);
+    let hidden = 777;
+    let x = random::<bf16>(&mut rng, hidden, 3.0);
+    let r = random::<bf16>(&mut rng, hidden, 3.0);
+    let w: Vec<f64> = random::<bf16>(&mut rng, hidden, 1.0)
+        .iter()
+        .map(|v| v.to_f64())
+        .collect();
+    let hf = RmsNormRef {
+        hf: true,
+        ..plain(1e-6)
+    };
+    let row = rmsnorm_forward_row(&x, Some(&r), &w, &hf);
+    // Statistics from h as stored.
+    assert_eq!(row.rstd, rmsnorm_rstd(&row.h, 1e-6f32 as f64));
+    for i in 0..hidden {
+        // y = round(h * rstd) * w: dividing by w gives back a bf16 value.
+        let n = bf16::from_f64(row.h[i] * row.rstd).to_f64();
+        assert_eq!(row.y[i], n * w[i]);
+    }
+    // With f32 storage the modes differ only by the f32 rounding of h * rstd (which the
+    // kernel's f32 arithmetic does anyway): same h, same rstd, y within 2^-24 relative.
+    let x = random::<f32>(&mut rng, hidden, 3.0);
+    let r = random::<f32>(&mut rng, hidden, 3.0);
+    let a = rmsnorm_forward_row(&x, Some(&r), &w, &hf);
+    let b = rmsnorm_forward_row(&x, Some(&r), &w, &plain(1e-6));
+    assert_eq!((&a.h, a.rstd), (&b.h, b.rstd));
+    for (p, q) in a.y.iter().zip(&b.y) {
+        assert!((p - q).abs() <= q.abs() * 2f64.powi(-24), "{p} vs {q}");
+    }
+}
+
+#[test]
+fn reference_f32_mode_normalises_the_f32_sum_unless_told_otherwise() {
+    let mut rng = rng(5);
+    let hidden = 300;
+    let x = random::<f16>(&mut rng, hidden, 2.0);
+    let r = random::<f16>(&mut rng, hidden, 2.0);
+    let w = vec![1.0; hidden];
+    let a = rmsnorm_forward_row(&x, Some(&r), &w, &plain(1e-6));
+    let b = rmsnorm_forward_row(
+        &x,
+        Some(&r),
+        &w,
+        &RmsNormRef {
+            normalize_stored_h: true,
+            ..plain(1e-6)
+        },
+    );
+    assert_eq!(a.rstd, b.rstd, "statistics use the f32 sum in both");
+    assert_eq!(a.h, b.h);
+    let h32: Vec<f64> = x
+        .iter()
+        .zip(&r)
+        .map(|(a, b)| rmsnorm_add(a.to_f64(), b.to_f64()))
+        .collect();
+    for i in 0..hidden {
+        assert_eq!(a.y[i], h32[i] * a.rstd);
+        assert_eq!(b.y[i], b.h[i] * b.rstd);
+    }
+    assert_ne!(
+        a.y, b.y,
+        "the rounding of h must show somewhere in 300 f16 sums"
+    );
+}
+
+/// `h` is the f32 sum rounded once to the storage dtype, for random and edge-case inputs.
+fn check_h_is_rounded_sum<T: Element + PartialEq + std::fmt::Debug>(
+    to_f32: fn(T) -> f32,
+    from_f32: fn(f32) -> T,
+    edge: &[(f64, f64)],
+) {
+    let mut rng = rng(6);
+    let mut xs = random::<T>(&mut rng, 20_000, 4.0);
+    let mut rs = random::<T>(&mut rng, 20_000, 4.0);
+    // Mixed magnitudes, so the f32 sum rounds (and the storage rounding sees ties).
+    for i in 0..5000 {
+        let s = 2f64.powi(rng.random_range(-12..12));
+        xs[i] = T::from_f64(xs[i].to_f64() * s);
+    }
+    for &(a, b) in edge {
+        xs.push(T::from_f64(a));
+        rs.push(T::from_f64(b));
+    }
+    let w = vec![1.0; xs.len()];
+    let row = rmsnorm_forward_row(&xs, Some(&rs), &w, &plain(1e-6));
+    for i in 0..xs.len() {
+        let want = from_f32(to_f32(xs[i]) + to_f32(rs[i]));
+        let got = T::from_f64(row.h[i]);
+        assert!(
+            got == want || (got.to_f64().is_nan() && want.to_f64().is_nan()),
+            "h[{i}] = {got:?}, want {want:?} ({:?} + {:?})",
+            xs[i],
+            rs[i]
+        );
+        // Where the exact sum is an f32 the two roundings are one: h = round(x + r).
+        let exact = xs[i].to_f64() + rs[i].to_f64();
+        if exact == exact as f32 as f64 {
+            assert_eq!(got, T::from_f64(exact), "h[{i}]");
+        }
+    }
+}
+
+#[test]
+fn h_is_x_plus_residual_rounded_to_the_storage_dtype() {
+    check_h_is_rounded_sum::<f32>(|v| v, |v| v, &[(1e30, -1e30), (1.0, 1e-30), (3e38, 3e38)]);
+    check_h_is_rounded_sum::<f16>(
+        |v| v.to_f32(),
+        f16::from_f32,
+        &[
+            (65504.0, 65504.0),
+            (1.0, -1.0),
+            (1.0, 0.00048828125),
+            (-2.0, 6e-8),
+        ],
+    );
+    check_h_is_rounded_sum::<bf16>(
+        |v| v.to_f32(),
+        bf16::from_f32,
+        &[
+            (3.0e38, 3.0e38),
+            (1.0, -1.0),
+            (1.0, 0.00390625),
+            (256.0, 1.0),
+            (1.0, 1e-30),
+        ],
+    );
+}
+
+/// Loss `L = sum(dy * y(h)) + sum(dres * h)`: its gradient in h is the backward's dx.
+fn loss(h: &[f64], w_eff: &[f64], eps: f64, dy: &[f64], dres: Option<&[f64]>) -> f64 {
+    let y = rmsnorm_exact(h, w_eff, eps);
+    let mut l: f64 = y.iter().zip(dy).map(|(a, b)| a * b).sum();
+    if let Some(d) = dres {
+        l += h.iter().zip(d).map(|(a, b)| a * b).sum::<f64>();
+    }
+    l
+}
+
+#[test]
+fn backward_reference_matches_finite_differences() {
+    let mut rng = rng(7);
+    for &hidden in &[1usize, 3, 8, 33, 200] {
+        for gemma in [false, true] {
+            for with_dres in [false, true] {
+                let rows = 3;
+                let eps = 1e-3f64;
+                let n = rows * hidden;
+                let draw = |rng: &mut StdRng, n: usize| -> Vec<f64> {
+                    (0..n).map(|_| rng.random_range(-1.5..1.5)).collect()
+                };
+                let h = draw(&mut rng, n);
+                let dy = draw(&mut rng, n);
+                let dres = draw(&mut rng, n);
+                let w = draw(&mut rng, hidden);
+                let w_eff: Vec<f64> = w.iter().map(|&w| rmsnorm_weight(w, gemma)).collect();
+                let rstd: Vec<f64> = h.chunks(hidden).map(|r| rmsnorm_rstd(r, eps)).collect();
+                let dres_opt = with_dres.then_some(&dres[..]);
+                let (dx, dw) = rmsnorm_backward(&dy, &h, &w, &rstd, dres_opt, rows, hidden, gemma);
+                let step = 1e-6;
+                for r in 0..rows {
+                    let row = r * hidden..(r + 1) * hidden;
+                    let (hr, dyr) = (&h[row.clone()], &dy[row.clone()]);
+                    let dr = dres_opt.map(|d| &d[row.clone()]);
+                    for c in 0..hidden {
+                        let mut hp = hr.to_vec();
+                        let mut hm = hr.to_vec();
+                        hp[c] += step;
+                        hm[c] -= step;
+                        let fd = (loss(&hp, &w_eff, eps, dyr, dr)
+                            - loss(&hm, &w_eff, eps, dyr, dr))
+                            / (2.0 * step);
+                        let got = dx[r * hidden + c];
+                        assert!(
+                            (got - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
+                            "dx[{r},{c}] H={hidden} gemma={gemma}: {got} vs {fd}"
+                        );
+                    }
+                }
+                // dw: the loss is linear in w_eff, and d w_eff / d w = 1 for both conventions.
+                for c in 0..hidden {
+                    let mut fd = 0.0;
+                    for r in 0..rows {
+                        let row = r * hidden..(r + 1) * hidden;
+                        let (hr, dyr) = (&h[row.clone()], &dy[row.clone()]);
+                        let mut wp = w_eff.clone();
+                        let mut wm = w_eff.clone();
+                        wp[c] += step;
+                        wm[c] -= step;
+                        fd += (loss(hr, &wp, eps, dyr, None) - loss(hr, &wm, eps, dyr, None))
+                            / (2.0 * step);
+                    }
+                    assert!(
+                        (dw[c] - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
+                        "dw[{c}] H={hidden}: {} vs {fd}",
+                        dw[c]
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Geometry and kernel choice.
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn forward_geometry_depends_on_hidden_and_dtype_only() {
+    for dtype in DType::ALL {
+        for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
+            let first = fwd(&fwd_descs(dtype, 1, hidden, true)).unwrap();
+            for rows in [2usize, 7, 64, 1000, 16384, 1 << 20] {
+                let l = fwd(&fwd_descs(dtype, rows, hidden, true)).unwrap();
+                assert_eq!(l.kernel, first.kernel, "{dtype:?} H={hidden} rows={rows}");
+                assert_eq!(l.block, first.block);
+                assert_eq!(l.shared_mem_bytes, RMSNORM_SMEM_BYTES);
+                assert_eq!(l.params.threads_per_row, first.params.threads_per_row);
+                assert_eq!(l.params.rows_per_block, first.params.rows_per_block);
+                assert_eq!(
+                    l.grid as usize,
+                    rows.div_ceil(l.params.rows_per_block as usize),
+                    "one row group per block"
+                );
+            }
+            // The scalar kernel of the same H has the same geometry.
+            let mut t = fwd_descs(dtype, 7, hidden, true);
+            t.x.addr += dtype.size_bytes() as u64;
+            let s = fwd(&t).unwrap();
+            assert_eq!(s.block, first.block);
+            assert_eq!(
+                (s.params.threads_per_row, s.params.rows_per_block),
+                (first.params.threads_per_row, first.params.rows_per_block)
+            );
+            let (KernelId::RmsNormFwd(_, _, v1), KernelId::RmsNormFwd(_, m2, v2)) =
+                (first.kernel, s.kernel)
+            else {
+                panic!("not a forward kernel")
+            };
+            assert_eq!((m2, v2), (VecMode::Scalar, v1));
+        }
+    }
+}
+
+#[test]
+fn forward_geometry_covers_each_row_without_waste() {
+    for dtype in DType::ALL {
+        let lanes = dtype.lanes_per_16b();
+        for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
+            let (variant, g) = rmsnorm_forward_geometry(dtype, hidden);
+            let t = g.threads_per_row as usize;
+            assert!(t.is_multiple_of(32) && t <= RMSNORM_MAX_THREADS_PER_ROW as usize);
+            assert!(g.block_threads() <= RMSNORM_MAX_THREADS_PER_ROW);
+            let chunks = hidden.div_ceil(lanes);
+            let per_thread = g.elems_per_thread as usize / lanes;
+            match variant {
+                NormFwdVariant::E16 | NormFwdVariant::E32 => {
+                    assert!(!g.looped);
+                    assert!(hidden <= 16384, "rows up to 16384 stay in registers");
+                    assert!(
+                        t * per_thread >= chunks,
+                        "{dtype:?} H={hidden}: row not covered"
+                    );
+                    if t > 32 {
+                        assert!(
+                            (t - 32) * per_thread < chunks,
+                            "{dtype:?} H={hidden}: a spare warp"
+                        );
+                    }
+                    let want = if hidden <= 8192 { 16 } else { 32 };
+                    assert_eq!(g.elems_per_thread, want, "{dtype:?} H={hidden}");
+                }
+                NormFwdVariant::Loop => {
+                    assert!(g.looped && hidden > 16384, "{dtype:?} H={hidden}");
+                    assert_eq!((t, g.rows_per_block), (512, 1));
+                }
+            }
+            if hidden <= 512 {
+                assert_eq!(
+                    (t, g.rows_per_block),
+                    (32, 8),
+                    "a warp per row for short rows"
+                );
+            }
+        }
+        assert!(rmsnorm_forward_geometry(dtype, 16384).0 != NormFwdVariant::Loop);
+        assert_eq!(
+            rmsnorm_forward_geometry(dtype, 16385).0,
+            NormFwdVariant::Loop
+        );
+    }
+    // Real sizes.
+    let g = |d, h| rmsnorm_forward_geometry(d, h).1;
+    assert_eq!(g(DType::BF16, 4096).threads_per_row, 256);
+    assert_eq!(g(DType::BF16, 8192).threads_per_row, 512);
+    assert_eq!(g(DType::BF16, 5120).threads_per_row, 320);
+    assert_eq!(g(DType::BF16, 16384).threads_per_row, 512);
+    assert_eq!(g(DType::F32, 4096).threads_per_row, 256);
+    assert_eq!(
+        (
+            g(DType::BF16, 896).threads_per_row,
+            g(DType::BF16, 896).rows_per_block
+        ),
+        (64, 4)
+    );
+}
+
+#[test]
+fn backward_geometry_and_workspace() {
+    for dtype in DType::ALL {
+        let lanes = dtype.lanes_per_16b();
+        for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
+            let (variant, g) = rmsnorm_backward_geometry(dtype, hidden);
+            let t = g.threads_per_row as usize;
+            assert!(t.is_multiple_of(32) && g.block_threads() <= RMSNORM_BWD_MAX_THREADS_PER_ROW);
+            match variant {
+                NormBwdVariant::E16 => {
+                    assert!(hidden <= 4096 && t * 16 / lanes >= hidden.div_ceil(lanes));
+                }
+                NormBwdVariant::Loop => assert!(hidden > 4096 && g.looped),
+            }
+            for rows in [0usize, 1, 7, 1000, 100_000] {
+                let t = bwd_descs(dtype, rows, hidden, false);
+                let plan = bwd(&t).unwrap();
+                let slots = plan.rows.grid as usize * g.rows_per_block as usize;
+                assert_eq!(plan.dw.params.slots as usize, slots);
+                let coef = if variant == NormBwdVariant::Loop {
+                    rows
+                } else {
+                    0
+                };
+                assert_eq!(
+                    rmsnorm_backward_workspace_len(dtype, rows, hidden),
+                    slots * hidden + coef
+                );
+                assert!(plan.rows.grid as usize <= rows.div_ceil(g.rows_per_block as usize));
+                assert!(plan.rows.grid as u64 * plan.rows.block as u64 <= 131_072);
+                assert_eq!(plan.dw.grid as usize, hidden.div_ceil(32));
+                assert_eq!(plan.dw.kernel, KernelId::RmsNormDw(dtype));
+                if rows == 0 {
+                    assert_eq!(plan.rows.grid, 0, "no rows: nothing to do but write dw = 0");
+                }
+                // Exactly the advertised workspace is enough, one element less is not.
+                if slots * hidden + coef > 0 {
+                    let mut short = t;
+                    short.workspace.len -= 1;
+                    assert!(matches!(
+                        bwd(&short),
+                        Err(Error::BufferTooSmall {
+                            tensor: "workspace",
+                            ..
+                        })
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vector_kernel_only_when_every_operand_allows_it() {
+    for dtype in DType::ALL {
+        let lanes = dtype.lanes_per_16b();
+        let size = dtype.size_bytes() as u64;
+        let hidden = 4096;
+        let mode = |t: &RmsNormFwdDescs| match fwd(t).unwrap().kernel {
+            KernelId::RmsNormFwd(_, m, _) => m,
+            k => panic!("{k:?}"),
+        };
+        let base = fwd_descs(dtype, 7, hidden, true);
+        assert_eq!(mode(&base), VecMode::V16);
+        // A padded row stride that keeps 16-byte rows is fine.
+        let mut t = base;
+        for m in [&mut t.x, &mut t.y] {
+            m.row_stride = hidden + lanes;
+            m.len = 7 * m.row_stride;
+        }
+        assert_eq!(mode(&t), VecMode::V16);
+        for which in 0..6 {
+            let mut t = base;
+            match which {
+                0 => t.x.addr += size,
+                1 => t.residual.as_mut().unwrap().addr += size,
+                2 => t.y.addr += size,
+                3 => t.h.as_mut().unwrap().addr += size,
+                4 => t.weight.addr += size,
+                _ => {
+                    t.x.row_stride = hidden + 1;
+                    t.x.len = 7 * t.x.row_stride;
+                }
+            }
+            assert_eq!(mode(&t), VecMode::Scalar, "{dtype:?} case {which}");
+        }
+        // The rstd vector is written by scalar stores: its alignment does not matter.
+        let mut t = base;
+        t.rstd.as_mut().unwrap().addr += 4;
+        assert_eq!(mode(&t), VecMode::V16);
+        // A row length that is not a multiple of the vector.
+        assert_eq!(
+            mode(&fwd_descs(dtype, 7, hidden + 1, true)),
+            VecMode::Scalar
+        );
+        // A single row does not need a vector-multiple stride.
+        let mut t = fwd_descs(dtype, 1, hidden, true);
+        t.x.row_stride = hidden + 1;
+        assert_eq!(mode(&t), VecMode::V16);
+        // Backward: the workspace must be 16-byte aligned too.
+        let b = bwd_descs(dtype, 7, hidden, true);
+        assert!(matches!(
+            bwd(&b).unwrap().rows.kernel,
+            KernelId::RmsNormBwd(_, VecMode::V16, _)
+        ));
+        let mut b2 = b;
+        b2.workspace.addr += 4;
+        assert!(matches!(
+            bwd(&b2).unwrap().rows.kernel,
+            KernelId::RmsNormBwd(_, VecMode::Scalar, _)
+        ));
+        let mut b3 = b;
+        b3.dres.as_mut().unwrap().addr += size;
+        assert!(matches!(
+            bwd(&b3).unwrap().rows.kernel,
+            KernelId::RmsNormBwd(_, VecMode::Scalar, _)
+        ));
+    }
+}
+
+#[test]
+fn params_carry_the_operands_and_flags() {
+    let t = fwd_descs(DType::BF16, 7, 896, true);
+    let l = fwd(&t).unwrap();
+    let p = l.params;
+    assert_eq!(
+        (p.x, p.residual, p.w, p.y, p.h, p.rstd),
+        (addr(0), addr(1), addr(2), addr(3), addr(4), addr(5))
+    );
+    assert_eq!(
+        (
+            p.x_stride,
+            p.residual_stride,
+            p.y_stride,
+            p.h_stride,
+            p.rstd_stride
+        ),
+        (896, 896, 896, 896, 1)
+    );
+    assert_eq!((p.rows, p.hidden, p.eps, p.flags), (7, 896, 1e-6, 0));
+    let flags = |o: RmsNormOptions, w: DType| {
+        let mut t = fwd_descs(DType::BF16, 7, 896, true);
+        t.weight.dtype = w;
+        plan_rmsnorm_forward(DType::BF16, &t, &o)
+            .unwrap()
+            .params
+            .flags
+    };
+    assert_eq!(flags(opts().with_gemma(true), DType::BF16), RMSNORM_GEMMA);
+    assert_eq!(
+        flags(opts().with_numerics(NormNumerics::HfLlama), DType::BF16),
+        RMSNORM_HF
+    );
+    assert_eq!(flags(opts(), DType::F32), RMSNORM_W_F32);
+    // Plain RMSNorm: no residual and no h (address 0).
+    let t = fwd_descs(DType::F16, 3, 100, false);
+    let p = fwd(&t).unwrap().params;
+    assert_eq!((p.residual, p.h), (0, 0));
+    // Without rstd.
+    let mut t = fwd_descs(DType::F16, 3, 100, true);
+    t.rstd = None;
+    assert_eq!(fwd(&t).unwrap().params.rstd, 0);
+    // f32 weight with f32 storage is just the storage dtype.
+    let mut t = fwd_descs(DType::F32, 3, 100, true);
+    t.weight.dtype = DType::F32;
+    assert_eq!(fwd(&t).unwrap().params.flags, 0);
+    // Backward.
+    let b = bwd_descs(DType::F16, 5, 3000, true);
+    let mut b32 = b;
+    b32.weight.dtype = DType::F32;
+    b32.dw.dtype = DType::F32;
+    let plan = plan_rmsnorm_backward(DType::F16, &b32, true).unwrap();
+    assert_eq!(plan.rows.params.flags, RMSNORM_GEMMA | RMSNORM_W_F32);
+    assert_eq!(plan.dw.kernel, KernelId::RmsNormDw(DType::F32));
+    let p = bwd(&b).unwrap().rows.params;
+    assert_eq!(
+        (p.dy, p.h, p.w, p.rstd, p.dres, p.dx, p.workspace),
+        (
+            addr(0),
+            addr(1),
+            addr(2),
+            addr(3),
+            addr(4),
+            addr(5),
+            addr(7)
+        )
+    );
+}
+
+#[test]
+fn empty_shapes_launch_nothing() {
+    for (rows, hidden) in [(0usize, 4096usize), (5, 0), (0, 0)] {
+        let l = fwd(&fwd_descs(DType::BF16, rows, hidden, true)).unwrap();
+        assert_eq!(l.grid, 0, "{rows}x{hidden}");
+    }
+    let plan = bwd(&bwd_descs(DType::BF16, 5, 0, false)).unwrap();
+    assert_eq!((plan.rows.grid, plan.dw.grid), (0, 0));
+}
+
+// ------------------------------------------------------------------------------------------
+// Validation errors.
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn eps_must_be_finite_and_positive() {
+    let t = fwd_descs(DType::BF16, 4, 64, true);
+    for eps in [
+        0.0f32,
+        -0.0,
+        -1e-6,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ] {
+        let e = plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps)).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { what: "eps", .. }),
+            "eps {eps}: {e}"
+        );
+    }
+    for eps in [f32::MIN_POSITIVE / 2.0, 1e-12, 1e-6, 1.0, 1e30] {
+        plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps)).unwrap();
+    }
+}
+
+#[test]
+fn forward_rejects_bad_descriptions() {
+    let d = DType::BF16;
+    let base = fwd_descs(d, 4, 64, true);
+    let err = |f: &dyn Fn(&mut RmsNormFwdDescs)| {
+        let mut t = base;
+        f(&mut t);
+        plan_rmsnorm_forward(d, &t, &opts()).unwrap_err()
+    };
+    // Dtypes.
+    assert!(matches!(
+        err(&|t| t.x.dtype = DType::F16),
+        Error::DTypeMismatch { tensor: "x", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.y.dtype = DType::F32),
+        Error::DTypeMismatch { tensor: "y", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.residual.as_mut().unwrap().dtype = DType::F16),
+        Error::DTypeMismatch {
+            tensor: "residual",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.h.as_mut().unwrap().dtype = DType::F16),
+        Error::DTypeMismatch { tensor: "h", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.weight.dtype = DType::F16),
+        Error::DTypeMismatch {
+            tensor: "weight",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd.as_mut().unwrap().dtype = DType::BF16),
+        Error::DTypeMismatch { tensor: "rstd", .. }
+    ));
+    // Shapes.
+    assert!(matches!(
+        err(&|t| t.y = mat(3, d, 4, 65)),
+        Error::ShapeMismatch { tensor: "y", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.residual = Some(mat(1, d, 5, 64))),
+        Error::ShapeMismatch {
+            tensor: "residual",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.h = Some(mat(4, d, 3, 64))),
+        Error::ShapeMismatch { tensor: "h", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.weight = mat(2, d, 1, 63)),
+        Error::ShapeMismatch {
+            tensor: "weight",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.weight = mat(2, d, 2, 64)),
+        Error::ShapeMismatch {
+            tensor: "weight",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd = Some(mat(5, DType::F32, 5, 1))),
+        Error::ShapeMismatch { tensor: "rstd", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd = Some(mat(5, DType::F32, 4, 2))),
+        Error::ShapeMismatch { tensor: "rstd", .. }
+    ));
+    // Layout.
+    assert!(matches!(
+        err(&|t| t.x.col_stride = 2),
+        Error::NonUnitLastStride {
+            tensor: "x",
+            stride: 2
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.y.row_stride = 63),
+        Error::RowStrideTooSmall { tensor: "y", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.h.as_mut().unwrap().len = 4 * 64 - 1),
+        Error::BufferTooSmall { tensor: "h", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.weight.len = 63),
+        Error::BufferTooSmall {
+            tensor: "weight",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd.as_mut().unwrap().len = 3),
+        Error::BufferTooSmall { tensor: "rstd", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.x.addr += 1),
+        Error::Misaligned { tensor: "x", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.residual.as_mut().unwrap().addr += 1),
+        Error::Misaligned {
+            tensor: "residual",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd.as_mut().unwrap().addr += 2),
+        Error::Misaligned { tensor: "rstd", .. }
+    ));
+    assert!(matches!(
+        err(&|t| {
+            t.weight.dtype = DType::F32;
+            t.weight.addr += 2;
+        }),
+        Error::Misaligned {
+            tensor: "weight",
+            ..
+        }
+    ));
+    // Residual and h come together.
+    assert!(matches!(
+        err(&|t| t.h = None),
+        Error::InvalidArgument { what: "h", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.residual = None),
+        Error::InvalidArgument { what: "h", .. }
+    ));
+    // More rows than a grid can have.
+    let mut t = fwd_descs(DType::F32, 1, 1, false);
+    t.x = MatDesc::contiguous(addr(0), 1 << 35, DType::F32, 1 << 35, 1);
+    t.y = MatDesc::contiguous(addr(3), 1 << 35, DType::F32, 1 << 35, 1);
+    t.rstd = None;
+    assert!(matches!(fwd(&t), Err(Error::TooLarge { what: "rows", .. })));
+}
+
+#[test]
+fn forward_allows_exactly_the_documented_placements() {
+    let d = DType::F16;
+    let (rows, hidden) = (6, 256);
+    let base = fwd_descs(d, rows, hidden, true);
+    let ok = |t: &RmsNormFwdDescs| fwd(t).map(|_| ()).map_err(|e| format!("{e}"));
+    let alias = |t: &RmsNormFwdDescs| match fwd(t) {
+        Err(Error::Aliasing { output, other }) => (output, other),
+        r => panic!("expected an aliasing error, got {:?}", r.map(|l| l.kernel)),
+    };
+    let x = base.x;
+    let r = base.residual.unwrap();
+    // Allowed: h over x, h over residual, y over x, y over x with h over residual (vLLM).
+    ok(&RmsNormFwdDescs { h: Some(x), ..base }).unwrap();
+    ok(&RmsNormFwdDescs { h: Some(r), ..base }).unwrap();
+    ok(&RmsNormFwdDescs { y: x, ..base }).unwrap();
+    ok(&RmsNormFwdDescs {
+        y: x,
+        h: Some(r),
+        ..base
+    })
+    .unwrap();
+    // Plain RMSNorm in place.
+    let plain = fwd_descs(d, rows, hidden, false);
+    ok(&RmsNormFwdDescs {
+        y: plain.x,
+        ..plain
+    })
+    .unwrap();
+    // x and residual may overlap each other (both only read), and the weight may sit in x.
+    ok(&RmsNormFwdDescs {
+        residual: Some(x),
+        ..base
+    })
+    .unwrap();
+    ok(&RmsNormFwdDescs {
+        weight: MatDesc { rows: 1, ..x },
+        ..base
+    })
+    .unwrap();
+
+    // Rejected.
+    assert_eq!(alias(&RmsNormFwdDescs { y: r, ..base }), ("y", "residual"));
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            y: x,
+            h: Some(x),
+            ..base
+        }),
+        ("y", "h")
+    );
+    let h = base.h.unwrap();
+    assert_eq!(alias(&RmsNormFwdDescs { y: h, ..base }), ("y", "h"));
+    // Partial overlaps: one row down, half a row over.
+    let shifted = MatDesc {
+        addr: x.addr + (hidden * 2) as u64,
+        ..x
+    };
+    assert_eq!(alias(&RmsNormFwdDescs { y: shifted, ..base }), ("y", "x"));
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            h: Some(shifted),
+            ..base
+        }),
+        ("h", "x")
+    );
+    let half = MatDesc {
+        addr: r.addr + hidden as u64,
+        ..r
+    };
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            h: Some(half),
+            ..base
+        }),
+        ("h", "residual")
+    );
+    // Same address, other stride: not the same place.
+    let restrided = MatDesc {
+        row_stride: hidden + 8,
+        len: rows * (hidden + 8),
+        ..x
+    };
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            y: restrided,
+            ..base
+        }),
+        ("y", "x")
+    );
+    // Outputs over the weight or over rstd.
+    let w_as_y = MatDesc {
+        addr: base.weight.addr,
+        len: rows * hidden,
+        ..x
+    };
+    assert_eq!(
+        alias(&RmsNormFwdDescs { y: w_as_y, ..base }),
+        ("y", "weight")
+    );
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            h: Some(w_as_y),
+            ..base
+        }),
+        ("h", "weight")
+    );
+    let rstd_in_y = MatDesc::contiguous(base.y.addr, rows, DType::F32, rows, 1);
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            rstd: Some(rstd_in_y),
+            ..base
+        }),
+        ("y", "rstd")
+    );
+    let rstd_in_x = MatDesc::contiguous(x.addr + 64, rows, DType::F32, rows, 1);
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            rstd: Some(rstd_in_x),
+            ..base
+        }),
+        ("rstd", "x")
+    );
+    let rstd_in_h = MatDesc::contiguous(h.addr, rows, DType::F32, rows, 1);
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            rstd: Some(rstd_in_h),
+            ..base
+        }),
+        ("h", "rstd")
+    );
+    // h over x while the residual overlaps x without being it.
+    let r_shift = MatDesc {
+        addr: x.addr + 2,
+        ..x
+    };
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            residual: Some(r_shift),
+            h: Some(x),
+            ..base
+        }),
+        ("h", "residual")
+    );
+}
+
+#[test]
+fn backward_rejects_bad_descriptions_and_aliasing() {
+    let d = DType::BF16;
+    let (rows, hidden) = (5, 600);
+    let base = bwd_descs(d, rows, hidden, true);
+    let err = |f: &dyn Fn(&mut RmsNormBwdDescs)| {
+        let mut t = base;
+        f(&mut t);
+        plan_rmsnorm_backward(d, &t, false).unwrap_err()
+    };
+    assert!(matches!(
+        err(&|t| t.dy.dtype = DType::F16),
+        Error::DTypeMismatch { tensor: "dy", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.h.dtype = DType::F16),
+        Error::DTypeMismatch { tensor: "h", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.dx.dtype = DType::F16),
+        Error::DTypeMismatch { tensor: "dx", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.dres.as_mut().unwrap().dtype = DType::F16),
+        Error::DTypeMismatch { tensor: "dres", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.weight.dtype = DType::F16),
+        Error::DTypeMismatch {
+            tensor: "weight",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.dw.dtype = DType::F32),
+        Error::DTypeMismatch { tensor: "dw", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd.dtype = DType::BF16),
+        Error::DTypeMismatch { tensor: "rstd", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.workspace.dtype = DType::F16),
+        Error::DTypeMismatch {
+            tensor: "workspace",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.h = mat(1, d, rows, hidden + 1)),
+        Error::ShapeMismatch { tensor: "h", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.dx = mat(5, d, rows + 1, hidden)),
+        Error::ShapeMismatch { tensor: "dx", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.dres = Some(mat(4, d, 1, hidden))),
+        Error::ShapeMismatch { tensor: "dres", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.dw = mat(6, d, 1, hidden - 1)),
+        Error::ShapeMismatch { tensor: "dw", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.rstd = mat(3, DType::F32, rows - 1, 1)),
+        Error::ShapeMismatch { tensor: "rstd", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.dy.addr += 1),
+        Error::Misaligned { tensor: "dy", .. }
+    ));
+    assert!(matches!(
+        err(&|t| t.workspace.addr += 2),
+        Error::Misaligned {
+            tensor: "workspace",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(&|t| t.dx.col_stride = 3),
+        Error::NonUnitLastStride { tensor: "dx", .. }
+    ));
+
+    let ok = |t: &RmsNormBwdDescs| bwd(t).map(|_| ()).unwrap();
+    let alias = |t: &RmsNormBwdDescs| match bwd(t) {
+        Err(Error::Aliasing { output, other }) => (output, other),
+        r => panic!(
+            "expected an aliasing error, got {:?}",
+            r.map(|p| p.rows.kernel)
+        ),
+    };
+    ok(&RmsNormBwdDescs {
+        dx: base.dy,
+        ..base
+    });
+    ok(&RmsNormBwdDescs {
+        dx: base.dres.unwrap(),
+        ..base
+    });
+    assert_eq!(alias(&RmsNormBwdDescs { dx: base.h, ..base }), ("dx", "h"));
+    let w_as_dw = MatDesc {
+        dtype: d,
+        ..base.weight
+    };
+    assert_eq!(
+        alias(&RmsNormBwdDescs {
+            dw: w_as_dw,
+            ..base
+        }),
+        ("dw", "weight")
+    );
+    let ws_in_dy = MatDesc {
+        addr: base.dy.addr,
+        ..base.workspace
+    };
+    assert_eq!(
+        alias(&RmsNormBwdDescs {
+            workspace: ws_in_dy,
+            ..base
+        }),
+        ("workspace", "dy")
+    );
+    let ws_in_dx = MatDesc {
+        addr: base.dx.addr + 1024,
+        ..base.workspace
+    };
+    assert_eq!(
+        alias(&RmsNormBwdDescs {
+            workspace: ws_in_dx,
+            ..base
+        }),
+        ("dx", "workspace")
+    );
+    let dw_in_ws = MatDesc {
+        addr: base.workspace.addr,
+        ..base.dw
+    };
+    assert_eq!(
+        alias(&RmsNormBwdDescs {
+            dw: dw_in_ws,
+            ..base
+        }),
+        ("dw", "workspace")
+    );
+    let rstd_as_dw = MatDesc::contiguous(base.rstd.addr, hidden, d, 1, hidden);
+    assert_eq!(
+        alias(&RmsNormBwdDescs {
+            dw: rstd_as_dw,
+            ..base
+        }),
+        ("dw", "rstd")
+    );
+}
+
+#[test]
+fn kernel_table_holds_every_norm_entry() {
+    let mut names = std::collections::HashSet::new();
+    let mut count = 0;
+    for (i, k) in KernelId::ALL.iter().enumerate() {
+        assert_eq!(k.index(), i);
+        assert!(names.insert(k.name()), "duplicate name {}", k.name());
+        match k {
+            KernelId::RmsNormFwd(d, m, v) => {
+                count += 1;
+                let m = if *m == VecMode::V16 { "v16" } else { "scalar" };
+                let v = match v {
+                    NormFwdVariant::E16 => "e16",
+                    NormFwdVariant::E32 => "e32",
+                    NormFwdVariant::Loop => "loop",
+                };
+                assert_eq!(k.name(), format!("rmsnorm_fwd_{}_{m}_{v}", d.name()));
+            }
+            KernelId::RmsNormBwd(d, m, v) => {
+                count += 1;
+                let m = if *m == VecMode::V16 { "v16" } else { "scalar" };
+                let v = if *v == NormBwdVariant::E16 {
+                    "e16"
+                } else {
+                    "loop"
+                };
+                assert_eq!(k.name(), format!("rmsnorm_bwd_{}_{m}_{v}", d.name()));
+            }
+            KernelId::RmsNormDw(d) => {
+                count += 1;
+                assert_eq!(k.name(), format!("rmsnorm_dw_{}", d.name()));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(count, 18 + 12 + 3);
+}
