@@ -6,7 +6,11 @@
 //! - `run.sh test [filter]`: every test executable (GPU tests run; CPU tests too);
 //! - `run.sh sanitize [filter]`: the GPU tests under compute-sanitizer memcheck, racecheck and
 //!   initcheck, on the quick shape matrix (`FERROFUSE_TEST_QUICK=1`);
-//! - `run.sh bench [args]`: the benchmark.
+//! - `run.sh bench [args]`: the benchmark (`ferrofuse-bench args`), then the peers
+//!   (`peers.py`: torch eager, torch.compile, Triton) on the same plan; paths are relative to
+//!   the caller's folder; `FERROFUSE_PEERS=0` skips the peers, `FERROFUSE_PEERS_JSON` names
+//!   their results (default `peers.json`);
+//! - `run.sh peers [args]`: `peers.py args` alone.
 //!
 //! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark.
 
@@ -24,7 +28,7 @@ pub struct Args {
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs ferrofuse's GPU tests, sanitizer checks or benchmark from a gpu-bundle (no Rust needed).
-# Usage: run.sh test [filter] | run.sh sanitize [filter] | run.sh bench [args]
+# Usage: run.sh test [filter] | run.sh sanitize [filter] | run.sh bench [args] | run.sh peers [args]
 # FERROFUSE_DEVICE=N picks the device.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,9 +50,27 @@ case "$task" in
       done
     done ;;
   bench)
+    # ferrofuse-bench with the caller's arguments (e.g. --json out.json), then peers.py on the
+    # plan it wrote: the same shapes, byte counts and method.
     if [ ! -x "$here/ferrofuse-bench" ]; then echo "this bundle has no benchmark"; exit 2; fi
-    cd "$here" && ./ferrofuse-bench "$@" || status=$? ;;
-  *) echo "usage: run.sh test|sanitize|bench [args]"; exit 2 ;;
+    plan=$(mktemp)
+    start=$SECONDS
+    "$here/ferrofuse-bench" --plan-out "$plan" "$@"
+    status=$?
+    peers=${FERROFUSE_PEERS:-1}
+    for a in "$@"; do
+      case "$a" in --list|--help|-h|--version|-V) peers=0 ;; esac
+    done
+    if [ $status -eq 69 ] || [ $status -eq 2 ] || [ ! -s "$plan" ]; then peers=0; fi
+    if [ "$peers" != 0 ]; then
+      echo "== peers (torch eager, torch.compile, Triton) on the same plan"
+      python3 "$here/peers.py" --plan "$plan" --json "${FERROFUSE_PEERS_JSON:-peers.json}" || status=1
+    fi
+    rm -f "$plan"
+    echo "run.sh bench: $((SECONDS - start)) s in all" ;;
+  peers)
+    python3 "$here/peers.py" "$@" || status=$? ;;
+  *) echo "usage: run.sh test|sanitize|bench|peers [args]"; exit 2 ;;
 esac
 exit $status
 "#;
@@ -94,7 +116,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         tests.len()
     );
     println!(
-        "run it on the GPU machine: {}/run.sh test | sanitize | bench",
+        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers",
         out.display()
     );
     Ok(())

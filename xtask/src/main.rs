@@ -1,9 +1,12 @@
 //! `cargo xtask <task>`: the project's commands, one module per task.
 //!
-//! Kept light (clap, serde_json): it must compile fast on a fresh machine.
+//! Kept light (clap, serde_json; miniz_oxide for the PNG plots): it must compile fast on a
+//! fresh machine.
 
+mod bench;
 mod bundle;
 mod ci;
+mod plot;
 mod ptx;
 mod tools;
 
@@ -29,15 +32,22 @@ enum Task {
     GpuBundle(bundle::Args),
     /// Install the tools the tasks need (ptxas from PyPI) into `.tools/`.
     Setup,
+    /// Run the benchmark (GPU here) or report results measured elsewhere (`--merge`): tables,
+    /// JSON, plots. Exits 69 when there is no GPU and nothing to merge.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Task::Bench(args) = &cli.task {
+        return bench::run(args);
+    }
     let result = match cli.task {
         Task::Ptx(args) => ptx::run(&args),
         Task::Ci => ci::run(),
         Task::GpuBundle(args) => bundle::run(&args),
         Task::Setup => tools::ptxas().map(|p| println!("ptxas: {}", p.display())),
+        Task::Bench(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,120 @@
+//! The ferrofuse benchmark (issue 4): what it measures ([`shapes`]), how it times
+//! ([`stats`], [`gpu`]), each op on the GPU ([`ops`]), and the JSON it writes ([`schema`]).
+//!
+//! The binary `ferrofuse-bench` runs on the GPU machine (shipped prebuilt in a gpu-bundle);
+//! `bench/peers.py` measures torch eager, torch.compile and Triton on the same plan with the
+//! same method; `cargo xtask bench` merges, tabulates and plots.
+
+pub mod gpu;
+pub mod ops;
+pub mod schema;
+pub mod shapes;
+pub mod stats;
+
+use schema::{Method, Plan, PlanConfig};
+use shapes::{Config, NORM_EPS, Variant};
+
+/// Exit code of `ferrofuse-bench` (and `cargo xtask bench`) when there is no CUDA driver or no
+/// device: `EX_UNAVAILABLE` from sysexits.h.
+pub const EXIT_NO_GPU: u8 = 69;
+
+/// The commit the binary was built from (`git describe --always --dirty`), or `unknown`.
+pub const COMMIT: &str = env!("FERROFUSE_BENCH_COMMIT");
+
+/// A configuration as the plan spells it out for the peers.
+pub fn plan_config(c: &Config) -> PlanConfig {
+    let (act, layout, norm, eps) = match c.variant {
+        Variant::Gated { act, layout } => (
+            Some(act.name().to_string()),
+            Some(layout.name().to_string()),
+            None,
+            None,
+        ),
+        Variant::Norm { kind } => (None, None, Some(kind.name().to_string()), Some(NORM_EPS)),
+    };
+    PlanConfig {
+        op: c.op.name().into(),
+        variant: c.variant.name(),
+        dtype: c.dtype.name().into(),
+        rows: c.rows,
+        cols: c.cols,
+        act,
+        layout,
+        norm,
+        eps,
+        bytes: c.bytes(),
+        modes: c.modes.iter().map(|m| m.name().to_string()).collect(),
+    }
+}
+
+pub fn plan_json(configs: &[Config], method: Method) -> Plan {
+    Plan {
+        commit: COMMIT.into(),
+        method,
+        configs: configs.iter().map(plan_config).collect(),
+    }
+}
+
+/// Rough wall time of a run, in seconds: `(ferrofuse-bench, peers.py)`. Per configuration and
+/// implementation: the per-call budgets (warm-up + timed) plus ~20 ms of setup and checks;
+/// graph mode: 10 replays of the graph budget plus ~25 ms of estimate, capture and
+/// instantiation. peers.py times three implementations with ~30% more host overhead, and
+/// pays one torch.compile per configuration (~1.5 s on an H200 host; the largest unknown).
+pub fn estimated_seconds(configs: &[Config], b: &gpu::Budgets) -> (f64, f64) {
+    let per_call = (b.warmup_ms + b.rep_ms + 20.0) / 1e3;
+    let graph = (stats::GRAPH_REPLAYS as f64 * b.graph_rep_ms + 25.0) / 1e3;
+    let one: f64 = configs
+        .iter()
+        .map(|c| {
+            c.modes
+                .iter()
+                .map(|m| match m {
+                    shapes::Mode::PerCall => per_call,
+                    shapes::Mode::Graph => graph,
+                })
+                .sum::<f64>()
+        })
+        .sum();
+    let setup = 5.0;
+    (
+        setup + one,
+        20.0 + 3.0 * 1.3 * one + 1.5 * configs.len() as f64,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shapes::{Selection, plan};
+
+    #[test]
+    fn default_run_fits_the_device_budget() {
+        let configs = plan(&Selection::default()).unwrap();
+        let (ours, peers) = estimated_seconds(&configs, &gpu::Budgets::default());
+        // The issue's budget: the whole default run well under 8 minutes.
+        assert!(ours + peers < 6.5 * 60.0, "{ours} + {peers}");
+        assert!(ours > 10.0);
+    }
+
+    #[test]
+    fn plan_round_trips_through_json() {
+        let configs = plan(&Selection::default()).unwrap();
+        let p = plan_json(&configs, Method::default());
+        let text = serde_json::to_string(&p).unwrap();
+        let back: Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, p);
+        let gated = &back.configs[0];
+        assert_eq!(gated.op, "gated_fwd");
+        assert!(gated.act.is_some() && gated.layout.is_some() && gated.norm.is_none());
+        let norm = back
+            .configs
+            .iter()
+            .find(|c| c.op == "add_rmsnorm_fwd")
+            .unwrap();
+        assert_eq!(norm.eps, Some(NORM_EPS));
+        assert_eq!(
+            norm.bytes,
+            (4 * norm.rows * norm.cols + norm.cols) as u64 * 2
+        );
+    }
+}
