@@ -191,7 +191,7 @@ fn interleaved_halves_are_read_through_the_row_stride() {
         !gate.overlaps(&up),
         "the halves of one buffer share no element"
     );
-    let y = mat(BASE + 1 << 30, DType::BF16, rows, inter);
+    let y = mat(BASE + (1 << 30), DType::BF16, rows, inter);
     let l = fwd(&gate, &up, &y).unwrap();
     assert_eq!(
         (l.params.a_stride, l.params.b_stride, l.params.y_stride),
