@@ -17,9 +17,8 @@
 //! in the kernel ([`GridWalk`]).
 //!
 //! # Programmatic dependent launch (sm_90)
-//! Every entry first waits for the previous grid in the stream (`griddepcontrol.wait`), then
-//! lets the next one launch: it is scheduled while this one runs, without piling up a chain of
-//! early grids (triggering before the wait did, and was slower; see bench/TUNING.md).
+//! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
+//! then let the next one launch); see `mem.rs`.
 //!
 //! # Aliasing
 //! Each element is read and written by the same thread, and all of a thread's loads for one
@@ -32,9 +31,7 @@
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 use ferrofuse_common::{Activation, GatedBwdParams, GatedFwdParams, GridWalk};
 
-use crate::mem::{
-    Bf16, Elem, F16, F32, grid, grid_dependency_wait, launch_dependents, ld_v4, st_v4,
-};
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
 
 /// How one access moves `WIDTH` elements between memory and registers. Loads return the raw
 /// bits (`[u32; 4]`, 16 bytes at most), widened to f32 lanes only when used, so a batch of
@@ -147,8 +144,7 @@ fn cursor(w: &GridWalk, i: u64) -> Cursor {
 
 #[inline(always)]
 unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
-    grid_dependency_wait();
-    launch_dependents();
+    grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
     let mut at = cursor(walk, i);
@@ -174,8 +170,7 @@ unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
 
 #[inline(always)]
 unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
-    grid_dependency_wait();
-    launch_dependents();
+    grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
     let mut at = cursor(walk, i);

@@ -305,11 +305,15 @@ pub fn launch_dependents() {
     }
 }
 
-/// Both halves at the start of a kernel: let the next grid launch, then wait for the previous.
+/// Both halves, at the start of every kernel launched with programmatic dependent launch:
+/// wait for the previous grid, then let the next one launch. In this order the next grid is
+/// scheduled while this one works, but no chain of grids launches ahead (triggering before
+/// waiting let each early grid trigger the next, and cost 0.7 µs per small launch; see
+/// bench/TUNING.md).
 #[inline(always)]
 pub fn grid_dependency_sync() {
-    launch_dependents();
     grid_dependency_wait();
+    launch_dependents();
 }
 
 /// Thread and block coordinates, widened to u64 before any arithmetic.
