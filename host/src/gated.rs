@@ -14,40 +14,11 @@ use ferrofuse_common::{
     Activation, DType, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk, KernelId, VecMode,
 };
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
+use crate::validate::{check_aliasing, check_devices, check_shape};
 use cudarc::driver::CudaStream;
-
-fn check_same_shape(name: &'static str, m: &MatDesc, expected: (usize, usize)) -> Result<()> {
-    if m.shape() != expected {
-        return Err(Error::ShapeMismatch {
-            tensor: name,
-            expected,
-            got: m.shape(),
-        });
-    }
-    Ok(())
-}
-
-/// Rejects any overlap of `output` with `others`, except with the one named in `allowed`
-/// when it is exactly the same place.
-fn check_aliasing(
-    output: (&'static str, &MatDesc),
-    others: &[(&'static str, &MatDesc)],
-    allowed: &[&'static str],
-) -> Result<()> {
-    let (out_name, out) = output;
-    for &(name, other) in others {
-        if out.overlaps(other) && !(allowed.contains(&name) && out.same_place(other)) {
-            return Err(Error::Aliasing {
-                output: out_name,
-                other: name,
-            });
-        }
-    }
-    Ok(())
-}
 
 /// 16-byte vectors when every operand allows them, else one element per access.
 fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
@@ -101,9 +72,9 @@ pub fn plan_gated_forward(
     a.check("a", dtype)?;
     b.check("b", dtype)?;
     y.check("y", dtype)?;
-    check_same_shape("b", b, a.shape())?;
-    check_same_shape("y", y, a.shape())?;
-    check_aliasing(("y", y), &[("a", a), ("b", b)], &["b"])?;
+    check_shape("b", b, a.shape())?;
+    check_shape("y", y, a.shape())?;
+    check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     let (rows, cols) = a.shape();
     let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[a, b, y]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
@@ -145,14 +116,23 @@ pub fn plan_gated_backward(
         m.check(name, dtype)?;
     }
     for (name, m) in [("b", b), ("dy", dy), ("da", da), ("db", db)] {
-        check_same_shape(name, m, a.shape())?;
+        check_shape(name, m, a.shape())?;
     }
     check_aliasing(
         ("da", da),
-        &[("a", a), ("b", b), ("dy", dy), ("db", db)],
+        &[
+            ("a", Some(a)),
+            ("b", Some(b)),
+            ("dy", Some(dy)),
+            ("db", Some(db)),
+        ],
         &["a", "dy"],
     )?;
-    check_aliasing(("db", db), &[("a", a), ("b", b), ("dy", dy)], &["b", "dy"])?;
+    check_aliasing(
+        ("db", db),
+        &[("a", Some(a)), ("b", Some(b)), ("dy", Some(dy))],
+        &["b", "dy"],
+    )?;
     let (rows, cols) = a.shape();
     let kernel = KernelId::GatedBwd(dtype, vec_mode(dtype, cols, &[a, b, dy, da, db]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
@@ -179,16 +159,6 @@ pub fn plan_gated_backward(
             _pad: 0,
         },
     })
-}
-
-/// Every view must live in the stream's context.
-fn check_devices(stream: &CudaStream, views: &[(&'static str, &CudaStream)]) -> Result<()> {
-    for &(name, s) in views {
-        if s.context().cu_ctx() != stream.context().cu_ctx() {
-            return Err(Error::WrongDevice { tensor: name });
-        }
-    }
-    Ok(())
 }
 
 impl Kernels {

@@ -35,6 +35,7 @@ pub mod norm;
 pub mod reference;
 pub mod runtime;
 pub mod tensor;
+mod validate;
 
 pub use error::{Error, Result};
 pub use ferrofuse_common::{Activation, DType, KernelId, VecMode, act};

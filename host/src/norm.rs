@@ -69,6 +69,7 @@ pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 use crate::error::{Error, Result};
 use crate::runtime::{Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
+use crate::validate::{check_aliasing, check_devices, check_shape};
 
 /// Where the forward rounds intermediate values to the storage dtype (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -160,37 +161,6 @@ pub fn rmsnorm_backward_geometry(dtype: DType, hidden: usize) -> (NormBwdVariant
 /// f32 elements the backward's workspace needs for `rows x hidden` of `dtype`.
 pub fn rmsnorm_backward_workspace_len(dtype: DType, rows: usize, hidden: usize) -> usize {
     rmsnorm_bwd_workspace_len(dtype, rows as u64, hidden as u64) as usize
-}
-
-fn check_shape(name: &'static str, m: &MatDesc, expected: (usize, usize)) -> Result<()> {
-    if m.shape() != expected {
-        return Err(Error::ShapeMismatch {
-            tensor: name,
-            expected,
-            got: m.shape(),
-        });
-    }
-    Ok(())
-}
-
-/// Rejects any overlap of `output` with `others`, except exactly the same place as one named
-/// in `allowed`.
-fn check_aliasing(
-    output: (&'static str, &MatDesc),
-    others: &[(&'static str, Option<&MatDesc>)],
-    allowed: &[&'static str],
-) -> Result<()> {
-    let (out_name, out) = output;
-    for &(name, other) in others {
-        let Some(other) = other else { continue };
-        if out.overlaps(other) && !(allowed.contains(&name) && out.same_place(other)) {
-            return Err(Error::Aliasing {
-                output: out_name,
-                other: name,
-            });
-        }
-    }
-    Ok(())
 }
 
 fn check_eps(eps: f32) -> Result<()> {
@@ -513,16 +483,6 @@ pub fn plan_rmsnorm_backward(
         rows: rows_launch,
         dw: dw_launch,
     })
-}
-
-/// Every view must live in the stream's context.
-fn check_devices(stream: &CudaStream, views: &[(&'static str, &CudaStream)]) -> Result<()> {
-    for &(name, s) in views {
-        if s.context().cu_ctx() != stream.context().cu_ctx() {
-            return Err(Error::WrongDevice { tensor: name });
-        }
-    }
-    Ok(())
 }
 
 impl Kernels {

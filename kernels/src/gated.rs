@@ -85,21 +85,6 @@ impl<E: Elem> Access for Scalar<E> {
     }
 }
 
-/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled by hand: LLVM did not
-/// fully unroll the backward's lane loop, and its arrays went to local memory.
-macro_rules! lanes {
-    ($l:ident < $width:expr => $body:block) => {{
-        { let $l: usize = 0; if $l < $width $body }
-        { let $l: usize = 1; if $l < $width $body }
-        { let $l: usize = 2; if $l < $width $body }
-        { let $l: usize = 3; if $l < $width $body }
-        { let $l: usize = 4; if $l < $width $body }
-        { let $l: usize = 5; if $l < $width $body }
-        { let $l: usize = 6; if $l < $width $body }
-        { let $l: usize = 7; if $l < $width $body }
-    }};
-}
-
 /// Byte address of access `(row, col)` (`col` counted in accesses) of a matrix at `base`.
 #[inline(always)]
 fn addr<X: Access>(base: u64, stride: u64, at: Cursor) -> u64 {

@@ -27,6 +27,22 @@
     allow(internal_features)
 )]
 
+/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled by hand: LLVM did not
+/// fully unroll lane loops with large bodies, and their arrays went to local memory.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! lanes {
+    ($l:ident < $width:expr => $body:block) => {{
+        { let $l: usize = 0; if $l < $width $body }
+        { let $l: usize = 1; if $l < $width $body }
+        { let $l: usize = 2; if $l < $width $body }
+        { let $l: usize = 3; if $l < $width $body }
+        { let $l: usize = 4; if $l < $width $body }
+        { let $l: usize = 5; if $l < $width $body }
+        { let $l: usize = 6; if $l < $width $body }
+        { let $l: usize = 7; if $l < $width $body }
+    }};
+}
+
 #[cfg(target_arch = "nvptx64")]
 mod gated;
 #[cfg(target_arch = "nvptx64")]

@@ -71,20 +71,6 @@ macro_rules! chunks {
     }};
 }
 
-/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled for the same reason.
-macro_rules! lanes {
-    ($l:ident < $width:expr => $body:block) => {{
-        { let $l: usize = 0; if $l < $width $body }
-        { let $l: usize = 1; if $l < $width $body }
-        { let $l: usize = 2; if $l < $width $body }
-        { let $l: usize = 3; if $l < $width $body }
-        { let $l: usize = 4; if $l < $width $body }
-        { let $l: usize = 5; if $l < $width $body }
-        { let $l: usize = 6; if $l < $width $body }
-        { let $l: usize = 7; if $l < $width $body }
-    }};
-}
-
 /// How a chunk moves between memory and registers.
 trait Path {
     /// One 16-byte access per chunk (every address 16-byte aligned, `L` divides `hidden`

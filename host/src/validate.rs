@@ -1,0 +1,52 @@
+//! Checks shared by every op family's plan: shapes, aliasing between outputs and the other
+//! operands, and that safe views live on the launch stream's device.
+
+use cudarc::driver::CudaStream;
+
+use crate::error::{Error, Result};
+use crate::tensor::MatDesc;
+
+/// `m` has the shape `expected`.
+pub(crate) fn check_shape(name: &'static str, m: &MatDesc, expected: (usize, usize)) -> Result<()> {
+    if m.shape() != expected {
+        return Err(Error::ShapeMismatch {
+            tensor: name,
+            expected,
+            got: m.shape(),
+        });
+    }
+    Ok(())
+}
+
+/// Rejects any overlap of `output` with `others` (absent operands are `None`), except exactly
+/// the same place as an operand named in `allowed`.
+pub(crate) fn check_aliasing(
+    output: (&'static str, &MatDesc),
+    others: &[(&'static str, Option<&MatDesc>)],
+    allowed: &[&'static str],
+) -> Result<()> {
+    let (out_name, out) = output;
+    for &(name, other) in others {
+        let Some(other) = other else { continue };
+        if out.overlaps(other) && !(allowed.contains(&name) && out.same_place(other)) {
+            return Err(Error::Aliasing {
+                output: out_name,
+                other: name,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every view must live in the stream's context.
+pub(crate) fn check_devices(
+    stream: &CudaStream,
+    views: &[(&'static str, &CudaStream)],
+) -> Result<()> {
+    for &(name, s) in views {
+        if s.context().cu_ctx() != stream.context().cu_ctx() {
+            return Err(Error::WrongDevice { tensor: name });
+        }
+    }
+    Ok(())
+}
