@@ -240,13 +240,15 @@ fn no_gpu(plan: &Path, bench_args: &[String]) -> Result<ExitCode, String> {
 fn kernel_prefixes(plan: &schema::Plan) -> BTreeSet<String> {
     plan.configs
         .iter()
-        .map(|c| {
-            let family = match c.op.as_str() {
-                "add_rmsnorm_fwd" => "add_rmsnorm",
-                "add_rmsnorm_bwd" => "rmsnorm_bwd",
-                op => op,
+        .flat_map(|c| {
+            let families: &[&str] = match c.op.as_str() {
+                "add_rmsnorm_fwd" => &["rmsnorm_fwd"],
+                "add_rmsnorm_bwd" => &["rmsnorm_bwd", "rmsnorm_dw"],
+                "gated_fwd" => &["gated_fwd"],
+                "gated_bwd" => &["gated_bwd"],
+                _ => &[],
             };
-            format!("{family}_{}", c.dtype)
+            families.iter().map(move |f| format!("{f}_{}", c.dtype))
         })
         .collect()
 }
