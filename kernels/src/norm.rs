@@ -343,10 +343,9 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
 
-    // All loads first (x, residual and w of every chunk), so they are in flight together;
+    // All loads of x and residual first, so they are in flight together;
     // h = x + residual in f32 right away. Chunks past the row stay 0 and add nothing below.
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-    let mut w = [[0.0f32; 8]; MAX_CHUNKS];
     chunks!(j < k => {
         let c = j as u64 * me.tpr + me.t;
         if live && c < nchunks {
@@ -359,8 +358,6 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
             } else {
                 h[j] = x;
             }
-            // SAFETY: as above.
-            w[j] = unsafe { load_w::<E, P>(p.w, c, hidden, w_f32, gemma) };
         }
     });
     if hf {
@@ -393,7 +390,11 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
     chunks!(j < k => {
         let c = j as u64 * me.tpr + me.t;
         if c < nchunks {
-            let y = normalize::<E>(&h[j], rstd, &w[j], hf);
+            // The weight is loaded only now (it is L2-resident after the first rows): holding it
+            // through the loads and the reduction cost registers, and so rows in flight.
+            // SAFETY: c < nchunks: inside the weight (host-checked).
+            let w = unsafe { load_w::<E, P>(p.w, c, hidden, w_f32, gemma) };
+            let y = normalize::<E>(&h[j], rstd, &w, hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
             unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, &y) };
         }
