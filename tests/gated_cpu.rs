@@ -539,3 +539,24 @@ fn errors_read_as_sentences() {
     };
     assert!(e.to_string().starts_with("y overlaps a"));
 }
+
+#[test]
+fn rows_of_2_pow_32_elements_are_too_large() {
+    let cols = 1usize << 32;
+    let a = MatDesc::contiguous(BASE, cols, DType::F32, 1, cols);
+    let b = MatDesc {
+        addr: BASE + (1 << 40),
+        ..a
+    };
+    let y = MatDesc {
+        addr: BASE + (2 << 40),
+        ..a
+    };
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap_err(),
+        Error::TooLarge {
+            what: "row length (cols)",
+            value: cols
+        }
+    );
+}

@@ -14,7 +14,7 @@ use ferrofuse_common::{
     Activation, DType, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk, KernelId, VecMode,
 };
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_aliasing, check_devices, check_shape};
@@ -28,6 +28,17 @@ fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
             .iter()
             .all(|m| m.addr % 16 == 0 && (m.rows <= 1 || m.row_stride % lanes == 0));
     if ok { VecMode::V16 } else { VecMode::Scalar }
+}
+
+/// The kernels' first-row multiply-high is exact for rows of fewer than 2^32 accesses.
+fn check_row_length(cols: usize) -> Result<()> {
+    if cols as u64 > u32::MAX as u64 {
+        return Err(Error::TooLarge {
+            what: "row length (cols)",
+            value: cols,
+        });
+    }
+    Ok(())
 }
 
 /// The grid for `rows x cols` elements moved by `kernel`, and its walk.
@@ -76,6 +87,7 @@ pub fn plan_gated_forward(
     check_shape("y", y, a.shape())?;
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     let (rows, cols) = a.shape();
+    check_row_length(cols)?;
     let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[a, b, y]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
@@ -134,6 +146,7 @@ pub fn plan_gated_backward(
         &["b", "dy"],
     )?;
     let (rows, cols) = a.shape();
+    check_row_length(cols)?;
     let kernel = KernelId::GatedBwd(dtype, vec_mode(dtype, cols, &[a, b, dy, da, db]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
