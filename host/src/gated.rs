@@ -17,7 +17,7 @@ use ferrofuse_common::{
 use crate::error::{Error, Result};
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
-use crate::validate::{check_aliasing, check_devices, check_shape};
+use crate::validate::{check_aliasing, check_shape};
 use cudarc::driver::CudaStream;
 
 /// 16-byte vectors when every operand allows them, else one element per access.
@@ -184,8 +184,7 @@ impl Kernels {
         b: &Mat<T>,
         y: &mut MatMut<T>,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[("a", a.stream()), ("b", b.stream()), ("y", y.stream())],
         )?;
@@ -206,8 +205,7 @@ impl Kernels {
         x: &Mat<T>,
         y: &mut MatMut<T>,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(stream, &[("x", x.stream()), ("y", y.stream())])?;
+        self.check_views(stream, &[("x", x.stream()), ("y", y.stream())])?;
         let (x, _gx) = x.desc(stream);
         let (gate, up) = x.interleaved_halves()?;
         let (y, _gy) = y.desc_mut(stream);
@@ -224,8 +222,7 @@ impl Kernels {
         a: &Mat<T>,
         b: &mut MatMut<T>,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(stream, &[("a", a.stream()), ("b", b.stream())])?;
+        self.check_views(stream, &[("a", a.stream()), ("b", b.stream())])?;
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc_mut(stream);
         let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &b, self.limits())?;
@@ -241,8 +238,7 @@ impl Kernels {
         act: Activation,
         x: &mut MatMut<T>,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(stream, &[("x", x.stream())])?;
+        self.check_views(stream, &[("x", x.stream())])?;
         let (x, _gx) = x.desc_mut(stream);
         let (gate, up) = x.interleaved_halves()?;
         let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &up, self.limits())?;
@@ -262,8 +258,7 @@ impl Kernels {
         da: &mut MatMut<T>,
         db: &mut MatMut<T>,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("a", a.stream()),
@@ -292,8 +287,7 @@ impl Kernels {
         dy: &Mat<T>,
         dx: &mut MatMut<T>,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[("x", x.stream()), ("dy", dy.stream()), ("dx", dx.stream())],
         )?;

@@ -517,8 +517,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("x", x.stream()),
@@ -562,8 +561,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("x", x.stream()),
@@ -604,8 +602,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("x", x.stream()),
@@ -646,8 +643,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("x", x.stream()),
@@ -686,8 +682,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("x", x.stream()),
@@ -725,8 +720,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("x", x.stream()),
@@ -762,8 +756,7 @@ impl Kernels {
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(stream, &[("x", x.stream()), ("weight", weight.stream())])?;
+        self.check_views(stream, &[("x", x.stream()), ("weight", weight.stream())])?;
         if let Some(r) = &rstd {
             check_devices(stream, &[("rstd", r.stream())])?;
         }
@@ -837,8 +830,7 @@ impl Kernels {
         workspace: &mut impl DevicePtrMut<f32>,
         gemma: bool,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("dy", dy.stream()),
@@ -890,8 +882,7 @@ impl Kernels {
         workspace: &mut impl DevicePtrMut<f32>,
         gemma: bool,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("dy", dy.stream()),
@@ -941,8 +932,7 @@ impl Kernels {
         workspace: &mut impl DevicePtrMut<f32>,
         gemma: bool,
     ) -> Result<()> {
-        self.check_stream(stream)?;
-        check_devices(
+        self.check_views(
             stream,
             &[
                 ("dy", dy.stream()),

@@ -4,6 +4,7 @@
 use cudarc::driver::CudaStream;
 
 use crate::error::{Error, Result};
+use crate::runtime::Kernels;
 use crate::tensor::MatDesc;
 
 /// `m` has the shape `expected`.
@@ -49,4 +50,17 @@ pub(crate) fn check_devices(
         }
     }
     Ok(())
+}
+
+impl Kernels {
+    /// The stream belongs to this context and every view to the stream's device: the first
+    /// checks of every safe entry point.
+    pub(crate) fn check_views(
+        &self,
+        stream: &CudaStream,
+        views: &[(&'static str, &CudaStream)],
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        check_devices(stream, views)
+    }
 }
