@@ -2,7 +2,10 @@
 //! check in `host/build.rs` and `cargo xtask ptx` compare the `.entry` list against it), and
 //! the host looks each one up once per context by [`KernelId::index`].
 
-use crate::{DType, NormBwdVariant, NormFwdVariant};
+use crate::{
+    DType, GATED_THREADS, NormBwdVariant, NormFwdVariant, RMSNORM_BWD_MAX_THREADS_PER_ROW,
+    RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW, ZERO_FILL_THREADS,
+};
 
 /// How a kernel touches memory: 16-byte vectors (every pointer 16-byte aligned, every row
 /// stride and the row length multiples of the vector) or one element at a time.
@@ -22,6 +25,8 @@ pub enum KernelId {
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
     RmsNormDw(DType),
+    /// Writes zeros over a buffer; the benchmark flushes the L2 with it (see `zero_fill`).
+    ZeroFill,
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     /// It keeps the last index: add new families before it.
     Empty,
@@ -33,7 +38,7 @@ const fn dtype_index(d: DType) -> usize {
 
 impl KernelId {
     /// Number of kernel entry points.
-    pub const COUNT: usize = 46;
+    pub const COUNT: usize = 47;
 
     /// Dense index in `0..COUNT`.
     pub const fn index(self) -> usize {
@@ -47,6 +52,7 @@ impl KernelId {
                 30 + (dtype_index(d) * 2 + v as usize) * 2 + n as usize
             }
             KernelId::RmsNormDw(d) => 42 + dtype_index(d),
+            KernelId::ZeroFill => Self::COUNT - 2,
             KernelId::Empty => Self::COUNT - 1,
         }
     }
@@ -63,6 +69,20 @@ impl KernelId {
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormDw(..)
         )
+    }
+
+    /// Most threads per block the host ever launches this kernel with. A block needs
+    /// `registers x threads` of the SM's 65536 registers or the launch fails
+    /// (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`); `cargo xtask ptx` checks every kernel against it.
+    pub const fn max_block_threads(self) -> u32 {
+        match self {
+            KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => GATED_THREADS,
+            KernelId::RmsNormFwd(..) => RMSNORM_MAX_THREADS_PER_ROW,
+            KernelId::RmsNormBwd(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
+            KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
+            KernelId::ZeroFill => ZERO_FILL_THREADS,
+            KernelId::Empty => 32,
+        }
     }
 
     /// The PTX `.entry` name.
@@ -116,6 +136,7 @@ impl KernelId {
             RmsNormDw(F32) => "rmsnorm_dw_f32",
             RmsNormDw(F16) => "rmsnorm_dw_f16",
             RmsNormDw(BF16) => "rmsnorm_dw_bf16",
+            ZeroFill => "zero_fill",
             Empty => "empty_kernel",
         }
     }
@@ -155,6 +176,7 @@ impl KernelId {
             all[w.index()] = w;
             d += 1;
         }
+        all[KernelId::ZeroFill.index()] = KernelId::ZeroFill;
         all[KernelId::Empty.index()] = KernelId::Empty;
         all
     };

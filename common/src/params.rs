@@ -6,6 +6,9 @@
 
 use crate::DType;
 
+/// Block size of `zero_fill` (the benchmark's L2 flush).
+pub const ZERO_FILL_THREADS: u32 = 256;
+
 /// Launch geometry of the gated kernels: threads per block.
 pub const GATED_THREADS: u32 = 128;
 

@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
     GatedBwdParams, GatedFwdParams, KernelId, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+    ZERO_FILL_THREADS,
 };
 
 use crate::error::{DriverContext, Error, Result};
@@ -235,6 +236,55 @@ impl Kernels {
                 0,
                 stream.cu_stream(),
                 &mut [],
+            )
+        }
+        .during("launching a kernel")
+    }
+
+    /// Writes zeros over `buf` with the `zero_fill` kernel, on the SMs rather than through
+    /// `cuMemsetD8Async`. The benchmark flushes the L2 with it before each timed call, the way
+    /// `triton.testing.do_bench` does (a `zero_()` kernel), so ferrofuse and the peers are
+    /// timed after the same kind of flush.
+    pub fn zero_fill(&self, stream: &CudaStream, buf: &mut impl DevicePtrMut<u8>) -> Result<()> {
+        self.check_views(stream, &[("buffer", buf.stream())])?;
+        let len = buf.len();
+        if !len.is_multiple_of(16) {
+            return Err(Error::InvalidArgument {
+                what: "zero_fill length (a multiple of 16 bytes)",
+                value: len.to_string(),
+            });
+        }
+        let (addr, _written) = buf.device_ptr_mut(stream);
+        if !addr.is_multiple_of(16) {
+            return Err(Error::Misaligned {
+                tensor: "buffer",
+                addr,
+                align: 16,
+            });
+        }
+        let mut dst = addr;
+        let mut words = (len / 16) as u64;
+        if words == 0 {
+            return Ok(());
+        }
+        // Grid-stride: a capped grid covers any length.
+        let grid = words.div_ceil(ZERO_FILL_THREADS as u64).min(65_535) as u32;
+        let function = &self.functions[KernelId::ZeroFill.index()];
+        let mut args = [
+            &mut dst as *mut u64 as *mut c_void,
+            &mut words as *mut u64 as *mut c_void,
+        ];
+        self.ctx.bind_to_thread().during("binding the context")?;
+        // SAFETY: the entry takes (u64 dst, u64 words); dst is 16-byte aligned and holds
+        // words * 16 bytes of this context's memory (checked above).
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                function.cu_function(),
+                (grid, 1, 1),
+                (ZERO_FILL_THREADS, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut args,
             )
         }
         .during("launching a kernel")

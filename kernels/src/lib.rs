@@ -61,6 +61,26 @@ mod reduce;
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn empty_kernel() {}
 
+/// Writes zeros over `words` 16-byte words at `dst`, grid-stride. The benchmark flushes the
+/// L2 with it before each timed call, as `triton.testing.do_bench` does with a `zero_()`
+/// kernel, so that both harnesses flush the same way.
+///
+/// # Safety
+/// `dst` is 16-byte aligned and holds `words * 16` writable bytes (`Kernels::zero_fill`
+/// checks its buffer).
+#[cfg(target_arch = "nvptx64")]
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn zero_fill(dst: u64, words: u64) {
+    use mem::grid;
+    let step = grid::grid_dim_x() * grid::block_dim_x();
+    let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    while i < words {
+        // SAFETY: i < words: inside the buffer (caller's contract), 16-byte aligned.
+        unsafe { mem::st_v4(dst + i * 16, [0; 4]) };
+        i += step;
+    }
+}
+
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {

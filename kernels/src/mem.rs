@@ -38,6 +38,89 @@ pub unsafe fn st_v4(p: u64, v: [u32; 4]) {
     }
 }
 
+/// Loads 16 bytes from `p` when `pred`, else returns zeros. One predicated instruction, not
+/// a branch: a thread's loads then issue back to back and wait together at the first use
+/// (a branch per load made each one wait for the previous before issuing; bench/TUNING.md).
+/// Not `pure`, on purpose: LLVM would otherwise sink a load into the branch that uses its
+/// value (e.g. `if has_residual`), behind the first use of the loads before it.
+#[inline(always)]
+pub unsafe fn ld_v4_if(p: u64, pred: bool) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    // SAFETY: when `pred`, the caller guarantees `p` is a valid, 16-byte aligned global
+    // address; otherwise nothing is accessed.
+    unsafe {
+        asm!(
+            "{{ .reg .pred ok; setp.ne.u32 ok, {5}, 0;",
+            "@ok ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}]; }}",
+            inout(reg32) 0u32 => a, inout(reg32) 0u32 => b,
+            inout(reg32) 0u32 => c, inout(reg32) 0u32 => d,
+            in(reg64) p, in(reg32) pred as u32,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    [a, b, c, d]
+}
+
+/// Stores 16 bytes to `p` when `pred` (predicated, no branch).
+#[inline(always)]
+pub unsafe fn st_v4_if(p: u64, v: [u32; 4], pred: bool) {
+    // SAFETY: when `pred`, the caller guarantees `p` is a valid, 16-byte aligned global
+    // address; otherwise nothing is accessed.
+    unsafe {
+        asm!(
+            "{{ .reg .pred ok; setp.ne.u32 ok, {5}, 0;",
+            "@ok st.global.v4.u32 [{0}], {{{1}, {2}, {3}, {4}}}; }}",
+            in(reg64) p, in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+            in(reg32) pred as u32,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+#[inline(always)]
+unsafe fn ld_u16_if(p: u64, pred: bool) -> u16 {
+    let v: u16;
+    // SAFETY: when `pred`, `p` is a valid, 2-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok ld.global.u16 {0}, [{1}]; }}",
+             inout(reg16) 0u16 => v, in(reg64) p, in(reg32) pred as u32,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+#[inline(always)]
+unsafe fn st_u16_if(p: u64, v: u16, pred: bool) {
+    // SAFETY: when `pred`, `p` is a valid, 2-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.u16 [{0}], {1}; }}",
+             in(reg64) p, in(reg16) v, in(reg32) pred as u32,
+             options(nostack, preserves_flags));
+    }
+}
+
+#[inline(always)]
+unsafe fn ld_u32_if(p: u64, pred: bool) -> u32 {
+    let v: u32;
+    // SAFETY: when `pred`, `p` is a valid, 4-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok ld.global.u32 {0}, [{1}]; }}",
+             inout(reg32) 0u32 => v, in(reg64) p, in(reg32) pred as u32,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+#[inline(always)]
+unsafe fn st_u32_if(p: u64, v: u32, pred: bool) {
+    // SAFETY: when `pred`, `p` is a valid, 4-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.u32 [{0}], {1}; }}",
+             in(reg64) p, in(reg32) v, in(reg32) pred as u32,
+             options(nostack, preserves_flags));
+    }
+}
+
 #[inline(always)]
 unsafe fn ld_u16(p: u64) -> u16 {
     let v: u16;
@@ -156,6 +239,10 @@ pub trait Elem {
     unsafe fn load_bits(p: u64) -> u32;
     fn widen(bits: u32) -> f32;
     unsafe fn store(p: u64, v: f32);
+    /// [`Elem::load`] when `pred`, else 0.0 (predicated, no branch).
+    unsafe fn load_if(p: u64, pred: bool) -> f32;
+    /// [`Elem::store`] when `pred` (predicated, no branch).
+    unsafe fn store_if(p: u64, v: f32, pred: bool);
     fn unpack(w: [u32; 4]) -> [f32; 8];
     fn pack(v: &[f32; 8]) -> [u32; 4];
 }
@@ -182,6 +269,14 @@ impl Elem for F32 {
     #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
         unsafe { st_u32(p, v.to_bits()) }
+    }
+    #[inline(always)]
+    unsafe fn load_if(p: u64, pred: bool) -> f32 {
+        f32::from_bits(unsafe { ld_u32_if(p, pred) })
+    }
+    #[inline(always)]
+    unsafe fn store_if(p: u64, v: f32, pred: bool) {
+        unsafe { st_u32_if(p, v.to_bits(), pred) }
     }
     #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
@@ -222,6 +317,14 @@ impl Elem for F16 {
         unsafe { st_u16(p, f32_to_f16(v)) }
     }
     #[inline(always)]
+    unsafe fn load_if(p: u64, pred: bool) -> f32 {
+        f16_to_f32(unsafe { ld_u16_if(p, pred) })
+    }
+    #[inline(always)]
+    unsafe fn store_if(p: u64, v: f32, pred: bool) {
+        unsafe { st_u16_if(p, f32_to_f16(v), pred) }
+    }
+    #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
         let mut v = [0.0; 8];
         for i in 0..4 {
@@ -258,6 +361,14 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
         unsafe { st_u16(p, f32_to_bf16(v)) }
+    }
+    #[inline(always)]
+    unsafe fn load_if(p: u64, pred: bool) -> f32 {
+        bf16_to_f32(unsafe { ld_u16_if(p, pred) })
+    }
+    #[inline(always)]
+    unsafe fn store_if(p: u64, v: f32, pred: bool) {
+        unsafe { st_u16_if(p, f32_to_bf16(v), pred) }
     }
     #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {

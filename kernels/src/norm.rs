@@ -47,7 +47,7 @@ use ferrofuse_common::{
     RmsNormDwParams, RmsNormFwdParams,
 };
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4_if, st_v4_if};
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
 /// Most chunks one thread holds (32 f32 elements).
@@ -87,11 +87,14 @@ impl Path for Scalar {
 }
 
 /// Chunk `c` of row `row` of the matrix at `base` (row stride `stride` elements) as f32
-/// lanes; on the scalar path, lanes at columns `>= hidden` are not read and stay 0.
+/// lanes, or zeros when `!ok`; on the scalar path, lanes at columns `>= hidden` are not read
+/// and stay 0. On the vector path the access is predicated, not branched around: a thread's
+/// loads of one phase then issue back to back and wait together (see `mem::ld_v4_if`).
+/// Callers load all the chunks of a phase before they use any of them.
 ///
 /// # Safety
-/// `row` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the matrix's
-/// extent and alignment for the path.
+/// When `ok`: `row` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the
+/// matrix's extent and alignment for the path.
 #[inline(always)]
 unsafe fn load_chunk<E: Elem, P: Path>(
     base: u64,
@@ -99,16 +102,20 @@ unsafe fn load_chunk<E: Elem, P: Path>(
     row: u64,
     c: u64,
     hidden: u64,
+    ok: bool,
 ) -> [f32; 8] {
     let lanes = E::LANES as u64;
     let first = row * stride + c * lanes;
     if P::VEC {
         // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
-        E::unpack(unsafe { ld_v4(base + first * E::BYTES) })
+        E::unpack(unsafe { ld_v4_if(base + first * E::BYTES, ok) })
     } else {
+        // Branches, not predicated loads, on this path: they keep ptxas from hoisting every
+        // element load of a thread (up to 64 for f32 rows of 32 per thread) above the first
+        // use, which would take more registers than a 512-thread block allows.
         let mut v = [0.0f32; 8];
         lanes!(l < E::LANES => {
-            if c * lanes + (l as u64) < hidden {
+            if ok && c * lanes + (l as u64) < hidden {
                 // SAFETY: column c*L + l < hidden of a row inside the matrix.
                 v[l] = unsafe { E::load(base + (first + l as u64) * E::BYTES) };
             }
@@ -117,8 +124,8 @@ unsafe fn load_chunk<E: Elem, P: Path>(
     }
 }
 
-/// Stores chunk `c` of row `row` (rounding to nearest even in the storage dtype); on the
-/// scalar path, lanes at columns `>= hidden` are not written.
+/// Stores chunk `c` of row `row` when `ok` (rounding to nearest even in the storage dtype);
+/// on the scalar path, lanes at columns `>= hidden` are not written.
 ///
 /// # Safety
 /// As for [`load_chunk`].
@@ -129,28 +136,28 @@ unsafe fn store_chunk<E: Elem, P: Path>(
     row: u64,
     c: u64,
     hidden: u64,
+    ok: bool,
     v: &[f32; 8],
 ) {
     let lanes = E::LANES as u64;
     let first = row * stride + c * lanes;
     if P::VEC {
         // SAFETY: as in `load_chunk`.
-        unsafe { st_v4(base + first * E::BYTES, E::pack(v)) }
+        unsafe { st_v4_if(base + first * E::BYTES, E::pack(v), ok) }
     } else {
         lanes!(l < E::LANES => {
-            if c * lanes + (l as u64) < hidden {
-                // SAFETY: as in `load_chunk`.
-                unsafe { E::store(base + (first + l as u64) * E::BYTES, v[l]) };
-            }
+            let inside = ok && c * lanes + (l as u64) < hidden;
+            // SAFETY: as in `load_chunk`.
+            unsafe { E::store_if(base + (first + l as u64) * E::BYTES, v[l], inside) };
         });
     }
 }
 
 /// `lanes` (4 or 8) f32s of an f32 array at `base`, from element `first`, which holds
-/// column `col0`; on the scalar path only columns `< hidden` are read.
+/// column `col0`, or zeros when `!ok`; on the scalar path only columns `< hidden` are read.
 ///
 /// # Safety
-/// The elements exist; on the vector path `base + first * 4` is 16-byte aligned.
+/// When `ok`, the elements exist; on the vector path `base + first * 4` is 16-byte aligned.
 #[inline(always)]
 unsafe fn load_f32s<P: Path>(
     base: u64,
@@ -158,26 +165,28 @@ unsafe fn load_f32s<P: Path>(
     col0: u64,
     hidden: u64,
     lanes: usize,
+    ok: bool,
 ) -> [f32; 8] {
     let mut v = [0.0f32; 8];
     if P::VEC {
         // SAFETY: caller's contract.
-        let a = F32::unpack(unsafe { ld_v4(base + first * 4) });
+        let a = F32::unpack(unsafe { ld_v4_if(base + first * 4, ok) });
         v[0] = a[0];
         v[1] = a[1];
         v[2] = a[2];
         v[3] = a[3];
         if lanes == 8 {
             // SAFETY: as above, the second half of a 32-byte chunk.
-            let b = F32::unpack(unsafe { ld_v4(base + first * 4 + 16) });
+            let b = F32::unpack(unsafe { ld_v4_if(base + first * 4 + 16, ok) });
             v[4] = b[0];
             v[5] = b[1];
             v[6] = b[2];
             v[7] = b[3];
         }
     } else {
+        // Branches, as in `load_chunk`.
         lanes!(l < lanes => {
-            if col0 + (l as u64) < hidden {
+            if ok && col0 + (l as u64) < hidden {
                 // SAFETY: caller's contract.
                 v[l] = unsafe { F32::load(base + (first + l as u64) * 4) };
             }
@@ -186,7 +195,7 @@ unsafe fn load_f32s<P: Path>(
     v
 }
 
-/// Stores `lanes` f32s as [`load_f32s`] reads them.
+/// Stores `lanes` f32s as [`load_f32s`] reads them, when `ok`.
 ///
 /// # Safety
 /// As for [`load_f32s`].
@@ -197,59 +206,75 @@ unsafe fn store_f32s<P: Path>(
     col0: u64,
     hidden: u64,
     lanes: usize,
+    ok: bool,
     v: &[f32; 8],
 ) {
     if P::VEC {
         // SAFETY: caller's contract.
         unsafe {
-            st_v4(
+            st_v4_if(
                 base + first * 4,
                 F32::pack(&[v[0], v[1], v[2], v[3], 0.0, 0.0, 0.0, 0.0]),
+                ok,
             )
         };
         if lanes == 8 {
             // SAFETY: as above.
             unsafe {
-                st_v4(
+                st_v4_if(
                     base + first * 4 + 16,
                     F32::pack(&[v[4], v[5], v[6], v[7], 0.0, 0.0, 0.0, 0.0]),
+                    ok,
                 )
             };
         }
     } else {
         lanes!(l < lanes => {
-            if col0 + (l as u64) < hidden {
-                // SAFETY: caller's contract.
-                unsafe { F32::store(base + (first + l as u64) * 4, v[l]) };
-            }
+            let inside = ok && col0 + (l as u64) < hidden;
+            // SAFETY: caller's contract.
+            unsafe { F32::store_if(base + (first + l as u64) * 4, v[l], inside) };
         });
     }
 }
 
-/// The weight factor for chunk `c`: `w` widened to f32 (stored as f32 or in the storage
-/// dtype), or `1 + w` formed in f32 for Gemma.
+/// The weight factors of a thread's `k` chunks `first + j * tpr` (`j < k`): `w` widened to
+/// f32 (stored as f32 or in the storage dtype), or `1 + w` formed in f32 for Gemma; zeros
+/// for chunks past the row or when `!ok`. The dtype test sits outside the chunk loop so the
+/// loads issue back to back.
 ///
 /// # Safety
-/// `c < ceil(hidden / L)`; `w` holds `hidden` elements of its dtype, aligned for the path.
+/// `w` holds `hidden` elements of its dtype, aligned for the path (host-checked).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn load_w<E: Elem, P: Path>(
     w: u64,
-    c: u64,
+    first: u64,
+    tpr: u64,
+    k: usize,
+    nchunks: u64,
     hidden: u64,
     w_f32: bool,
     gemma: bool,
-) -> [f32; 8] {
+    ok: bool,
+) -> [[f32; 8]; MAX_CHUNKS] {
     let lanes = E::LANES as u64;
-    let mut v = if w_f32 {
-        // SAFETY: caller's contract (f32 weight; chunk c starts at element c*L, 16-byte aligned
-        // on the vector path because L*4 is a multiple of 16).
-        unsafe { load_f32s::<P>(w, c * lanes, c * lanes, hidden, E::LANES) }
+    let mut v = [[0.0f32; 8]; MAX_CHUNKS];
+    if w_f32 {
+        chunks!(j < k => {
+            let c = first + j as u64 * tpr;
+            // SAFETY: when c < nchunks, chunk c is inside w; it starts at element c*L, 16-byte
+            // aligned on the vector path because L*4 is a multiple of 16.
+            v[j] = unsafe { load_f32s::<P>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
+        });
     } else {
-        // SAFETY: caller's contract; the weight is row 0 of a one-row matrix.
-        unsafe { load_chunk::<E, P>(w, 0, 0, c, hidden) }
-    };
+        chunks!(j < k => {
+            let c = first + j as u64 * tpr;
+            // SAFETY: as above; the weight is row 0 of a one-row matrix.
+            v[j] = unsafe { load_chunk::<E, P>(w, 0, 0, c, hidden, ok && c < nchunks) };
+        });
+    }
     if gemma {
-        lanes!(l < E::LANES => { v[l] = 1.0 + v[l]; });
+        chunks!(j < k => { lanes!(l < E::LANES => { v[j][l] = 1.0 + v[j][l]; }); });
     }
     v
 }
@@ -343,36 +368,34 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
 
-    // All loads of x and residual first, so they are in flight together;
-    // h = x + residual in f32 right away. Chunks past the row stay 0 and add nothing below.
+    // All loads of x and residual first, so they are in flight together (predicated, no
+    // branches); h = x + residual in f32 after the last one. Chunks past the row stay 0 and
+    // add nothing below.
+    let mut x = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     chunks!(j < k => {
         let c = j as u64 * me.tpr + me.t;
-        if live && c < nchunks {
-            // SAFETY: row < rows and c < nchunks: inside every operand (host-checked).
-            let x = unsafe { load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden) };
-            if has_res {
-                // SAFETY: as above.
-                let r = unsafe { load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden) };
-                lanes!(l < E::LANES => { h[j][l] = x[l] + r[l]; });
-            } else {
-                h[j] = x;
-            }
+        let ok = live && c < nchunks;
+        // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
+        unsafe {
+            x[j] = load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden, ok);
+            r[j] = load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
+        }
+        if !P::VEC {
+            // One element per load: holding every chunk's loads would take more than the
+            // 128 registers a 512-thread block allows, so combine each chunk at once.
+            h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
         }
     });
-    if hf {
-        // Hugging Face: the norm sees h as stored.
-        chunks!(j < k => { h[j] = round_to::<E>(&h[j]); });
+    if P::VEC {
+        chunks!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
     }
-    if live && has_res {
-        chunks!(j < k => {
-            let c = j as u64 * me.tpr + me.t;
-            if c < nchunks {
-                // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
-                unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, &h[j]) };
-            }
-        });
-    }
+    chunks!(j < k => {
+        let c = j as u64 * me.tpr + me.t;
+        // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
+        unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+    });
     let mut acc = 0.0f32;
     chunks!(j < k => {
         lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
@@ -387,18 +410,43 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
         // SAFETY: row < rows; the host checked the rstd vector.
         unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
     }
-    chunks!(j < k => {
-        let c = j as u64 * me.tpr + me.t;
-        if c < nchunks {
-            // The weight is loaded only now (it is L2-resident after the first rows): holding it
-            // through the loads and the reduction cost registers, and so rows in flight.
-            // SAFETY: c < nchunks: inside the weight (host-checked).
-            let w = unsafe { load_w::<E, P>(p.w, c, hidden, w_f32, gemma) };
-            let y = normalize::<E>(&h[j], rstd, &w, hf);
+    // The weight is loaded only now (it is L2-resident after the first rows): holding it
+    // through the loads and the reduction cost registers, and so rows in flight.
+    if P::VEC {
+        // SAFETY: the host checked the weight.
+        let w =
+            unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+        chunks!(j < k => {
+            let c = j as u64 * me.tpr + me.t;
+            let y = normalize::<E>(&h[j], rstd, &w[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, &y) };
-        }
-    });
+            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+        });
+    } else {
+        // One chunk of w at a time (registers, as for x and residual above).
+        chunks!(j < k => {
+            let c = j as u64 * me.tpr + me.t;
+            // SAFETY: the host checked the weight.
+            let w = unsafe { load_w::<E, P>(p.w, c, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
+            let y = normalize::<E>(&h[j], rstd, &w[0], hf);
+            // SAFETY: as above; y may be x, whose chunk was loaded above.
+            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+        });
+    }
+}
+
+/// `h = x + residual` for one chunk in f32 (just `x` without a residual), rounded to the
+/// storage dtype in the Hugging Face numerics mode (the norm then sees `h` as stored).
+#[inline(always)]
+fn add_residual<E: Elem>(x: &[f32; 8], r: &[f32; 8], has_res: bool, hf: bool) -> [f32; 8] {
+    let mut h = *x;
+    if has_res {
+        lanes!(l < E::LANES => { h[l] = x[l] + r[l]; });
+    }
+    if hf {
+        h = round_to::<E>(&h);
+    }
+    h
 }
 
 /// Forward for rows too long for registers: two passes over tiles of 16 elements per thread.
@@ -429,33 +477,24 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     let mut tile = 0u64;
     while tile < tiles {
         let first = tile * per_tile + me.t;
-        let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut x = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut r = [[0.0f32; 8]; MAX_CHUNKS];
         chunks!(j < k => {
             let c = first + j as u64 * me.tpr;
-            if live && c < nchunks {
-                // SAFETY: row < rows, c < nchunks (host-checked extents).
-                let x = unsafe { load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden) };
-                if has_res {
-                    // SAFETY: as above.
-                    let r = unsafe { load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden) };
-                    lanes!(l < E::LANES => { h[j][l] = x[l] + r[l]; });
-                } else {
-                    h[j] = x;
-                }
+            let ok = live && c < nchunks;
+            // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
+            unsafe {
+                x[j] = load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden, ok);
+                r[j] = load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
             }
         });
-        if hf {
-            chunks!(j < k => { h[j] = round_to::<E>(&h[j]); });
-        }
-        if live && has_res {
-            chunks!(j < k => {
-                let c = first + j as u64 * me.tpr;
-                if c < nchunks {
-                    // SAFETY: as above; h may be x or residual, loaded above.
-                    unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, &h[j]) };
-                }
-            });
-        }
+        let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+        chunks!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
+        chunks!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            // SAFETY: as above; h may be x or residual, loaded above.
+            unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+        });
         chunks!(j < k => {
             lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
         });
@@ -482,24 +521,19 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     while tile < tiles {
         let first = tile * per_tile + me.t;
         let mut hv = [[0.0f32; 8]; MAX_CHUNKS];
-        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
         chunks!(j < k => {
             let c = first + j as u64 * me.tpr;
-            if c < nchunks {
-                // SAFETY: as in pass 1.
-                unsafe {
-                    hv[j] = load_chunk::<E, P>(src, src_stride, row, c, hidden);
-                    w[j] = load_w::<E, P>(p.w, c, hidden, w_f32, gemma);
-                }
-            }
+            // SAFETY: as in pass 1.
+            hv[j] = unsafe { load_chunk::<E, P>(src, src_stride, row, c, hidden, c < nchunks) };
         });
+        // SAFETY: the host checked the weight.
+        let w =
+            unsafe { load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
         chunks!(j < k => {
             let c = first + j as u64 * me.tpr;
-            if c < nchunks {
-                let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
-                // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
-                unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, &y) };
-            }
+            let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
+            // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
+            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
         });
         tile += 1;
     }
@@ -540,28 +574,23 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         let live = row < p.rows;
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
-        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
-        let mut rstd = 0.0f32;
-        if live {
-            // SAFETY: row < rows: inside every operand (host-checked).
-            rstd = unsafe { F32::load(p.rstd + row * p.rstd_stride * 4) };
-            chunks!(j < k => {
-                let c = j as u64 * me.tpr + me.t;
-                if c < nchunks {
-                    // SAFETY: as above, c < nchunks. w is re-read per row (an L1 hit after
-                    // the first row) rather than held: registers are the limit here.
-                    unsafe {
-                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden);
-                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden);
-                        w[j] = load_w::<E, P>(p.w, c, hidden, w_f32, gemma);
-                        if has_dres {
-                            dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden);
-                        }
-                    }
-                }
-            });
-        }
+        // SAFETY: when live, row < rows: inside every operand (host-checked).
+        let rstd = unsafe { F32::load_if(p.rstd + row * p.rstd_stride * 4, live) };
+        chunks!(j < k => {
+            let c = j as u64 * me.tpr + me.t;
+            let ok = live && c < nchunks;
+            // SAFETY: as above, when ok c < nchunks.
+            unsafe {
+                h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
+                dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
+                dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+            }
+        });
+        // w is re-read per row (an L1 hit after the first row) rather than held: registers
+        // are the limit here. SAFETY: the host checked the weight.
+        let w =
+            unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
         // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
         // chunks past the row are all zeros and change nothing.
         let mut acc = 0.0f32;
@@ -577,22 +606,18 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         // per-block), and the two buffers alternate (see reduce::row_sum).
         let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(buf)) };
         let coef = (total / hidden_f) * (rstd * rstd);
-        if live {
-            chunks!(j < k => {
-                let c = j as u64 * me.tpr + me.t;
-                if c < nchunks {
-                    let mut dx = [0.0f32; 8];
-                    lanes!(l < E::LANES => {
-                        dx[l] = rstd * (dy[j][l] - h[j][l] * coef);
-                        if has_dres {
-                            dx[l] += dres[j][l];
-                        }
-                    });
-                    // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                    unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, &dx) };
+        chunks!(j < k => {
+            let c = j as u64 * me.tpr + me.t;
+            let mut dx = [0.0f32; 8];
+            lanes!(l < E::LANES => {
+                dx[l] = rstd * (dy[j][l] - h[j][l] * coef);
+                if has_dres {
+                    dx[l] += dres[j][l];
                 }
             });
-        }
+            // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
+            unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, live && c < nchunks, &dx) };
+        });
         g += step;
         buf ^= 1;
     }
@@ -600,11 +625,9 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     let slot = grid::block_x() * rpb.get() + me.r_local;
     chunks!(j < k => {
         let c = j as u64 * me.tpr + me.t;
-        if c < nchunks {
-            // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized);
-            // row offsets slot*hidden*4 are 16-byte multiples on the vector path (L | hidden).
-            unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, &dw[j]) };
-        }
+        // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized);
+        // row offsets slot*hidden*4 are 16-byte multiples on the vector path (L | hidden).
+        unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
 }
 
@@ -651,18 +674,19 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
             let first = tile * per_tile + me.t;
             let mut h = [[0.0f32; 8]; MAX_CHUNKS];
             let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
-            let mut w = [[0.0f32; 8]; MAX_CHUNKS];
             chunks!(j < k => {
                 let c = first + j as u64 * me.tpr;
-                if live && c < nchunks {
-                    // SAFETY: row < rows, c < nchunks (host-checked extents).
-                    unsafe {
-                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden);
-                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden);
-                        w[j] = load_w::<E, P>(p.w, c, hidden, w_f32, gemma);
-                    }
+                let ok = live && c < nchunks;
+                // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
+                unsafe {
+                    h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
+                    dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
                 }
             });
+            // SAFETY: the host checked the weight.
+            let w = unsafe {
+                load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, live)
+            };
             chunks!(j < k => {
                 lanes!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
             });
@@ -689,14 +713,9 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     let mut tile = 0u64;
     while tile < tiles {
         let first = tile * per_tile + me.t;
-        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
-        chunks!(j < k => {
-            let c = first + j as u64 * me.tpr;
-            if c < nchunks {
-                // SAFETY: c < nchunks; the host checked w.
-                w[j] = unsafe { load_w::<E, P>(p.w, c, hidden, w_f32, gemma) };
-            }
-        });
+        // SAFETY: the host checked the weight.
+        let w =
+            unsafe { load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
         let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
         let mut g = grid::block_x();
         while g < groups {
@@ -714,42 +733,35 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                 };
                 chunks!(j < k => {
                     let c = first + j as u64 * me.tpr;
-                    if c < nchunks {
-                        // SAFETY: row < rows, c < nchunks.
-                        unsafe {
-                            h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden);
-                            dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden);
-                            if has_dres {
-                                dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden);
-                            }
-                        }
+                    let ok = c < nchunks;
+                    // SAFETY: row < rows; when ok, c < nchunks.
+                    unsafe {
+                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
+                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
+                        dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
                     }
                 });
                 chunks!(j < k => {
                     let c = first + j as u64 * me.tpr;
-                    if c < nchunks {
-                        let mut dx = [0.0f32; 8];
-                        lanes!(l < E::LANES => {
-                            let gl = w[j][l] * dy[j][l];
-                            dx[l] = rstd * (gl - h[j][l] * coef);
-                            if has_dres {
-                                dx[l] += dres[j][l];
-                            }
-                            dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
-                        });
-                        // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                        unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, &dx) };
-                    }
+                    let mut dx = [0.0f32; 8];
+                    lanes!(l < E::LANES => {
+                        let gl = w[j][l] * dy[j][l];
+                        dx[l] = rstd * (gl - h[j][l] * coef);
+                        if has_dres {
+                            dx[l] += dres[j][l];
+                        }
+                        dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
+                    });
+                    // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
+                    unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, c < nchunks, &dx) };
                 });
             }
             g += step;
         }
         chunks!(j < k => {
             let c = first + j as u64 * me.tpr;
-            if c < nchunks {
-                // SAFETY: as in `bwd_regs`.
-                unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, &dw[j]) };
-            }
+            // SAFETY: as in `bwd_regs`.
+            unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
         });
         tile += 1;
     }

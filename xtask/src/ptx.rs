@@ -1,9 +1,11 @@
 //! `cargo xtask ptx [--json] [--arch sm_90 --arch sm_80]`: build the PTX per arch with the same
 //! code as `host/build.rs`, assemble it with `ptxas -v`, and report each kernel's resources.
-//! Fails if any kernel spills or has a stack frame.
+//! Fails if any kernel spills, has a stack frame, or needs more registers than its largest
+//! launch can have (registers x block threads <= 65536).
 
 use std::process::Command;
 
+use ferrofuse_common::KernelId;
 use serde::Serialize;
 
 use crate::tools;
@@ -64,7 +66,38 @@ pub fn run(args: &Args) -> Result<(), String> {
             bad.join(", ")
         ));
     }
+    let too_many: Vec<_> = all
+        .iter()
+        .filter_map(|k| {
+            let threads = KernelId::ALL
+                .iter()
+                .find(|id| id.name() == k.kernel)?
+                .max_block_threads();
+            (block_registers(k.registers, threads) > REGISTERS_PER_BLOCK).then(|| {
+                format!(
+                    "{} ({}): {} registers x {threads} threads",
+                    k.kernel, k.arch, k.registers
+                )
+            })
+        })
+        .collect();
+    if !too_many.is_empty() {
+        return Err(format!(
+            "kernels need more than {REGISTERS_PER_BLOCK} registers for their largest block \
+             (the launch would fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): {}",
+            too_many.join(", ")
+        ));
+    }
     Ok(())
+}
+
+/// Registers one block may hold (sm_80 and sm_90).
+const REGISTERS_PER_BLOCK: u32 = 65536;
+
+/// Registers a block of `threads` takes: allocated per warp, in units of 256.
+fn block_registers(per_thread: u32, threads: u32) -> u32 {
+    let per_warp = (per_thread * 32).div_ceil(256) * 256;
+    threads.div_ceil(32) * per_warp
 }
 
 /// Builds the PTX for `arch` and returns ptxas's report of every kernel in it.
@@ -147,6 +180,14 @@ pub fn print_table(all: &[KernelResources]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_registers_round_per_warp() {
+        assert_eq!(block_registers(128, 512), 65536);
+        assert_eq!(block_registers(130, 512), 136 * 512);
+        assert_eq!(block_registers(33, 32), 40 * 32);
+        assert!(block_registers(130, 512) > REGISTERS_PER_BLOCK);
+    }
 
     #[test]
     fn parses_ptxas_verbose_output() {
