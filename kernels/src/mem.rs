@@ -78,18 +78,6 @@ pub unsafe fn st_v4_if(p: u64, v: [u32; 4], pred: bool) {
 }
 
 #[inline(always)]
-unsafe fn ld_u16_if(p: u64, pred: bool) -> u16 {
-    let v: u16;
-    // SAFETY: when `pred`, `p` is a valid, 2-byte aligned global address (caller).
-    unsafe {
-        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok ld.global.u16 {0}, [{1}]; }}",
-             inout(reg16) 0u16 => v, in(reg64) p, in(reg32) pred as u32,
-             options(readonly, nostack, preserves_flags));
-    }
-    v
-}
-
-#[inline(always)]
 unsafe fn st_u16_if(p: u64, v: u16, pred: bool) {
     // SAFETY: when `pred`, `p` is a valid, 2-byte aligned global address (caller).
     unsafe {
@@ -99,8 +87,9 @@ unsafe fn st_u16_if(p: u64, v: u16, pred: bool) {
     }
 }
 
+/// An f32 from `p` when `pred`, else 0.0 (predicated, no branch).
 #[inline(always)]
-unsafe fn ld_u32_if(p: u64, pred: bool) -> u32 {
+pub unsafe fn ld_f32_if(p: u64, pred: bool) -> f32 {
     let v: u32;
     // SAFETY: when `pred`, `p` is a valid, 4-byte aligned global address (caller).
     unsafe {
@@ -108,7 +97,7 @@ unsafe fn ld_u32_if(p: u64, pred: bool) -> u32 {
              inout(reg32) 0u32 => v, in(reg64) p, in(reg32) pred as u32,
              options(readonly, nostack, preserves_flags));
     }
-    v
+    f32::from_bits(v)
 }
 
 #[inline(always)]
@@ -239,8 +228,6 @@ pub trait Elem {
     unsafe fn load_bits(p: u64) -> u32;
     fn widen(bits: u32) -> f32;
     unsafe fn store(p: u64, v: f32);
-    /// [`Elem::load`] when `pred`, else 0.0 (predicated, no branch).
-    unsafe fn load_if(p: u64, pred: bool) -> f32;
     /// [`Elem::store`] when `pred` (predicated, no branch).
     unsafe fn store_if(p: u64, v: f32, pred: bool);
     fn unpack(w: [u32; 4]) -> [f32; 8];
@@ -269,10 +256,6 @@ impl Elem for F32 {
     #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
         unsafe { st_u32(p, v.to_bits()) }
-    }
-    #[inline(always)]
-    unsafe fn load_if(p: u64, pred: bool) -> f32 {
-        f32::from_bits(unsafe { ld_u32_if(p, pred) })
     }
     #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {
@@ -317,10 +300,6 @@ impl Elem for F16 {
         unsafe { st_u16(p, f32_to_f16(v)) }
     }
     #[inline(always)]
-    unsafe fn load_if(p: u64, pred: bool) -> f32 {
-        f16_to_f32(unsafe { ld_u16_if(p, pred) })
-    }
-    #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {
         unsafe { st_u16_if(p, f32_to_f16(v), pred) }
     }
@@ -361,10 +340,6 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn store(p: u64, v: f32) {
         unsafe { st_u16(p, f32_to_bf16(v)) }
-    }
-    #[inline(always)]
-    unsafe fn load_if(p: u64, pred: bool) -> f32 {
-        bf16_to_f32(unsafe { ld_u16_if(p, pred) })
     }
     #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {

@@ -47,7 +47,7 @@ use ferrofuse_common::{
     RmsNormDwParams, RmsNormFwdParams,
 };
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4_if, st_v4_if};
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_f32_if, ld_v4_if, st_v4_if};
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
 /// Most chunks one thread holds (32 f32 elements).
@@ -576,7 +576,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
         // SAFETY: when live, row < rows: inside every operand (host-checked).
-        let rstd = unsafe { F32::load_if(p.rstd + row * p.rstd_stride * 4, live) };
+        let rstd = unsafe { ld_f32_if(p.rstd + row * p.rstd_stride * 4, live) };
         chunks!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             let ok = live && c < nchunks;
