@@ -622,7 +622,11 @@ def run(args):
         print("peers.py: no CUDA device visible to torch: nothing measured")
         return 69
     else:
-        dev = torch.device("cuda", args.device)
+        ordinal = args.device
+        if ordinal is None:
+            env = os.environ.get("FERROFUSE_DEVICE")
+            ordinal = int(env) if env else int(plan.get("device", 0))
+        dev = torch.device("cuda", ordinal)
         torch.cuda.set_device(dev)
         gpu, driver = device_info(dev)
     _configure_dynamo()
@@ -645,6 +649,7 @@ def run(args):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": plan.get("commit", "unknown"),
         "copy_ceiling_gbs": ceiling,
+        "device": dev.index if dev.type == "cuda" else None,
         "methods": [{
             "tool": f"peers.py torch {torch.__version__} triton {triton.__version__}",
             "warmup_ms": method["warmup_ms"], "rep_ms": method["rep_ms"],
@@ -776,7 +781,8 @@ def main():
     ap.add_argument("--plan", help="the plan written by `ferrofuse-bench --plan-out`")
     ap.add_argument("--json", default="peers.json", help="results file (default peers.json)")
     ap.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ", ".join(IMPLS))
-    ap.add_argument("--device", type=int, default=int(os.environ.get("FERROFUSE_DEVICE", "0")))
+    ap.add_argument("--device", type=int, default=None,
+                    help="CUDA device (default: $FERROFUSE_DEVICE, else the plan's device, else 0)")
     ap.add_argument("--deadline-s", type=float,
                     default=float(os.environ.get("FERROFUSE_PEERS_DEADLINE_S", "0")),
                     help="start no new configuration after this many seconds (0: none; "

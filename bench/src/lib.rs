@@ -47,9 +47,10 @@ pub fn plan_config(c: &Config) -> PlanConfig {
     }
 }
 
-pub fn plan_json(configs: &[Config], method: Method) -> Plan {
+pub fn plan_json(configs: &[Config], method: Method, device: usize) -> Plan {
     Plan {
         commit: COMMIT.into(),
+        device,
         method,
         configs: configs.iter().map(plan_config).collect(),
     }
@@ -99,10 +100,11 @@ mod tests {
     #[test]
     fn plan_round_trips_through_json() {
         let configs = plan(&Selection::default()).unwrap();
-        let p = plan_json(&configs, Method::default());
+        let p = plan_json(&configs, Method::default(), 1);
         let text = serde_json::to_string(&p).unwrap();
         let back: Plan = serde_json::from_str(&text).unwrap();
         assert_eq!(back, p);
+        assert_eq!(back.device, 1);
         let gated = &back.configs[0];
         assert_eq!(gated.op, "gated_fwd");
         assert!(gated.act.is_some() && gated.layout.is_some() && gated.norm.is_none());

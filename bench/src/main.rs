@@ -203,10 +203,16 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     };
     let budgets = budgets(args);
     let copy_bytes = args.copy_mib << 20;
+    let device = args.device.unwrap_or_else(|| {
+        std::env::var("FERROFUSE_DEVICE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
     if let Some(path) = &args.plan_out {
         write_json(
             path,
-            &plan_json(&configs, method(&budgets, copy_bytes, 0.0)),
+            &plan_json(&configs, method(&budgets, copy_bytes, 0.0), device),
         )?;
     }
     if args.list {
@@ -235,12 +241,6 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         );
         return Ok(ExitCode::from(EXIT_NO_GPU));
     }
-    let device = args.device.unwrap_or_else(|| {
-        std::env::var("FERROFUSE_DEVICE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
     match ferrofuse::device_count() {
         Ok(n) if n > device => {}
         Ok(n) => {
@@ -401,6 +401,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         date,
         commit: COMMIT.into(),
         copy_ceiling_gbs: ceiling,
+        device: Some(device),
         results,
         methods: vec![method(&budgets, copy_bytes, elapsed)],
     };

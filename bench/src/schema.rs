@@ -39,6 +39,10 @@ pub struct Report {
     pub commit: String,
     /// Device-to-device copy bandwidth measured in the same run (bytes read + written).
     pub copy_ceiling_gbs: f64,
+    /// The CUDA device ordinal the run used (an addition to the schema, for hosts
+    /// with several GPUs; absent in files written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<usize>,
     pub results: Vec<Record>,
     /// How each source measured (one entry per tool; several after a merge).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -120,6 +124,10 @@ pub struct Plan {
     /// The commit `ferrofuse-bench` was built from; the peers report it as theirs.
     #[serde(default)]
     pub commit: String,
+    /// The device ordinal `ferrofuse-bench` measures on; `peers.py` uses the same one unless
+    /// told otherwise.
+    #[serde(default)]
+    pub device: usize,
     pub method: Method,
     pub configs: Vec<PlanConfig>,
 }

@@ -286,6 +286,11 @@ pub fn merge(reports: Vec<Report>) -> Result<(Report, Vec<String>), String> {
                 merged.commit, r.commit
             ));
         }
+        if let (Some(a), Some(b)) = (merged.device, r.device)
+            && a != b
+        {
+            warnings.push(format!("results from different devices: {a} and {b}"));
+        }
         merged.methods.extend(r.methods.iter().cloned());
         for rec in &r.results {
             let id = (rec.key(), rec.imp.clone());
@@ -831,6 +836,7 @@ mod tests {
             date: "2026-11-29T12:00:00Z".into(),
             commit: "abc".into(),
             copy_ceiling_gbs: ceiling,
+            device: Some(0),
             results,
             methods: Vec::new(),
         }
@@ -919,11 +925,18 @@ mod tests {
         let mut again = ours.clone();
         again.results[1].median_us = 9.0;
         again.commit = "def".into();
+        again.device = Some(1);
         let (m, warnings) = merge(vec![ours, again]).unwrap();
         assert_eq!(m.results.len(), 5);
         assert_eq!(m.results[1].median_us, 9.0);
+        assert_eq!(m.device, Some(0));
         assert!(warnings.iter().any(|w| w.contains("measured twice")));
         assert!(warnings.iter().any(|w| w.contains("different commits")));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("different devices: 0 and 1"))
+        );
         assert!(merge(vec![]).is_err());
     }
 
@@ -937,6 +950,7 @@ mod tests {
         let r: Report = serde_json::from_str(text).unwrap();
         assert_eq!(r.results[0].imp, "triton");
         assert!(r.methods.is_empty());
+        assert_eq!(r.device, None);
     }
 
     #[test]
@@ -1025,6 +1039,7 @@ mod tests {
     fn kernel_prefixes_of_a_plan() {
         let plan = schema::Plan {
             commit: String::new(),
+            device: 0,
             method: schema::Method::default(),
             configs: vec![schema::PlanConfig {
                 op: "gated_fwd".into(),
