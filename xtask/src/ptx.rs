@@ -1,11 +1,12 @@
 //! `cargo xtask ptx [--json] [--arch sm_90 --arch sm_80]`: build the PTX per arch with the same
 //! code as `host/build.rs`, assemble it with `ptxas -v`, and report each kernel's resources.
 //! Fails if any kernel spills, has a stack frame, or needs more registers than its largest
-//! launch can have (registers x block threads <= 65536).
+//! launch can have (registers x block threads <= 65536), and if a norm kernel's first loads are
+//! not issued back to back (see `check_load_batching`).
 
 use std::process::Command;
 
-use ferrofuse_common::KernelId;
+use ferrofuse_common::{KernelId, NormBwdVariant, NormFwdVariant, VecMode};
 use serde::Serialize;
 
 use crate::tools;
@@ -91,6 +92,60 @@ pub fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The norm kernels' first load phase (x and residual in the forward, h, dy and dres in the
+/// backward rows kernel, h and dy in its looped phase A) must reach the PTX as one run of
+/// `ld.global.v4` with no branch between them: a branch per chunk made each load wait for the
+/// previous one and cost up to 1.9x (bench/TUNING.md). Counts the vector loads from the first
+/// one to the first branch after it, per vector entry.
+fn check_load_batching(ptx: &str) -> Result<(), String> {
+    let mut short = Vec::new();
+    for id in KernelId::ALL {
+        let (dtype, operands, elems) = match id {
+            KernelId::RmsNormFwd(d, VecMode::V16, v) => {
+                (d, 2, if v == NormFwdVariant::E32 { 32 } else { 16 })
+            }
+            KernelId::RmsNormBwd(d, VecMode::V16, v) => {
+                (d, if v == NormBwdVariant::E16 { 3 } else { 2 }, 16)
+            }
+            _ => continue,
+        };
+        let want = operands * elems / dtype.lanes_per_16b();
+        let got = leading_vector_loads(ptx, id.name());
+        if got < want {
+            short.push(format!("{} ({got} of {want})", id.name()));
+        }
+    }
+    if short.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "kernels whose first loads are not issued back to back (a branch between them): {}",
+            short.join(", ")
+        ))
+    }
+}
+
+/// `ld.global.v4` instructions in entry `name` from the first one up to the first branch.
+fn leading_vector_loads(ptx: &str, name: &str) -> usize {
+    let header = format!(".entry {name}(");
+    let Some(start) = ptx.find(&header) else {
+        return 0;
+    };
+    let mut loads = 0;
+    for line in ptx[start..].lines().skip(1) {
+        let line = line.trim();
+        if line.starts_with(".entry") || line.starts_with(".visible .entry") {
+            break;
+        }
+        if line.contains("ld.global.v4") {
+            loads += 1;
+        } else if loads > 0 && line.split_whitespace().any(|w| w.starts_with("bra")) {
+            break;
+        }
+    }
+    loads
+}
+
 /// Registers one block may hold (sm_80 and sm_90).
 const REGISTERS_PER_BLOCK: u32 = 65536;
 
@@ -106,6 +161,7 @@ pub fn resources(arch: &str) -> Result<Vec<KernelResources>, String> {
     let root = tools::repo_root();
     let target = root.join("target/xtask-ptx").join(arch);
     let text = build_ptx::build_checked_ptx(&root, &target, arch)?;
+    check_load_batching(&text).map_err(|e| format!("{arch}: {e}"))?;
     let ptx_path = target.join("ferrofuse.ptx");
     std::fs::write(&ptx_path, text).map_err(|e| e.to_string())?;
     let ptxas = tools::ptxas()?;
@@ -180,6 +236,20 @@ pub fn print_table(all: &[KernelResources]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_vector_loads_up_to_the_first_branch() {
+        let ptx = ".visible .entry k(\n.param .u64 p\n)\n{\n\tmov.u32 %r1, 0;\n\
+                   @%p1 bra $L1;\n\
+                   { @ok ld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd1]; }\n\
+                   { @ok ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd2]; }\n\
+                   \t@%p2 bra \t$L2;\n\
+                   { @ok ld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd3]; }\n}\n\
+                   .visible .entry other(\n)\n{\n}\n";
+        assert_eq!(leading_vector_loads(ptx, "k"), 2);
+        assert_eq!(leading_vector_loads(ptx, "other"), 0);
+        assert_eq!(leading_vector_loads(ptx, "missing"), 0);
+    }
 
     #[test]
     fn block_registers_round_per_warp() {
