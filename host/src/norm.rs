@@ -57,7 +57,7 @@
 //! Every safe method validates everything before launching (a rejected call writes nothing);
 //! launches allocate nothing and never synchronise, so they can be captured in CUDA graphs.
 
-use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice};
+use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
     DType, KernelId, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
@@ -527,15 +527,12 @@ impl Kernels {
                 ("h", h.stream()),
             ],
         )?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc(stream);
         let (residual, _gr) = residual.desc(stream);
         let (weight, _gw) = weight.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
         let (h, _gh) = h.desc_mut(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: Some(residual),
@@ -570,14 +567,11 @@ impl Kernels {
                 ("y", y.stream()),
             ],
         )?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc_mut(stream);
         let (residual, _gr) = residual.desc(stream);
         let (weight, _gw) = weight.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: Some(residual),
@@ -611,14 +605,11 @@ impl Kernels {
                 ("y", y.stream()),
             ],
         )?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc(stream);
         let (residual, _gr) = residual.desc_mut(stream);
         let (weight, _gw) = weight.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: Some(residual),
@@ -652,14 +643,11 @@ impl Kernels {
                 ("h", h.stream()),
             ],
         )?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc_mut(stream);
         let (residual, _gr) = residual.desc(stream);
         let (weight, _gw) = weight.desc(stream);
         let (h, _gh) = h.desc_mut(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: Some(residual),
@@ -690,13 +678,10 @@ impl Kernels {
                 ("weight", weight.stream()),
             ],
         )?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc_mut(stream);
         let (residual, _gr) = residual.desc_mut(stream);
         let (weight, _gw) = weight.desc(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: Some(residual),
@@ -728,13 +713,10 @@ impl Kernels {
                 ("y", y.stream()),
             ],
         )?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc(stream);
         let (weight, _gw) = weight.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: None,
@@ -757,12 +739,9 @@ impl Kernels {
         opts: &RmsNormOptions,
     ) -> Result<()> {
         self.check_views(stream, &[("x", x.stream()), ("weight", weight.stream())])?;
-        if let Some(r) = &rstd {
-            check_devices(stream, &[("rstd", r.stream())])?;
-        }
+        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
         let (x, _gx) = x.desc_mut(stream);
         let (weight, _gw) = weight.desc(stream);
-        let (rstd, _gs) = split_opt(rstd.map(|r| r.desc_mut(stream)));
         let t = RmsNormFwdDescs {
             x,
             residual: None,
@@ -842,14 +821,11 @@ impl Kernels {
                 ("workspace", DeviceSlice::stream(workspace)),
             ],
         )?;
-        if let Some(d) = dres {
-            check_devices(stream, &[("dres", d.stream())])?;
-        }
+        let (dres, _g5) = optional_desc(stream, "dres", dres)?;
         let (dy, _g1) = dy.desc(stream);
         let (h, _g2) = h.desc(stream);
         let (weight, _g3) = weight.desc(stream);
         let (rstd, _g4) = rstd.desc(stream);
-        let (dres, _g5) = split_opt(dres.map(|d| d.desc(stream)));
         let (dx, _g6) = dx.desc_mut(stream);
         let (dw, _g7) = dw.desc_mut(stream);
         let (workspace, _g8) = workspace_desc(workspace, stream);
@@ -893,14 +869,11 @@ impl Kernels {
                 ("workspace", DeviceSlice::stream(workspace)),
             ],
         )?;
-        if let Some(d) = dres {
-            check_devices(stream, &[("dres", d.stream())])?;
-        }
+        let (dres, _g5) = optional_desc(stream, "dres", dres)?;
         let (dy, _g1) = dy.desc_mut(stream);
         let (h, _g2) = h.desc(stream);
         let (weight, _g3) = weight.desc(stream);
         let (rstd, _g4) = rstd.desc(stream);
-        let (dres, _g5) = split_opt(dres.map(|d| d.desc(stream)));
         let (dw, _g7) = dw.desc_mut(stream);
         let (workspace, _g8) = workspace_desc(workspace, stream);
         let t = RmsNormBwdDescs {
@@ -982,19 +955,39 @@ impl Kernels {
     }
 }
 
-/// `Option<(a, b)>` -> `(Option<a>, Option<b>)`.
-fn split_opt<A, B>(v: Option<(A, B)>) -> (Option<A>, Option<B>) {
-    match v {
-        Some((a, b)) => (Some(a), Some(b)),
-        None => (None, None),
-    }
+/// An optional input view: checked to be on `stream`'s device, then described for the launch.
+fn optional_desc<'s, T: Element>(
+    stream: &'s CudaStream,
+    name: &'static str,
+    m: Option<&'s Mat<'_, T>>,
+) -> Result<(Option<MatDesc>, Option<SyncOnDrop<'s>>)> {
+    let Some(m) = m else {
+        return Ok((None, None));
+    };
+    check_devices(stream, &[(name, m.stream())])?;
+    let (desc, guard) = m.desc(stream);
+    Ok((Some(desc), Some(guard)))
+}
+
+/// An optional output view: as [`optional_desc`], with the write recorded.
+fn optional_desc_mut<'s, T: Element>(
+    stream: &'s CudaStream,
+    name: &'static str,
+    m: Option<&'s mut MatMut<'_, T>>,
+) -> Result<(Option<MatDesc>, Option<SyncOnDrop<'s>>)> {
+    let Some(m) = m else {
+        return Ok((None, None));
+    };
+    check_devices(stream, &[(name, m.stream())])?;
+    let (desc, guard) = m.desc_mut(stream);
+    Ok((Some(desc), Some(guard)))
 }
 
 /// The workspace as a flat f32 matrix, with the write recorded on `stream`.
 fn workspace_desc<'s>(
     ws: &'s mut impl DevicePtrMut<f32>,
     stream: &'s CudaStream,
-) -> (MatDesc, cudarc::driver::SyncOnDrop<'s>) {
+) -> (MatDesc, SyncOnDrop<'s>) {
     let len = ws.len();
     let (addr, guard) = ws.device_ptr_mut(stream);
     (MatDesc::contiguous(addr, len, DType::F32, 1, len), guard)
