@@ -11,8 +11,12 @@ use std::sync::Arc;
 
 use common::*;
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use ferrofuse::gated::plan_gated_forward;
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::{Activation, DType, Element, Error, Kernels, Mat, MatDesc, MatMut, reference};
+use ferrofuse::{
+    Activation, DType, Element, Error, KernelId, Kernels, Mat, MatDesc, MatMut, VecMode, reference,
+};
+use ferrofuse_common::GATED_THREADS;
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -279,6 +283,50 @@ fn forward_interleaved() {
 #[test]
 fn forward_interleaved_inplace() {
     forward_all(Layout::Interleaved, true, "forward_interleaved_inplace");
+}
+
+/// The middle grid regime (more accesses than resident threads, at most four per thread),
+/// where each thread walks several accesses: rows chosen from this device's residency so the
+/// plan is in it, with a total that leaves the last step of the walk to part of the threads.
+/// Every layout and in-place form; SiLU only in the quick run.
+#[test]
+fn forward_middle_regime() {
+    for_each_dtype("forward_middle_regime", |k, s, rng, dtype| {
+        let cols = 4104;
+        let per_row = (cols / dtype.lanes_per_16b()) as u64;
+        let resident = k
+            .limits()
+            .resident_blocks(KernelId::GatedFwd(dtype, VecMode::V16)) as u64
+            * GATED_THREADS as u64;
+        let rows = (resident * 5 / 2 / per_row + 1) as usize;
+        let m = MatDesc::contiguous(1 << 40, rows * cols, dtype, rows, cols);
+        let n = MatDesc::contiguous(1 << 41, rows * cols, dtype, rows, cols);
+        let plan = plan_gated_forward(Activation::Silu, dtype, &m, &m, &n, k.limits()).unwrap();
+        assert_eq!(plan.kernel, KernelId::GatedFwd(dtype, VecMode::V16));
+        let threads = plan.grid as u64 * GATED_THREADS as u64;
+        let total = rows as u64 * per_row;
+        assert!(
+            threads <= resident && total > 2 * threads,
+            "{rows}x{cols}: {threads} threads"
+        );
+        let acts: &[Activation] = if quick() {
+            &[Activation::Silu]
+        } else {
+            &Activation::ALL
+        };
+        for &act in acts {
+            for (layout, inplace) in [
+                (Layout::Split, false),
+                (Layout::Split, true),
+                (Layout::Interleaved, false),
+            ] {
+                typed!(
+                    dtype,
+                    forward_case::<T>(k, s, rng, act, layout, inplace, (rows, cols))
+                );
+            }
+        }
+    });
 }
 
 #[test]

@@ -44,11 +44,15 @@ fn check_row_length(cols: usize) -> Result<()> {
 /// The grid for `rows x cols` elements moved by `kernel`, and its walk.
 ///
 /// With `R` threads resident on the device: up to `R` accesses, one per thread (a small
-/// tensor spreads over every multiprocessor); up to `4R`, `ceil(total / R)` accesses for every
-/// thread of a grid that fits at once (no second wave that is mostly empty); beyond, one access
-/// per thread again, the block scheduler streaming waves (what measured fastest for large
-/// tensors). Threads stay below 2^31 so the kernel's first-row multiply-high is exact. The
-/// measurements behind this are in `bench/TUNING.md`.
+/// tensor spreads over every multiprocessor); up to `4R`, a grid of exactly `R` threads, each
+/// taking `ceil(total / R)` accesses or one fewer (no second wave that is mostly empty);
+/// beyond, one access per thread again, the block scheduler streaming waves (what measured
+/// fastest for large tensors). The middle grid fills every block slot on purpose: under
+/// programmatic dependent launch a grid is placed while the previous one drains, into slots
+/// as they free up, and a smaller grid measured up to 1.2x slower, most likely piled onto the
+/// multiprocessors that freed first (256 x 11008 bf16, graph replay: 3.63 µs with `total / 2`
+/// threads, 2.92 µs with `R`). Threads stay below 2^31 so the kernel's first-row
+/// multiply-high is exact. The measurements behind this are in `bench/TUNING.md`.
 fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
     let (KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode)) = kernel else {
         unreachable!("grid_for sizes gated kernels only");
@@ -62,7 +66,7 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
     let block = GATED_THREADS as u64;
     let resident = limits.resident_blocks(kernel) as u64 * block;
     let threads = if total > resident && total <= 4 * resident {
-        total.div_ceil(total.div_ceil(resident))
+        resident
     } else {
         total.min(1 << 31)
     };

@@ -364,6 +364,32 @@ impl Elem for Bf16 {
     }
 }
 
+/// `a / b` as `div.full.f32`: at most 2 ulp from the rounded quotient over the full range,
+/// with no slow-path subroutine (`div.rn` has one).
+#[inline(always)]
+pub fn div_full(a: f32, b: f32) -> f32 {
+    let q: f32;
+    // SAFETY: arithmetic only.
+    unsafe {
+        asm!("div.full.f32 {0}, {1}, {2};", out(reg32) q, in(reg32) a, in(reg32) b,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    q
+}
+
+/// `1 / sqrt(x)` as `rsqrt.approx.f32` (relative error at most 2^-22.9; subnormal inputs
+/// handled, unlike the `.ftz` form, so a tiny `eps` still gives a finite result).
+#[inline(always)]
+pub fn rsqrt_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: arithmetic only.
+    unsafe {
+        asm!("rsqrt.approx.f32 {0}, {1};", out(reg32) r, in(reg32) x,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    r
+}
+
 /// Programmatic dependent launch (sm_90+; see `Kernels::launch` on the host), first half:
 /// wait until the previous grid in the stream has completed and its memory operations are
 /// visible. Every kernel launched that way calls this before touching global memory. On

@@ -39,7 +39,7 @@
 //! before its stores, so the in-place forms the host allows (h over x or residual, y over x;
 //! dx over dy or dres) are safe.
 
-use core::intrinsics::{fmaf32, sqrtf32};
+use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
 
 use ferrofuse_common::{
@@ -47,7 +47,10 @@ use ferrofuse_common::{
     RmsNormDwParams, RmsNormFwdParams,
 };
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_f32_if, ld_v4_if, st_v4_if};
+use crate::mem::{
+    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_f32_if, ld_v4_if, rsqrt_approx,
+    st_v4_if,
+};
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
 /// Most chunks one thread holds (32 f32 elements).
@@ -286,12 +289,14 @@ fn round_to<E: Elem>(v: &[f32; 8]) -> [f32; 8] {
     E::unpack(E::pack(v))
 }
 
-/// `1 / sqrt(sum / hidden + eps)`: eps inside the square root. IEEE division, square root
-/// and reciprocal (`div.rn`, `sqrt.rn`, `rcp.rn`): once per row, so exactness costs nothing.
+/// `1 / sqrt(sum / hidden + eps)`: eps inside the square root. Computed with `div.full`
+/// (within 2 ulp) and `rsqrt.approx` (relative error below 2^-22.9); Triton's `/` and
+/// `tl.sqrt` are approximate by default too. The IEEE forms (`div.rn`, `sqrt.rn`, `rcp.rn`) each put a range check and
+/// a slow-path subroutine on the row's critical path, 0.13-0.18 µs of a 1.5-2.2 µs decode-size
+/// call (bench/TUNING.md). The result is still one fixed function of the row's sum.
 #[inline(always)]
 fn rstd_of(sum_sq: f32, hidden: u64, eps: f32) -> f32 {
-    let var = sum_sq / hidden as f32;
-    1.0 / sqrtf32(var + eps)
+    rsqrt_approx(div_full(sum_sq, hidden as f32) + eps)
 }
 
 /// `y = n * w` with `n = h * rstd`, `n` first rounded to the storage dtype in the Hugging
@@ -411,8 +416,10 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
         unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
     }
     // The weight is loaded only now (it is L2-resident after the first rows): holding it
-    // through the loads and the reduction cost registers, and so rows in flight.
-    if P::VEC {
+    // through the loads and the reduction cost registers, and so rows in flight. All chunks
+    // at once on the vector path, except for an f32 weight (two loads per chunk): holding
+    // those set the kernel's register peak (52 -> 46 registers for bf16 rows of 4096).
+    if P::VEC && !w_f32 {
         // SAFETY: the host checked the weight.
         let w =
             unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
@@ -423,7 +430,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
             unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
         });
     } else {
-        // One chunk of w at a time (registers, as for x and residual above).
+        // One chunk of w at a time (registers, as for x and residual above on the scalar path).
         chunks!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             // SAFETY: the host checked the weight.
