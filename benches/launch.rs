@@ -97,7 +97,7 @@ fn plan_benches(c: &mut Criterion) {
     };
     let opts = RmsNormOptions::new(1e-6);
     c.bench_function("plan/add_rmsnorm_bf16_16x4096", |bench| {
-        bench.iter(|| plan_rmsnorm_forward(DType::BF16, black_box(&fwd), black_box(&opts)))
+        bench.iter(|| plan_rmsnorm_forward(DType::BF16, black_box(&fwd), black_box(&opts), &limits))
     });
 }
 

@@ -557,7 +557,7 @@ fn run_forward<T: Element, W: Element>(
             rstd: c.rstd.then(|| ls.desc(s, &ds)),
         }
     };
-    let kernel = plan_rmsnorm_forward(T::DTYPE, &descs, &c.opts())
+    let kernel = plan_rmsnorm_forward(T::DTYPE, &descs, &c.opts(), k.limits())
         .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
         .kernel;
 
@@ -755,7 +755,7 @@ fn forward_case<T: Element, W: Element>(
         } else {
             VecMode::Scalar
         };
-    let KernelId::RmsNormFwd(_, mode, _) = out.kernel else {
+    let Some((_, mode, _)) = out.kernel.rmsnorm_forward_form() else {
         panic!("{what}: planned {:?}", out.kernel)
     };
     assert_eq!(mode, want_mode, "{what}: vector path choice");
@@ -882,7 +882,13 @@ fn forward_every_placement_option_and_layout() {
                         }
                         i += 1;
                         let c = Fwd {
-                            rows: [1, 2, 7][i % 3],
+                            // More than one wave now and then, so the w-late
+                            // kernels run as well as the w-first ones.
+                            rows: if h <= 4096 && i % 4 == 3 {
+                                2000
+                            } else {
+                                [1, 2, 7][i % 3]
+                            },
                             placement,
                             layout,
                             gemma: opt & 1 != 0,
@@ -906,7 +912,7 @@ fn forward_every_placement_option_and_layout() {
     });
     report("forward_every_placement_option_and_layout", &worst);
     assert_covered("forward_every_placement_option_and_layout", &seen, |k| {
-        matches!(k, KernelId::RmsNormFwd(..))
+        k.rmsnorm_forward_form().is_some()
     });
 }
 
@@ -979,8 +985,10 @@ fn batch_invariance<T: Element, W: Element>(
     opt: u32,
 ) {
     // The 16384-row batch once per (dtype, hidden); the other option set on a smaller one.
+    // Quick: 2000 rows of 896 is more blocks than one wave, so the batch runs the w-late
+    // kernel while its rows alone and in sevens run the w-first one.
     let big = if quick() {
-        300
+        if hidden <= 4096 { 2000 } else { 300 }
     } else if hidden <= 8192 && opt == 0 {
         16384
     } else if hidden <= 16384 {

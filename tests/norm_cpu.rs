@@ -17,7 +17,9 @@ use ferrofuse::reference::{
     RmsNormRef, rmsnorm_add, rmsnorm_backward, rmsnorm_exact, rmsnorm_forward_row, rmsnorm_rstd,
     rmsnorm_weight,
 };
-use ferrofuse::{DType, Element, Error, KernelId, MatDesc, NormNumerics, RmsNormOptions, VecMode};
+use ferrofuse::{
+    DType, Element, Error, GridLimits, KernelId, MatDesc, NormNumerics, RmsNormOptions, VecMode,
+};
 use ferrofuse_common::{
     RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32,
@@ -75,7 +77,12 @@ fn opts() -> RmsNormOptions {
 fn fwd(
     t: &RmsNormFwdDescs,
 ) -> Result<ferrofuse::Launch<ferrofuse_common::RmsNormFwdParams>, Error> {
-    plan_rmsnorm_forward(t.x.dtype, t, &opts())
+    plan_rmsnorm_forward(t.x.dtype, t, &opts(), &limits())
+}
+
+/// 132 multiprocessors, two blocks of each kernel per multiprocessor.
+fn limits() -> GridLimits {
+    GridLimits::uniform(132, 2)
 }
 
 fn bwd(t: &RmsNormBwdDescs) -> Result<ferrofuse::norm::RmsNormBwdPlan, Error> {
@@ -404,7 +411,22 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
             let first = fwd(&fwd_descs(dtype, 1, hidden, true)).unwrap();
             for rows in [2usize, 7, 64, 1000, 16384, 1 << 20] {
                 let l = fwd(&fwd_descs(dtype, rows, hidden, true)).unwrap();
-                assert_eq!(l.kernel, first.kernel, "{dtype:?} H={hidden} rows={rows}");
+                let what = format!("{dtype:?} H={hidden} rows={rows}");
+                assert_eq!(
+                    l.kernel.rmsnorm_forward_form(),
+                    first.kernel.rmsnorm_forward_form(),
+                    "{what}"
+                );
+                // The w-first form (same bits) exactly while the grid fits at once.
+                let regs = first.kernel.rmsnorm_forward_form().unwrap();
+                let w_first = regs.1 == VecMode::V16
+                    && regs.2 == NormFwdVariant::E16
+                    && l.grid <= limits().resident_blocks(KernelId::RmsNormFwdWFirst(dtype));
+                assert_eq!(
+                    l.kernel == KernelId::RmsNormFwdWFirst(dtype),
+                    w_first,
+                    "{what}"
+                );
                 assert_eq!(l.block, first.block);
                 assert_eq!(l.shared_mem_bytes, RMSNORM_SMEM_BYTES);
                 assert_eq!(l.params.threads_per_row, first.params.threads_per_row);
@@ -424,9 +446,10 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                 (s.params.threads_per_row, s.params.rows_per_block),
                 (first.params.threads_per_row, first.params.rows_per_block)
             );
-            let (KernelId::RmsNormFwd(_, _, v1), KernelId::RmsNormFwd(_, m2, v2)) =
-                (first.kernel, s.kernel)
-            else {
+            let (Some((_, _, v1)), Some((_, m2, v2))) = (
+                first.kernel.rmsnorm_forward_form(),
+                s.kernel.rmsnorm_forward_form(),
+            ) else {
                 panic!("not a forward kernel")
             };
             assert_eq!((m2, v2), (VecMode::Scalar, v1));
@@ -555,9 +578,9 @@ fn vector_kernel_only_when_every_operand_allows_it() {
         let lanes = dtype.lanes_per_16b();
         let size = dtype.size_bytes() as u64;
         let hidden = 4096;
-        let mode = |t: &RmsNormFwdDescs| match fwd(t).unwrap().kernel {
-            KernelId::RmsNormFwd(_, m, _) => m,
-            k => panic!("{k:?}"),
+        let mode = |t: &RmsNormFwdDescs| match fwd(t).unwrap().kernel.rmsnorm_forward_form() {
+            Some((_, m, _)) => m,
+            None => panic!("not a forward kernel"),
         };
         let base = fwd_descs(dtype, 7, hidden, true);
         assert_eq!(mode(&base), VecMode::V16);
@@ -640,7 +663,7 @@ fn params_carry_the_operands_and_flags() {
     let flags = |o: RmsNormOptions, w: DType| {
         let mut t = fwd_descs(DType::BF16, 7, 896, true);
         t.weight.dtype = w;
-        plan_rmsnorm_forward(DType::BF16, &t, &o)
+        plan_rmsnorm_forward(DType::BF16, &t, &o, &limits())
             .unwrap()
             .params
             .flags
@@ -711,14 +734,15 @@ fn eps_must_be_finite_and_positive() {
         f32::INFINITY,
         f32::NEG_INFINITY,
     ] {
-        let e = plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps)).unwrap_err();
+        let e = plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps), &limits())
+            .unwrap_err();
         assert!(
             matches!(e, Error::InvalidArgument { what: "eps", .. }),
             "eps {eps}: {e}"
         );
     }
     for eps in [f32::MIN_POSITIVE / 2.0, 1e-12, 1e-6, 1.0, 1e30] {
-        plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps)).unwrap();
+        plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps), &limits()).unwrap();
     }
 }
 
@@ -729,7 +753,7 @@ fn forward_rejects_bad_descriptions() {
     let err = |f: &dyn Fn(&mut RmsNormFwdDescs)| {
         let mut t = base;
         f(&mut t);
-        plan_rmsnorm_forward(d, &t, &opts()).unwrap_err()
+        plan_rmsnorm_forward(d, &t, &opts(), &limits()).unwrap_err()
     };
     // Dtypes.
     assert!(matches!(

@@ -21,6 +21,9 @@ pub enum KernelId {
     GatedBwd(DType, VecMode),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
+    /// Residual-add + RMSNorm forward, 16 elements per thread on the v16 path, the weight
+    /// loaded with the inputs: for grids of one wave (`rmsnorm_fwd_{dtype}_v16_e16_wfirst`).
+    RmsNormFwdWFirst(DType),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
@@ -38,7 +41,7 @@ const fn dtype_index(d: DType) -> usize {
 
 impl KernelId {
     /// Number of kernel entry points.
-    pub const COUNT: usize = 47;
+    pub const COUNT: usize = 50;
 
     /// Dense index in `0..COUNT`.
     pub const fn index(self) -> usize {
@@ -52,6 +55,7 @@ impl KernelId {
                 30 + (dtype_index(d) * 2 + v as usize) * 2 + n as usize
             }
             KernelId::RmsNormDw(d) => 42 + dtype_index(d),
+            KernelId::RmsNormFwdWFirst(d) => 45 + dtype_index(d),
             KernelId::ZeroFill => Self::COUNT - 2,
             KernelId::Empty => Self::COUNT - 1,
         }
@@ -66,6 +70,7 @@ impl KernelId {
             KernelId::GatedFwd(..)
                 | KernelId::GatedBwd(..)
                 | KernelId::RmsNormFwd(..)
+                | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormDw(..)
         )
@@ -77,11 +82,23 @@ impl KernelId {
     pub const fn max_block_threads(self) -> u32 {
         match self {
             KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => GATED_THREADS,
-            KernelId::RmsNormFwd(..) => RMSNORM_MAX_THREADS_PER_ROW,
+            KernelId::RmsNormFwd(..) | KernelId::RmsNormFwdWFirst(..) => {
+                RMSNORM_MAX_THREADS_PER_ROW
+            }
             KernelId::RmsNormBwd(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
+        }
+    }
+
+    /// A norm forward kernel's storage dtype, memory path and row variant (the w-first form is
+    /// a v16, 16-per-thread kernel); `None` for other kernels.
+    pub const fn rmsnorm_forward_form(self) -> Option<(DType, VecMode, NormFwdVariant)> {
+        match self {
+            KernelId::RmsNormFwd(d, v, n) => Some((d, v, n)),
+            KernelId::RmsNormFwdWFirst(d) => Some((d, VecMode::V16, NormFwdVariant::E16)),
+            _ => None,
         }
     }
 
@@ -121,6 +138,9 @@ impl KernelId {
             RmsNormFwd(BF16, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_bf16_scalar_e16",
             RmsNormFwd(BF16, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_bf16_scalar_e32",
             RmsNormFwd(BF16, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_bf16_scalar_loop",
+            RmsNormFwdWFirst(F32) => "rmsnorm_fwd_f32_v16_e16_wfirst",
+            RmsNormFwdWFirst(F16) => "rmsnorm_fwd_f16_v16_e16_wfirst",
+            RmsNormFwdWFirst(BF16) => "rmsnorm_fwd_bf16_v16_e16_wfirst",
             RmsNormBwd(F32, V16, NormBwdVariant::E16) => "rmsnorm_bwd_f32_v16_e16",
             RmsNormBwd(F32, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_f32_v16_loop",
             RmsNormBwd(F32, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_f32_scalar_e16",
@@ -174,6 +194,8 @@ impl KernelId {
             }
             let w = KernelId::RmsNormDw(dt);
             all[w.index()] = w;
+            let f = KernelId::RmsNormFwdWFirst(dt);
+            all[f.index()] = f;
             d += 1;
         }
         all[KernelId::ZeroFill.index()] = KernelId::ZeroFill;

@@ -67,7 +67,7 @@ use ferrofuse_common::{
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
 use crate::error::{Error, Result};
-use crate::runtime::{Kernels, Launch};
+use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_aliasing, check_devices, check_shape};
 
@@ -217,16 +217,40 @@ fn grid_u32(what: &'static str, blocks: u64) -> Result<u32> {
     Ok(blocks as u32)
 }
 
+/// The forward kernel for a grid of `blocks`: the w-first form (the weight loaded with the
+/// inputs, one L2 round trip less per row) when the 16-per-thread vector kernel runs and the
+/// grid fits on the device at once, the w-late form otherwise (it holds fewer registers, so
+/// more rows are in flight when there are waves). Both compute the same bits.
+fn forward_kernel(
+    dtype: DType,
+    mode: VecMode,
+    variant: NormFwdVariant,
+    blocks: u32,
+    limits: &GridLimits,
+) -> KernelId {
+    let w_first = KernelId::RmsNormFwdWFirst(dtype);
+    if mode == VecMode::V16
+        && variant == NormFwdVariant::E16
+        && blocks <= limits.resident_blocks(w_first)
+    {
+        w_first
+    } else {
+        KernelId::RmsNormFwd(dtype, mode, variant)
+    }
+}
+
 /// Validates a forward call and decides its launch; needs no GPU.
 ///
 /// Checks: `eps` finite and > 0; every operand's dtype, shape, unit last stride, row stride,
 /// buffer size and alignment; `residual` and `h` both given or both absent; the weight the
 /// storage dtype or f32; aliasing: `h` may be exactly `x` or exactly `residual`, `y` may be
-/// exactly `x`, nothing else overlaps an output.
+/// exactly `x`, nothing else overlaps an output. `limits` only picks between kernels that
+/// compute the same bits (see [`forward_kernel`]).
 pub fn plan_rmsnorm_forward(
     dtype: DType,
     t: &RmsNormFwdDescs,
     opts: &RmsNormOptions,
+    limits: &GridLimits,
 ) -> Result<Launch<RmsNormFwdParams>> {
     check_eps(opts.eps)?;
     let x = &t.x;
@@ -318,7 +342,7 @@ pub fn plan_rmsnorm_forward(
         flags |= RMSNORM_W_F32;
     }
     Ok(Launch {
-        kernel: KernelId::RmsNormFwd(dtype, mode, variant),
+        kernel: forward_kernel(dtype, mode, variant, grid, limits),
         grid,
         block: geometry.block_threads(),
         shared_mem_bytes: RMSNORM_SMEM_BYTES,
@@ -498,7 +522,7 @@ impl Kernels {
         t: &RmsNormFwdDescs,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        let launch = plan_rmsnorm_forward(dtype, t, opts)?;
+        let launch = plan_rmsnorm_forward(dtype, t, opts, self.limits())?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing.
         unsafe { self.launch(stream, &launch) }
     }

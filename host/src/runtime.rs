@@ -81,7 +81,7 @@ pub struct Kernels {
 }
 
 /// What a plan sizes a grid with: the multiprocessor count and how many blocks of each
-/// kernel (at its family's block size) fit on one multiprocessor at once.
+/// kernel (at the block size `occupancy_block_size` names) fit on one multiprocessor at once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GridLimits {
     pub sm_count: u32,
@@ -103,10 +103,13 @@ impl GridLimits {
     }
 }
 
-/// The block size each kernel is launched with, where it is fixed for the family.
-fn family_block_size(kernel: KernelId) -> Option<u32> {
+/// The block size a kernel's occupancy is read at: its family's, where that is fixed, and the
+/// largest block for the w-first norm forward (so a grid planned as one wave is one at every
+/// row length).
+fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     match kernel {
         KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => Some(ferrofuse_common::GATED_THREADS),
+        KernelId::RmsNormFwdWFirst(..) => Some(ferrofuse_common::RMSNORM_MAX_THREADS_PER_ROW),
         _ => None,
     }
 }
@@ -166,7 +169,7 @@ impl Kernels {
             .during("reading the multiprocessor count")? as u32;
         let mut limits = GridLimits::uniform(sm_count, 1);
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
-            if let Some(block) = family_block_size(*k) {
+            if let Some(block) = occupancy_block_size(*k) {
                 limits.blocks_per_sm[k.index()] = f
                     .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
                     .during("reading a kernel's occupancy")?;

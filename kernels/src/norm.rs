@@ -351,13 +351,16 @@ impl Me {
     }
 }
 
-/// Forward, whole row in registers: `EPT` elements per thread (16 or 32).
+/// Forward, whole row in registers: `EPT` elements per thread (16 or 32). `W_FIRST` loads the
+/// weight with `x` and `residual` instead of after the reduction: one L2 round trip less on
+/// the row's path, for grids of one wave (small batches); it holds the weight through the
+/// reduction, which costs registers, so larger grids use the other form.
 ///
 /// # Safety
 /// The host's plan: params checked (extents, alignment for `P`, aliasing), launched with the
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
-unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
+unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &RmsNormFwdParams) {
     grid_dependency_sync();
     let k = EPT / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
@@ -393,6 +396,12 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
             h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
         }
     });
+    let mut w_first = [[0.0f32; 8]; MAX_CHUNKS];
+    if W_FIRST {
+        // SAFETY: the host checked the weight.
+        w_first =
+            unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
+    }
     if P::VEC {
         chunks!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
     }
@@ -419,7 +428,14 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize>(p: &RmsNormFwdParams) {
     // through the loads and the reduction cost registers, and so rows in flight. All chunks
     // at once on the vector path, except for an f32 weight (two loads per chunk): holding
     // those set the kernel's register peak (52 -> 46 registers for bf16 rows of 4096).
-    if P::VEC && !w_f32 {
+    if W_FIRST {
+        chunks!(j < k => {
+            let c = j as u64 * me.tpr + me.t;
+            let y = normalize::<E>(&h[j], rstd, &w_first[j], hf);
+            // SAFETY: as above; y may be x, whose chunk was loaded above.
+            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+        });
+    } else if P::VEC && !w_f32 {
         // SAFETY: the host checked the weight.
         let w =
             unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
@@ -840,7 +856,7 @@ macro_rules! norm_entries {
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $f16(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, $p, 16>(&p) }
+            unsafe { fwd_regs::<$e, $p, 16, false>(&p) }
         }
 
         /// RMSNorm forward, 32 elements per thread; see the module docs.
@@ -849,7 +865,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $f32(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, $p, 32>(&p) }
+            unsafe { fwd_regs::<$e, $p, 32, false>(&p) }
         }
 
         /// RMSNorm forward, looped over tiles; see the module docs.
@@ -895,6 +911,26 @@ norm_entries! {
         rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop;
     Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
         rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop;
+}
+
+macro_rules! w_first_entries {
+    ($($e:ty => $name:ident;)*) => {$(
+        /// RMSNorm forward, 16 elements per thread, the weight loaded with the inputs (grids of
+        /// one wave); v16 path only. See [`fwd_regs`].
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
+            unsafe { fwd_regs::<$e, Vec16, 16, true>(&p) }
+        }
+    )*};
+}
+
+w_first_entries! {
+    F32 => rmsnorm_fwd_f32_v16_e16_wfirst;
+    F16 => rmsnorm_fwd_f16_v16_e16_wfirst;
+    Bf16 => rmsnorm_fwd_bf16_v16_e16_wfirst;
 }
 
 macro_rules! dw_entries {
