@@ -418,9 +418,9 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                     "{what}"
                 );
                 // The w-first form (same bits) exactly while the grid fits at once.
-                let regs = first.kernel.rmsnorm_forward_form().unwrap();
-                let w_first = regs.1 == VecMode::V16
-                    && regs.2 == NormFwdVariant::E16
+                let form = first.kernel.rmsnorm_forward_form().unwrap();
+                let w_first = form.1 == VecMode::V16
+                    && form.2 == NormFwdVariant::E16
                     && l.grid <= limits().resident_blocks(KernelId::RmsNormFwdWFirst(dtype));
                 assert_eq!(
                     l.kernel == KernelId::RmsNormFwdWFirst(dtype),

@@ -291,9 +291,10 @@ fn round_to<E: Elem>(v: &[f32; 8]) -> [f32; 8] {
 
 /// `1 / sqrt(sum / hidden + eps)`: eps inside the square root. Computed with `div.full`
 /// (within 2 ulp) and `rsqrt.approx` (relative error below 2^-22.9); Triton's `/` and
-/// `tl.sqrt` are approximate by default too. The IEEE forms (`div.rn`, `sqrt.rn`, `rcp.rn`) each put a range check and
-/// a slow-path subroutine on the row's critical path, 0.13-0.18 µs of a 1.5-2.2 µs decode-size
-/// call (bench/TUNING.md). The result is still one fixed function of the row's sum.
+/// `tl.sqrt` are approximate by default too. The IEEE forms (`div.rn`, `sqrt.rn`, `rcp.rn`)
+/// each put a range check and a slow-path subroutine on the row's critical path, 0.13-0.18 µs
+/// of a 1.5-2.2 µs decode-size call (bench/TUNING.md). The result is still one fixed function
+/// of the row's sum.
 #[inline(always)]
 fn rstd_of(sum_sq: f32, hidden: u64, eps: f32) -> f32 {
     rsqrt_approx(div_full(sum_sq, hidden as f32) + eps)
@@ -424,10 +425,11 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
         // SAFETY: row < rows; the host checked the rstd vector.
         unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
     }
-    // The weight is loaded only now (it is L2-resident after the first rows): holding it
-    // through the loads and the reduction cost registers, and so rows in flight. All chunks
-    // at once on the vector path, except for an f32 weight (two loads per chunk): holding
-    // those set the kernel's register peak (52 -> 46 registers for bf16 rows of 4096).
+    // Unless `W_FIRST` loaded it with the inputs, the weight is loaded only now (it is
+    // L2-resident after the first rows): holding it through the loads and the reduction cost
+    // registers, and so rows in flight. All chunks at once on the vector path, except for an
+    // f32 weight (two loads per chunk): holding those set the kernel's register peak (52 -> 46
+    // registers for bf16 rows of 4096).
     if W_FIRST {
         chunks!(j < k => {
             let c = j as u64 * me.tpr + me.t;
