@@ -232,42 +232,36 @@ fn run_gated_group<T: Element>(
         _ => n,
     };
     // SAFETY (both): poisoned before every use; never read before a kernel wrote them.
-    let mut out0 = unsafe { stream.alloc::<T>(out_len) }.ctx("allocating an output")?;
-    let mut out1 = match (backward, layout) {
+    let out0 = unsafe { stream.alloc::<T>(out_len) }.ctx("allocating an output")?;
+    let out1 = match (backward, layout) {
         (true, Layout::Split) => Some(unsafe { stream.alloc::<T>(n) }.ctx("allocating an output")?),
         _ => None,
     };
 
+    let mut bufs = GatedBufs {
+        x0: in0,
+        x1: in1,
+        dy,
+        out0,
+        out1,
+    };
     let kernels = h.kernels.clone();
     let activation = activation(act);
     for cfg in group {
         let rows = cfg.rows;
         let result = (|| -> Result<Timings> {
-            poison(&stream, &mut out0, 0xFF)?;
-            if let Some(o) = out1.as_mut() {
+            poison(&stream, &mut bufs.out0, 0xFF)?;
+            if let Some(o) = bufs.out1.as_mut() {
                 poison(&stream, o, 0xFF)?;
             }
             // Checked run first: every sampled output element must be written and right.
-            gated_call(
-                &kernels,
-                &stream,
-                activation,
-                cfg,
-                layout,
-                GatedBufs {
-                    x0: &in0,
-                    x1: in1.as_ref(),
-                    dy: dy.as_ref(),
-                    out0: &mut out0,
-                    out1: out1.as_mut(),
-                },
-            )()?;
+            gated_call(&kernels, &stream, activation, cfg, layout, &mut bufs)()?;
             h.sync()?;
             let sample = sample_rows(rows);
             let a_val = |r: usize, c: usize| a_src.at(random, r, c);
             let b_val = |r: usize, c: usize| b_src.at(random, r, c);
             if !backward {
-                let got = read_rows(&stream, &out0, &sample, i, 0, i)?;
+                let got = read_rows(&stream, &bufs.out0, &sample, i, 0, i)?;
                 let mut want = Vec::with_capacity(got.len());
                 for &r in &sample {
                     for c in 0..i {
@@ -276,14 +270,14 @@ fn run_gated_group<T: Element>(
                 }
                 check("y", cfg, &got, &want)?;
             } else {
-                let (da, db) = match (layout, out1.as_ref()) {
+                let (da, db) = match (layout, bufs.out1.as_ref()) {
                     (Layout::Split, Some(out1)) => (
-                        read_rows(&stream, &out0, &sample, i, 0, i)?,
+                        read_rows(&stream, &bufs.out0, &sample, i, 0, i)?,
                         read_rows(&stream, out1, &sample, i, 0, i)?,
                     ),
                     _ => (
-                        read_rows(&stream, &out0, &sample, 2 * i, 0, i)?,
-                        read_rows(&stream, &out0, &sample, 2 * i, i, i)?,
+                        read_rows(&stream, &bufs.out0, &sample, 2 * i, 0, i)?,
+                        read_rows(&stream, &bufs.out0, &sample, 2 * i, i, i)?,
                     ),
                 };
                 let mut want_da = Vec::with_capacity(da.len());
@@ -298,20 +292,7 @@ fn run_gated_group<T: Element>(
                 check("da", cfg, &da, &want_da)?;
                 check("db", cfg, &db, &want_db)?;
             }
-            let mut call = gated_call(
-                &kernels,
-                &stream,
-                activation,
-                cfg,
-                layout,
-                GatedBufs {
-                    x0: &in0,
-                    x1: in1.as_ref(),
-                    dy: dy.as_ref(),
-                    out0: &mut out0,
-                    out1: out1.as_mut(),
-                },
-            );
+            let mut call = gated_call(&kernels, &stream, activation, cfg, layout, &mut bufs);
             let timings = time_modes(h, cfg, &mut *call)?;
             drop(call);
             h.sync()?;
@@ -323,17 +304,17 @@ fn run_gated_group<T: Element>(
 }
 
 /// The buffers of a gated group, allocated for its largest row count.
-struct GatedBufs<'a, T> {
+struct GatedBufs<T> {
     /// `a` (split) or `x = [a | b]` (interleaved).
-    x0: &'a CudaSlice<T>,
+    x0: CudaSlice<T>,
     /// `b` (split).
-    x1: Option<&'a CudaSlice<T>>,
+    x1: Option<CudaSlice<T>>,
     /// `dy` (backward).
-    dy: Option<&'a CudaSlice<T>>,
+    dy: Option<CudaSlice<T>>,
     /// `y`; backward: `da` (split) or `dx = [da | db]` (interleaved).
-    out0: &'a mut CudaSlice<T>,
+    out0: CudaSlice<T>,
     /// Backward, split: `db`.
-    out1: Option<&'a mut CudaSlice<T>>,
+    out1: Option<CudaSlice<T>>,
 }
 
 fn missing() -> String {
@@ -347,7 +328,7 @@ fn gated_call<'a, T: Element>(
     act: Activation,
     cfg: &Config,
     layout: Layout,
-    bufs: GatedBufs<'a, T>,
+    bufs: &'a mut GatedBufs<T>,
 ) -> Box<dyn FnMut() -> Result<()> + 'a> {
     let (rows, i) = (cfg.rows, cfg.cols);
     let m = rows * i;
@@ -358,6 +339,7 @@ fn gated_call<'a, T: Element>(
         out0,
         out1,
     } = bufs;
+    let (x1, dy, out1) = (x1.as_ref(), dy.as_ref(), out1.as_mut());
     match (cfg.op, layout) {
         (Op::GatedFwd, Layout::Split) => {
             let a = Mat::new(x0.slice(..m), rows, i);
@@ -409,21 +391,21 @@ fn gated_call<'a, T: Element>(
 }
 
 /// The buffers of an add+RMSNorm group, allocated for its largest row count.
-struct NormBufs<'a, T> {
+struct NormBufs<T> {
     /// Forward: `x`; backward: `dy`.
-    in0: &'a CudaSlice<T>,
+    in0: CudaSlice<T>,
     /// Forward: `residual`; backward: `h`.
-    in1: &'a CudaSlice<T>,
+    in1: CudaSlice<T>,
     /// `[1, H]`, the storage dtype.
-    w: &'a CudaSlice<T>,
+    w: CudaSlice<T>,
     /// Backward: the saved per-row `rstd` (f32).
-    rstd: &'a CudaSlice<f32>,
+    rstd: CudaSlice<f32>,
     /// Forward: `y`; backward: `dx`.
-    out0: &'a mut CudaSlice<T>,
+    out0: CudaSlice<T>,
     /// Forward: `h`; backward: `dw` (`[1, H]`).
-    out1: &'a mut CudaSlice<T>,
+    out1: CudaSlice<T>,
     /// Backward: the `dw` partials.
-    workspace: &'a mut CudaSlice<f32>,
+    workspace: CudaSlice<f32>,
 }
 
 /// One call of `cfg`'s norm op through the safe API, over the leading `cfg.rows` rows.
@@ -432,7 +414,7 @@ fn norm_call<'a, T: Element>(
     stream: &'a Arc<CudaStream>,
     cfg: &Config,
     gemma: bool,
-    bufs: NormBufs<'a, T>,
+    bufs: &'a mut NormBufs<T>,
 ) -> Box<dyn FnMut() -> Result<()> + 'a> {
     let (rows, hh) = (cfg.rows, cfg.cols);
     let m = rows * hh;
@@ -522,33 +504,33 @@ fn run_norm_group<T: Element>(
     let in1 = random.operand(&stream, n, src1.offset)?;
     let out1_len = if backward { hh } else { n };
     // SAFETY (all three): poisoned before every use; never read before a kernel wrote them.
-    let mut out0 = unsafe { stream.alloc::<T>(n) }.ctx("allocating an output")?;
-    let mut out1 = unsafe { stream.alloc::<T>(out1_len) }.ctx("allocating an output")?;
+    let out0 = unsafe { stream.alloc::<T>(n) }.ctx("allocating an output")?;
+    let out1 = unsafe { stream.alloc::<T>(out1_len) }.ctx("allocating an output")?;
     let ws_len = group
         .iter()
         .map(|c| rmsnorm_backward_workspace_len(ferrofuse_dtype(c.dtype), c.rows, hh))
         .max()
         .unwrap_or(0)
         .max(1);
-    let mut workspace = unsafe { stream.alloc::<f32>(if backward { ws_len } else { 1 }) }
+    let workspace = unsafe { stream.alloc::<f32>(if backward { ws_len } else { 1 }) }
         .ctx("allocating the workspace")?;
 
+    let mut bufs = NormBufs {
+        in0,
+        in1,
+        w,
+        rstd,
+        out0,
+        out1,
+        workspace,
+    };
     let kernels = h.kernels.clone();
     for cfg in group {
         let rows = cfg.rows;
         let result = (|| -> Result<Timings> {
-            poison(&stream, &mut out0, 0xFF)?;
-            poison(&stream, &mut out1, 0xFF)?;
-            let bufs = NormBufs {
-                in0: &in0,
-                in1: &in1,
-                w: &w,
-                rstd: &rstd,
-                out0: &mut out0,
-                out1: &mut out1,
-                workspace: &mut workspace,
-            };
-            norm_call(&kernels, &stream, cfg, gemma, bufs)()?;
+            poison(&stream, &mut bufs.out0, 0xFF)?;
+            poison(&stream, &mut bufs.out1, 0xFF)?;
+            norm_call(&kernels, &stream, cfg, gemma, &mut bufs)()?;
             h.sync()?;
             let sample = sample_rows(rows);
             let row_of = |src: &Source, r: usize| -> Vec<f64> {
@@ -569,13 +551,13 @@ fn run_norm_group<T: Element>(
                 check(
                     "y",
                     cfg,
-                    &read_rows(&stream, &out0, &sample, hh, 0, hh)?,
+                    &read_rows(&stream, &bufs.out0, &sample, hh, 0, hh)?,
                     &want_y,
                 )?;
                 check(
                     "h",
                     cfg,
-                    &read_rows(&stream, &out1, &sample, hh, 0, hh)?,
+                    &read_rows(&stream, &bufs.out1, &sample, hh, 0, hh)?,
                     &want_h,
                 )?;
             } else {
@@ -587,7 +569,7 @@ fn run_norm_group<T: Element>(
                 check(
                     "dx",
                     cfg,
-                    &read_rows(&stream, &out0, &sample, hh, 0, hh)?,
+                    &read_rows(&stream, &bufs.out0, &sample, hh, 0, hh)?,
                     &want_dx,
                 )?;
                 // dw sums every row: checked in full.
@@ -601,20 +583,11 @@ fn run_norm_group<T: Element>(
                 check(
                     "dw",
                     cfg,
-                    &read_rows(&stream, &out1, &[0], hh, 0, hh)?,
+                    &read_rows(&stream, &bufs.out1, &[0], hh, 0, hh)?,
                     &want_dw,
                 )?;
             }
-            let bufs = NormBufs {
-                in0: &in0,
-                in1: &in1,
-                w: &w,
-                rstd: &rstd,
-                out0: &mut out0,
-                out1: &mut out1,
-                workspace: &mut workspace,
-            };
-            let mut call = norm_call(&kernels, &stream, cfg, gemma, bufs);
+            let mut call = norm_call(&kernels, &stream, cfg, gemma, &mut bufs);
             let timings = time_modes(h, cfg, &mut *call)?;
             drop(call);
             h.sync()?;
