@@ -21,7 +21,8 @@ Implementations:
   (the dynamo cache is reset per shape, so no recompile limit turns it back into eager).
 - triton: the straightforward kernels a competent user writes (the seeds): one program per
   1024-element tile for the gated activation (the interleaved layout through the row stride),
-  one program per row for add+RMSNorm.
+  one program per row for the add+RMSNorm forward, a fixed grid of programs over runs of rows
+  for its backward (Liger-Kernel's design).
 
 Every peer is checked against eager (and eager against a float64 reference) before it is
 timed; a peer that fails its check is reported and not timed.
@@ -470,7 +471,7 @@ OPS = {
 
 
 def _rand(shape, dtype, dev, gen, lo=-4.0, hi=4.0):
-    """Uniform in [lo, hi): random, never zeros (see the device folder's METHOD.md)."""
+    """Uniform in [lo, hi): random, never zeros (bench/README.md, "correct first")."""
     t = torch.empty(shape, dtype=torch.float32, device=dev)
     t.uniform_(lo, hi, generator=gen)
     return t.to(dtype)

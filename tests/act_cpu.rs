@@ -1,5 +1,6 @@
-//! CPU tests of the activation math: the f32 functions the kernels run
-//! (`ferrofuse_common::act`) against the f64 reference, the reference derivatives against
+//! CPU tests of the activation math: the host build of the f32 functions the kernels run
+//! (`ferrofuse_common::act`; exact `exp2` and division where the GPU uses `ex2.approx` and
+//! `rcp.approx`) against the f64 reference, the reference derivatives against
 //! finite differences, and the behaviour at extreme inputs against `torch.nn.functional`.
 
 use ferrofuse::Activation;

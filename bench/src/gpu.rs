@@ -218,7 +218,7 @@ impl Harness {
         let mut src = stream
             .alloc_zeros::<u8>(bytes)
             .ctx("allocating the copy source")?;
-        // Not zeros (see METHOD.md): a byte pattern.
+        // Not zeros (zeros can run faster than real data): a byte pattern.
         poison(&stream, &mut src, 0x5A)?;
         let mut dst = stream
             .alloc_zeros::<u8>(bytes)

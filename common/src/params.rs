@@ -79,10 +79,10 @@ pub struct GatedFwdParams {
     pub y_stride: u64,
     pub rows: u64,
     pub cols: u64,
-    /// An [`crate::Activation`] as `u32`.
     /// The grid walk, precomputed by the host so the kernel divides nothing: see
     /// [`GridWalk`].
     pub walk: GridWalk,
+    /// An [`crate::Activation`] as `u32`.
     pub act: u32,
     pub _pad: u32,
 }
@@ -109,6 +109,7 @@ pub struct GatedBwdParams {
     /// The grid walk, precomputed by the host so the kernel divides nothing: see
     /// [`GridWalk`].
     pub walk: GridWalk,
+    /// An [`crate::Activation`] as `u32`.
     pub act: u32,
     pub _pad: u32,
 }

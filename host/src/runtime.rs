@@ -190,7 +190,7 @@ impl Kernels {
         &self.ctx
     }
 
-    /// Streaming multiprocessors of the device (used to size grids).
+    /// Streaming multiprocessors of the device (`limits().sm_count`).
     pub fn sm_count(&self) -> u32 {
         self.limits.sm_count
     }
@@ -293,8 +293,9 @@ impl Kernels {
         .during("launching a kernel")
     }
 
-    /// Enqueues `launch` on `stream`: one `cuLaunchKernel`, no allocation, no synchronisation,
-    /// so it can be captured into a CUDA graph.
+    /// Enqueues `launch` on `stream`: one driver launch (`cuLaunchKernelEx` with programmatic
+    /// stream serialization where that is on, `cuLaunchKernel` otherwise), no allocation, no
+    /// synchronisation, so it can be captured into a CUDA graph.
     ///
     /// # Safety
     /// `launch` must come from a `plan_*` function whose checks passed for buffers that stay

@@ -9,12 +9,14 @@
 //! The `rows x cols` elements are cut into accesses of `W` elements (`W` = 16 bytes of the
 //! dtype on the `v16` entries, 1 on the `scalar` entries) and numbered row-major, so access
 //! `i` is row `i / (cols / W)`. With `G` threads in the grid, thread `g` takes accesses
-//! `g, g + G, g + 2G, ...` (consecutive threads, consecutive addresses: coalesced). Any grid
-//! size is correct; the host sizes it (`host/src/gated.rs::grid_for`): usually one access per
-//! thread, so a thread holds one 16-byte vector per operand, needs ~32 registers, and a full
-//! multiprocessor keeps 2048 threads' loads in flight. The row and column of the first access
-//! come from a host-precomputed multiply-high, later ones by adding the grid step: no division
-//! in the kernel ([`GridWalk`]).
+//! `g, g + G, g + 2G, ...` (consecutive threads, consecutive addresses: coalesced). `G` must
+//! be the grid the host planned (`host/src/gated.rs::grid_for`): the kernel counts accesses by
+//! the launched thread count but moves its row/column cursor by the walk's step, which the
+//! host computed for that `G`; another grid would desynchronise the two. Usually one access
+//! per thread, so a thread holds one 16-byte vector per operand, needs ~32 registers, and a
+//! full multiprocessor keeps 2048 threads' loads in flight. The row and column of the first
+//! access come from a host-precomputed multiply-high, later ones by adding the grid step: no
+//! division in the kernel ([`GridWalk`]).
 //!
 //! # Programmatic dependent launch (sm_90)
 //! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
@@ -134,7 +136,8 @@ unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
     let (mut i, step, total) = start(p.rows, walk);
     let mut at = cursor(walk, i);
     while i < total {
-        // SAFETY: the access is inside every matrix (i < total); the host checked that the
+        // SAFETY: the access is inside every matrix: i < total, and `at` is access i's row and
+        // column because the walk was built for this grid; the host checked that the
         // allocations cover rows x cols at these strides and the alignment of X. Both loads
         // precede the store, so y may be exactly b.
         let (a, b) = unsafe {
@@ -202,7 +205,7 @@ macro_rules! dispatch_act {
 
 macro_rules! entries {
     ($($fwd:ident, $bwd:ident: $x:ty;)*) => {$(
-        /// Gated forward; see the module docs. Launch: `GATED_THREADS` threads, any grid (see the module docs).
+        /// Gated forward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
         ///
         /// # Safety
         /// The host launcher's checks: valid, aligned, in-bounds tensors; allowed aliasing only.
@@ -211,7 +214,7 @@ macro_rules! entries {
             unsafe { dispatch_act!(fwd, $x, &p) }
         }
 
-        /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, any grid (see the module docs).
+        /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
         ///
         /// # Safety
         /// As for the forward entry.

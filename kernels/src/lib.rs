@@ -15,7 +15,7 @@
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
 )]
-// norm/reduce: fma/sqrt intrinsics, dynamic shared memory, the convergent shuffle intrinsic.
+// norm/reduce: the fma intrinsic, dynamic shared memory, the convergent shuffle intrinsic.
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(

@@ -18,8 +18,9 @@
 //! chunks in order (tile, then chunk, then lane), then `reduce::row_sum` combines the threads
 //! (warp butterfly, then the per-warp values through shared memory, butterfly again). Nothing
 //! in that order depends on the number of rows, on the block the row lands in, or on timing.
-//! The `v16` and `scalar` kernels of one variant share every line except the memory access
-//! itself (one 16-byte access vs. `L` masked scalar ones), so they produce the same bits; the
+//! The `v16` and `scalar` kernels of one variant run the same arithmetic in the same order
+//! and differ only in how they touch memory (one 16-byte access vs. `L` masked scalar ones,
+//! and where that forces a different load schedule), so they produce the same bits; the
 //! f32 arithmetic is all `.rn` (no contraction by ptxas) and the f32 -> storage conversions
 //! round to nearest even on both paths.
 //!
@@ -415,7 +416,8 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
     chunks!(j < k => {
         lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
     });
-    // SAFETY: every thread of the block gets here; slots < 16 + 32 fit RMSNORM_SMEM_BYTES.
+    // SAFETY: every thread of the block gets here; buffer 0's slots are the block's warps
+    // (<= 512 / 32 = SLOTS_PER_BUFFER), inside RMSNORM_SMEM_BYTES (the asserts at the end).
     let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
     let rstd = rstd_of(sum_sq, hidden, p.eps);
     if !live {
