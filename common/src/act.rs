@@ -96,7 +96,6 @@ const INV_SQRT_2PI: f32 = 0.398_942_3;
 
 /// An activation as a type, so a kernel body is monomorphized per activation.
 pub trait GatedAct {
-    const KIND: Activation;
     /// `act(x)`.
     fn value(x: f32) -> f32;
     /// `(act(x), act'(x))`, sharing the transcendental between the two.
@@ -109,7 +108,6 @@ pub struct GeluTanh;
 pub struct Relu;
 
 impl GatedAct for Silu {
-    const KIND: Activation = Activation::Silu;
     #[inline(always)]
     fn value(x: f32) -> f32 {
         x * sigmoid(x)
@@ -123,7 +121,6 @@ impl GatedAct for Silu {
 }
 
 impl GatedAct for GeluErf {
-    const KIND: Activation = Activation::GeluErf;
     #[inline(always)]
     fn value(x: f32) -> f32 {
         // 0.5 x (1 + erf(x/sqrt2)) == 0.5 x erfc(-x/sqrt2)
@@ -138,7 +135,6 @@ impl GatedAct for GeluErf {
 }
 
 impl GatedAct for GeluTanh {
-    const KIND: Activation = Activation::GeluTanh;
     #[inline(always)]
     fn value(x: f32) -> f32 {
         // 0.5 (1 + tanh(u)) == sigmoid(2u): no cancellation for negative x.
@@ -155,7 +151,6 @@ impl GatedAct for GeluTanh {
 }
 
 impl GatedAct for Relu {
-    const KIND: Activation = Activation::Relu;
     #[inline(always)]
     fn value(x: f32) -> f32 {
         // Written so NaN propagates, as torch.relu does.

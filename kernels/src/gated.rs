@@ -146,7 +146,7 @@ unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
         };
         let (a, b) = (X::widen(a), X::widen(b));
         let mut y = [0.0f32; 8];
-        lanes!(l < X::WIDTH as usize => {
+        unroll!(l < X::WIDTH as usize => {
             y[l] = A::value(a[l]) * b[l];
         });
         // SAFETY: as above.
@@ -173,7 +173,7 @@ unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
         let (a, b, dy) = (X::widen(a), X::widen(b), X::widen(dy));
         let mut da = [0.0f32; 8];
         let mut db = [0.0f32; 8];
-        lanes!(l < X::WIDTH as usize => {
+        unroll!(l < X::WIDTH as usize => {
             let (f, df) = A::value_and_grad(a[l]);
             da[l] = dy[l] * b[l] * df;
             db[l] = dy[l] * f;

@@ -27,10 +27,11 @@
     allow(internal_features)
 )]
 
-/// Repeats `$body` for each lane `$l < $width` (at most 8), unrolled by hand: LLVM did not
-/// fully unroll lane loops with large bodies, and their arrays went to local memory.
+/// Repeats `$body` for `$l` = 0..8 while `$l < $width` (`$width` a constant after inlining):
+/// the lanes of a chunk, the chunks of a row. Unrolled by hand with literal indices: LLVM did
+/// not fully unroll such loops with large bodies, and their arrays went to local memory.
 #[cfg(target_arch = "nvptx64")]
-macro_rules! lanes {
+macro_rules! unroll {
     ($l:ident < $width:expr => $body:block) => {{
         { let $l: usize = 0; if $l < $width $body }
         { let $l: usize = 1; if $l < $width $body }

@@ -222,7 +222,12 @@ fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
 pub trait Elem {
     const BYTES: u64;
     const LANES: usize;
-    unsafe fn load(p: u64) -> f32;
+    /// One element, widened to f32.
+    #[inline(always)]
+    unsafe fn load(p: u64) -> f32 {
+        // SAFETY: the caller's contract, as for `load_bits`.
+        Self::widen(unsafe { Self::load_bits(p) })
+    }
     /// One element's raw bits (zero-extended to 32), for kernels that keep loaded data packed
     /// in registers until it is used; [`Elem::widen`] turns them into f32.
     unsafe fn load_bits(p: u64) -> u32;
@@ -241,10 +246,6 @@ pub struct Bf16;
 impl Elem for F32 {
     const BYTES: u64 = 4;
     const LANES: usize = 4;
-    #[inline(always)]
-    unsafe fn load(p: u64) -> f32 {
-        f32::from_bits(unsafe { ld_u32(p) })
-    }
     #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u32(p) }
@@ -284,10 +285,6 @@ impl Elem for F16 {
     const BYTES: u64 = 2;
     const LANES: usize = 8;
     #[inline(always)]
-    unsafe fn load(p: u64) -> f32 {
-        f16_to_f32(unsafe { ld_u16(p) })
-    }
-    #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u16(p) as u32 }
     }
@@ -325,10 +322,6 @@ impl Elem for F16 {
 impl Elem for Bf16 {
     const BYTES: u64 = 2;
     const LANES: usize = 8;
-    #[inline(always)]
-    unsafe fn load(p: u64) -> f32 {
-        bf16_to_f32(unsafe { ld_u16(p) })
-    }
     #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u16(p) as u32 }

@@ -59,22 +59,6 @@ const MAX_CHUNKS: usize = 8;
 /// f32 slots per reduction buffer in shared memory (one per warp of a block of <= 1024).
 const SLOTS_PER_BUFFER: u32 = 32;
 
-/// Repeats `$body` for chunk `$j` = 0..8 while `$j < $k` (`$k` a constant after inlining):
-/// literal indices keep the per-chunk arrays in registers (LLVM does not fully unroll the
-/// equivalent `for` loop, and the arrays then go to local memory).
-macro_rules! chunks {
-    ($j:ident < $k:expr => $body:block) => {{
-        { let $j: usize = 0; if $j < $k $body }
-        { let $j: usize = 1; if $j < $k $body }
-        { let $j: usize = 2; if $j < $k $body }
-        { let $j: usize = 3; if $j < $k $body }
-        { let $j: usize = 4; if $j < $k $body }
-        { let $j: usize = 5; if $j < $k $body }
-        { let $j: usize = 6; if $j < $k $body }
-        { let $j: usize = 7; if $j < $k $body }
-    }};
-}
-
 /// How a chunk moves between memory and registers.
 trait Path {
     /// One 16-byte access per chunk (every address 16-byte aligned, `L` divides `hidden`
@@ -118,7 +102,7 @@ unsafe fn load_chunk<E: Elem, P: Path>(
         // element load of a thread (up to 64 for f32 rows of 32 per thread) above the first
         // use, which would take more registers than a 512-thread block allows.
         let mut v = [0.0f32; 8];
-        lanes!(l < E::LANES => {
+        unroll!(l < E::LANES => {
             if ok && c * lanes + (l as u64) < hidden {
                 // SAFETY: column c*L + l < hidden of a row inside the matrix.
                 v[l] = unsafe { E::load(base + (first + l as u64) * E::BYTES) };
@@ -149,7 +133,7 @@ unsafe fn store_chunk<E: Elem, P: Path>(
         // SAFETY: as in `load_chunk`.
         unsafe { st_v4_if(base + first * E::BYTES, E::pack(v), ok) }
     } else {
-        lanes!(l < E::LANES => {
+        unroll!(l < E::LANES => {
             let inside = ok && c * lanes + (l as u64) < hidden;
             // SAFETY: as in `load_chunk`.
             unsafe { E::store_if(base + (first + l as u64) * E::BYTES, v[l], inside) };
@@ -173,12 +157,8 @@ unsafe fn load_f32s<P: Path>(
 ) -> [f32; 8] {
     let mut v = [0.0f32; 8];
     if P::VEC {
-        // SAFETY: caller's contract.
-        let a = F32::unpack(unsafe { ld_v4_if(base + first * 4, ok) });
-        v[0] = a[0];
-        v[1] = a[1];
-        v[2] = a[2];
-        v[3] = a[3];
+        // SAFETY: caller's contract. `F32::unpack` fills lanes 0-3 and leaves 4-7 zero.
+        v = F32::unpack(unsafe { ld_v4_if(base + first * 4, ok) });
         if lanes == 8 {
             // SAFETY: as above, the second half of a 32-byte chunk.
             let b = F32::unpack(unsafe { ld_v4_if(base + first * 4 + 16, ok) });
@@ -189,7 +169,7 @@ unsafe fn load_f32s<P: Path>(
         }
     } else {
         // Branches, as in `load_chunk`.
-        lanes!(l < lanes => {
+        unroll!(l < lanes => {
             if ok && col0 + (l as u64) < hidden {
                 // SAFETY: caller's contract.
                 v[l] = unsafe { F32::load(base + (first + l as u64) * 4) };
@@ -214,14 +194,8 @@ unsafe fn store_f32s<P: Path>(
     v: &[f32; 8],
 ) {
     if P::VEC {
-        // SAFETY: caller's contract.
-        unsafe {
-            st_v4_if(
-                base + first * 4,
-                F32::pack(&[v[0], v[1], v[2], v[3], 0.0, 0.0, 0.0, 0.0]),
-                ok,
-            )
-        };
+        // SAFETY: caller's contract. `F32::pack` takes lanes 0-3.
+        unsafe { st_v4_if(base + first * 4, F32::pack(v), ok) };
         if lanes == 8 {
             // SAFETY: as above.
             unsafe {
@@ -233,7 +207,7 @@ unsafe fn store_f32s<P: Path>(
             };
         }
     } else {
-        lanes!(l < lanes => {
+        unroll!(l < lanes => {
             let inside = ok && col0 + (l as u64) < hidden;
             // SAFETY: caller's contract.
             unsafe { F32::store_if(base + (first + l as u64) * 4, v[l], inside) };
@@ -264,21 +238,21 @@ unsafe fn load_w<E: Elem, P: Path>(
     let lanes = E::LANES as u64;
     let mut v = [[0.0f32; 8]; MAX_CHUNKS];
     if w_f32 {
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = first + j as u64 * tpr;
             // SAFETY: when c < nchunks, chunk c is inside w; it starts at element c*L, 16-byte
             // aligned on the vector path because L*4 is a multiple of 16.
             v[j] = unsafe { load_f32s::<P>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
         });
     } else {
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = first + j as u64 * tpr;
             // SAFETY: as above; the weight is row 0 of a one-row matrix.
             v[j] = unsafe { load_chunk::<E, P>(w, 0, 0, c, hidden, ok && c < nchunks) };
         });
     }
     if gemma {
-        chunks!(j < k => { lanes!(l < E::LANES => { v[j][l] = 1.0 + v[j][l]; }); });
+        unroll!(j < k => { unroll!(l < E::LANES => { v[j][l] = 1.0 + v[j][l]; }); });
     }
     v
 }
@@ -306,12 +280,12 @@ fn rstd_of(sum_sq: f32, hidden: u64, eps: f32) -> f32 {
 #[inline(always)]
 fn normalize<E: Elem>(h: &[f32; 8], rstd: f32, w: &[f32; 8], hf: bool) -> [f32; 8] {
     let mut n = [0.0f32; 8];
-    lanes!(l < E::LANES => { n[l] = h[l] * rstd; });
+    unroll!(l < E::LANES => { n[l] = h[l] * rstd; });
     if hf {
         n = round_to::<E>(&n);
     }
     let mut y = [0.0f32; 8];
-    lanes!(l < E::LANES => { y[l] = n[l] * w[l]; });
+    unroll!(l < E::LANES => { y[l] = n[l] * w[l]; });
     y
 }
 
@@ -384,7 +358,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
     let mut x = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-    chunks!(j < k => {
+    unroll!(j < k => {
         let c = j as u64 * me.tpr + me.t;
         let ok = live && c < nchunks;
         // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
@@ -405,16 +379,16 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
             unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
     }
     if P::VEC {
-        chunks!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
+        unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
     }
-    chunks!(j < k => {
+    unroll!(j < k => {
         let c = j as u64 * me.tpr + me.t;
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
         unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
     });
     let mut acc = 0.0f32;
-    chunks!(j < k => {
-        lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+    unroll!(j < k => {
+        unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
     });
     // SAFETY: every thread of the block gets here; buffer 0's slots are the block's warps
     // (<= 512 / 32 = SLOTS_PER_BUFFER), inside RMSNORM_SMEM_BYTES (the asserts at the end).
@@ -433,7 +407,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
     // f32 weight (two loads per chunk): holding those set the kernel's register peak (52 -> 46
     // registers for bf16 rows of 4096).
     if W_FIRST {
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             let y = normalize::<E>(&h[j], rstd, &w_first[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
@@ -443,7 +417,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
         // SAFETY: the host checked the weight.
         let w =
             unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             let y = normalize::<E>(&h[j], rstd, &w[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
@@ -451,7 +425,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
         });
     } else {
         // One chunk of w at a time (registers, as for x and residual above on the scalar path).
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             // SAFETY: the host checked the weight.
             let w = unsafe { load_w::<E, P>(p.w, c, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
@@ -468,7 +442,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
 fn add_residual<E: Elem>(x: &[f32; 8], r: &[f32; 8], has_res: bool, hf: bool) -> [f32; 8] {
     let mut h = *x;
     if has_res {
-        lanes!(l < E::LANES => { h[l] = x[l] + r[l]; });
+        unroll!(l < E::LANES => { h[l] = x[l] + r[l]; });
     }
     if hf {
         h = round_to::<E>(&h);
@@ -506,7 +480,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
         let first = tile * per_tile + me.t;
         let mut x = [[0.0f32; 8]; MAX_CHUNKS];
         let mut r = [[0.0f32; 8]; MAX_CHUNKS];
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             let ok = live && c < nchunks;
             // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
@@ -516,14 +490,14 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
             }
         });
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-        chunks!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
-        chunks!(j < k => {
+        unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
+        unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as above; h may be x or residual, loaded above.
             unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
         });
-        chunks!(j < k => {
-            lanes!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+        unroll!(j < k => {
+            unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
         });
         tile += 1;
     }
@@ -548,7 +522,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     while tile < tiles {
         let first = tile * per_tile + me.t;
         let mut hv = [[0.0f32; 8]; MAX_CHUNKS];
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in pass 1.
             hv[j] = unsafe { load_chunk::<E, P>(src, src_stride, row, c, hidden, c < nchunks) };
@@ -556,7 +530,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
         // SAFETY: the host checked the weight.
         let w =
             unsafe { load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
             // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
@@ -604,7 +578,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
         // SAFETY: when live, row < rows: inside every operand (host-checked).
         let rstd = unsafe { ld_f32_if(p.rstd + row * p.rstd_stride * 4, live) };
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             let ok = live && c < nchunks;
             // SAFETY: as above, when ok c < nchunks.
@@ -621,8 +595,8 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
         // chunks past the row are all zeros and change nothing.
         let mut acc = 0.0f32;
-        chunks!(j < k => {
-            lanes!(l < E::LANES => {
+        unroll!(j < k => {
+            unroll!(l < E::LANES => {
                 let gl = w[j][l] * dy[j][l];
                 acc = fmaf32(h[j][l], gl, acc);
                 dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
@@ -633,10 +607,10 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         // per-block), and the two buffers alternate (see reduce::row_sum).
         let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(buf)) };
         let coef = (total / hidden_f) * (rstd * rstd);
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             let mut dx = [0.0f32; 8];
-            lanes!(l < E::LANES => {
+            unroll!(l < E::LANES => {
                 dx[l] = rstd * (dy[j][l] - h[j][l] * coef);
                 if has_dres {
                     dx[l] += dres[j][l];
@@ -650,7 +624,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     }
     // This row slot's partial dw, a row of the f32 workspace.
     let slot = grid::block_x() * rpb.get() + me.r_local;
-    chunks!(j < k => {
+    unroll!(j < k => {
         let c = j as u64 * me.tpr + me.t;
         // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized);
         // row offsets slot*hidden*4 are 16-byte multiples on the vector path (L | hidden).
@@ -701,7 +675,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
             let first = tile * per_tile + me.t;
             let mut h = [[0.0f32; 8]; MAX_CHUNKS];
             let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
-            chunks!(j < k => {
+            unroll!(j < k => {
                 let c = first + j as u64 * me.tpr;
                 let ok = live && c < nchunks;
                 // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
@@ -714,8 +688,8 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
             let w = unsafe {
                 load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, live)
             };
-            chunks!(j < k => {
-                lanes!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
+            unroll!(j < k => {
+                unroll!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
             });
             tile += 1;
         }
@@ -758,7 +732,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                         F32::load(coef_base + row * 4),
                     )
                 };
-                chunks!(j < k => {
+                unroll!(j < k => {
                     let c = first + j as u64 * me.tpr;
                     let ok = c < nchunks;
                     // SAFETY: row < rows; when ok, c < nchunks.
@@ -768,10 +742,10 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                         dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
                     }
                 });
-                chunks!(j < k => {
+                unroll!(j < k => {
                     let c = first + j as u64 * me.tpr;
                     let mut dx = [0.0f32; 8];
-                    lanes!(l < E::LANES => {
+                    unroll!(l < E::LANES => {
                         let gl = w[j][l] * dy[j][l];
                         dx[l] = rstd * (gl - h[j][l] * coef);
                         if has_dres {
@@ -785,7 +759,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
             }
             g += step;
         }
-        chunks!(j < k => {
+        unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in `bwd_regs`.
             unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
