@@ -208,11 +208,6 @@ impl NormGeometry {
         self.threads_per_row * self.rows_per_block
     }
 
-    /// Elements one tile of a row covers.
-    pub const fn tile_elems(&self) -> u64 {
-        self.threads_per_row as u64 * self.elems_per_thread as u64
-    }
-
     /// `threads_per_row` threads each holding `ept` elements of a row of `chunks` 16-byte
     /// chunks of `lanes` elements; rows of at most 256 threads are packed side by side.
     const fn covering(chunks: u64, lanes: u64, ept: u64) -> Self {
@@ -293,28 +288,48 @@ pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant,
     }
 }
 
-/// Blocks of the backward row kernel for `rows` rows: one per row group, capped so the grid
-/// has at most [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups).
-/// Depends on `rows`, `hidden` and the dtype only (not on the device), so `dw` is
-/// reproducible across machines.
-pub const fn rmsnorm_bwd_blocks(dtype: DType, rows: u64, hidden: u64) -> u64 {
-    let (_, g) = rmsnorm_bwd_geometry(dtype, hidden);
-    let groups = rows.div_ceil(g.rows_per_block as u64);
-    let cap = RMSNORM_BWD_GRID_THREADS / g.block_threads() as u64;
-    let cap = if cap == 0 { 1 } else { cap };
-    if groups < cap { groups } else { cap }
+/// The backward's launch shape for `rows x hidden`, from those and the dtype only (not the
+/// device), so `dw` is reproducible across machines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormBwdLayout {
+    pub variant: NormBwdVariant,
+    pub geometry: NormGeometry,
+    /// Blocks of the row kernel: one per row group, capped so the grid has at most
+    /// [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups); none when
+    /// `hidden == 0`.
+    pub blocks: u64,
+    /// Partial `dw` rows, one per row slot (`blocks * rows_per_block`).
+    pub slots: u64,
+    /// f32 elements of the workspace: the partial `dw` rows, plus, for the looped variant,
+    /// one coefficient per row.
+    pub workspace_len: u64,
 }
 
-/// f32 elements of the backward workspace: one partial `dw` row per row slot
-/// (`blocks * rows_per_block` slots), plus, for the looped variant, one coefficient per row.
-pub const fn rmsnorm_bwd_workspace_len(dtype: DType, rows: u64, hidden: u64) -> u64 {
-    let (variant, g) = rmsnorm_bwd_geometry(dtype, hidden);
-    let slots = rmsnorm_bwd_blocks(dtype, rows, hidden) * g.rows_per_block as u64;
+/// See [`NormBwdLayout`].
+pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwdLayout {
+    let (variant, geometry) = rmsnorm_bwd_geometry(dtype, hidden);
+    let groups = rows.div_ceil(geometry.rows_per_block as u64);
+    let cap = RMSNORM_BWD_GRID_THREADS / geometry.block_threads() as u64;
+    let cap = if cap == 0 { 1 } else { cap };
+    let blocks = if hidden == 0 {
+        0
+    } else if groups < cap {
+        groups
+    } else {
+        cap
+    };
+    let slots = blocks * geometry.rows_per_block as u64;
     let coef = match variant {
         NormBwdVariant::Loop => rows,
         NormBwdVariant::E16 => 0,
     };
-    slots * hidden + coef
+    NormBwdLayout {
+        variant,
+        geometry,
+        blocks,
+        slots,
+        workspace_len: slots * hidden + coef,
+    }
 }
 
 /// Fused residual-add + RMSNorm forward, one row `r < rows` of `hidden` elements:

@@ -17,18 +17,8 @@ use ferrofuse_common::{
 use crate::error::{Error, Result};
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
-use crate::validate::{check_aliasing, check_shape};
+use crate::validate::{check_aliasing, check_shape, vec_mode};
 use cudarc::driver::CudaStream;
-
-/// 16-byte vectors when every operand allows them, else one element per access.
-fn vec_mode(dtype: DType, cols: usize, mats: &[&MatDesc]) -> VecMode {
-    let lanes = dtype.lanes_per_16b();
-    let ok = cols.is_multiple_of(lanes)
-        && mats
-            .iter()
-            .all(|m| m.addr % 16 == 0 && (m.rows <= 1 || m.row_stride % lanes == 0));
-    if ok { VecMode::V16 } else { VecMode::Scalar }
-}
 
 /// The kernels' first-row multiply-high is exact for rows of fewer than 2^32 accesses.
 fn check_row_length(cols: usize) -> Result<()> {
@@ -92,7 +82,7 @@ pub fn plan_gated_forward(
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     let (rows, cols) = a.shape();
     check_row_length(cols)?;
-    let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[a, b, y]));
+    let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
         kernel,
@@ -151,7 +141,14 @@ pub fn plan_gated_backward(
     )?;
     let (rows, cols) = a.shape();
     check_row_length(cols)?;
-    let kernel = KernelId::GatedBwd(dtype, vec_mode(dtype, cols, &[a, b, dy, da, db]));
+    let kernel = KernelId::GatedBwd(
+        dtype,
+        vec_mode(
+            dtype,
+            cols,
+            &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
+        ),
+    );
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
         kernel,

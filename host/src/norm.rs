@@ -61,15 +61,14 @@ use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
     DType, KernelId, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    RmsNormFwdParams, VecMode, rmsnorm_bwd_blocks, rmsnorm_bwd_geometry, rmsnorm_bwd_workspace_len,
-    rmsnorm_fwd_geometry,
+    RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_fwd_geometry,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
 use crate::error::{Error, Result};
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
-use crate::validate::{check_aliasing, check_devices, check_shape};
+use crate::validate::{check_aliasing, check_devices, check_shape, vec_mode};
 
 /// Where the forward rounds intermediate values to the storage dtype (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -160,7 +159,7 @@ pub fn rmsnorm_backward_geometry(dtype: DType, hidden: usize) -> (NormBwdVariant
 
 /// f32 elements the backward's workspace needs for `rows x hidden` of `dtype`.
 pub fn rmsnorm_backward_workspace_len(dtype: DType, rows: usize, hidden: usize) -> usize {
-    rmsnorm_bwd_workspace_len(dtype, rows as u64, hidden as u64) as usize
+    rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).workspace_len as usize
 }
 
 fn check_eps(eps: f32) -> Result<()> {
@@ -186,24 +185,17 @@ fn check_weight(name: &'static str, w: &MatDesc, dtype: DType, hidden: usize) ->
     check_shape(name, w, (1, hidden))
 }
 
-/// 16-byte vectors when `L` (16 bytes of `dtype`) divides H, every row-bearing matrix starts
-/// 16-byte aligned with row strides that are multiples of `L`, and every vector (weight,
-/// workspace) starts 16-byte aligned. Otherwise the scalar kernel, which assigns and sums
-/// the elements in the same order.
-fn vec_mode(
-    dtype: DType,
-    hidden: usize,
-    mats: &[Option<&MatDesc>],
-    vectors: &[&MatDesc],
-) -> VecMode {
-    let lanes = dtype.lanes_per_16b();
-    let ok = hidden.is_multiple_of(lanes)
-        && mats
-            .iter()
-            .flatten()
-            .all(|m| m.addr % 16 == 0 && (m.rows <= 1 || m.row_stride % lanes == 0))
-        && vectors.iter().all(|m| m.addr % 16 == 0);
-    if ok { VecMode::V16 } else { VecMode::Scalar }
+/// The weight's flag bits, shared by the forward and the backward: Gemma's `1 + w`, and an f32
+/// weight under a 16-bit storage dtype.
+fn weight_flags(gemma: bool, w_dtype: DType, dtype: DType) -> u32 {
+    let mut flags = 0;
+    if gemma {
+        flags |= RMSNORM_GEMMA;
+    }
+    if w_dtype == DType::F32 && dtype != DType::F32 {
+        flags |= RMSNORM_W_F32;
+    }
+    flags
 }
 
 fn grid_u32(what: &'static str, blocks: u64) -> Result<u32> {
@@ -322,7 +314,7 @@ pub fn plan_rmsnorm_forward(
     }
 
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
-    let mode = vec_mode(dtype, hidden, &[Some(x), residual, Some(&t.y), h], &[w]);
+    let mode = vec_mode(dtype, hidden, &[Some(x), residual, Some(&t.y), h, Some(w)]);
     let grid = if rows == 0 || hidden == 0 {
         0
     } else {
@@ -331,15 +323,9 @@ pub fn plan_rmsnorm_forward(
             (rows as u64).div_ceil(geometry.rows_per_block as u64),
         )?
     };
-    let mut flags = 0;
-    if opts.gemma {
-        flags |= RMSNORM_GEMMA;
-    }
+    let mut flags = weight_flags(opts.gemma, w.dtype, dtype);
     if opts.numerics == NormNumerics::HfLlama {
         flags |= RMSNORM_HF;
-    }
-    if w.dtype == DType::F32 && dtype != DType::F32 {
-        flags |= RMSNORM_W_F32;
     }
     Ok(Launch {
         kernel: forward_kernel(dtype, mode, variant, grid, limits),
@@ -401,7 +387,8 @@ pub fn plan_rmsnorm_backward(
             got: t.workspace.dtype,
         });
     }
-    let needed = rmsnorm_backward_workspace_len(dtype, rows, hidden);
+    let layout = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64);
+    let needed = layout.workspace_len as usize;
     // The part of the workspace the kernels use, as one row.
     let ws = MatDesc::contiguous(t.workspace.addr, t.workspace.len, DType::F32, 1, needed);
     ws.check("workspace", DType::F32)?;
@@ -444,26 +431,15 @@ pub fn plan_rmsnorm_backward(
         &[],
     )?;
 
-    let (variant, geometry) = rmsnorm_bwd_geometry(dtype, hidden as u64);
+    let (variant, geometry, blocks, slots) =
+        (layout.variant, layout.geometry, layout.blocks, layout.slots);
+    // The weight and the workspace are one-row operands here (shapes checked above).
     let mode = vec_mode(
         dtype,
         hidden,
-        &[Some(dy), Some(h), dres, Some(&t.dx)],
-        &[w, &ws],
+        &[Some(dy), Some(h), dres, Some(&t.dx), Some(w), Some(&ws)],
     );
-    let blocks = if hidden == 0 {
-        0
-    } else {
-        rmsnorm_bwd_blocks(dtype, rows as u64, hidden as u64)
-    };
-    let slots = blocks * geometry.rows_per_block as u64;
-    let mut flags = 0;
-    if gemma {
-        flags |= RMSNORM_GEMMA;
-    }
-    if w.dtype == DType::F32 && dtype != DType::F32 {
-        flags |= RMSNORM_W_F32;
-    }
+    let flags = weight_flags(gemma, w.dtype, dtype);
     let rows_launch = Launch {
         kernel: KernelId::RmsNormBwd(dtype, mode, variant),
         grid: grid_u32("rows", blocks)?,

@@ -77,6 +77,8 @@ pub struct Kernels {
     limits: GridLimits,
     /// Launch with programmatic stream serialization (sm_90+): see [`Kernels::launch`].
     programmatic: AtomicBool,
+    /// Whether this device and the PTX allow it (decided once, at load).
+    programmatic_supported: bool,
     _module: Arc<CudaModule>,
 }
 
@@ -107,11 +109,11 @@ impl GridLimits {
 /// largest block for the w-first norm forward (so a grid planned as one wave is one at every
 /// row length).
 fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
-    match kernel {
-        KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => Some(ferrofuse_common::GATED_THREADS),
-        KernelId::RmsNormFwdWFirst(..) => Some(ferrofuse_common::RMSNORM_MAX_THREADS_PER_ROW),
-        _ => None,
-    }
+    matches!(
+        kernel,
+        KernelId::GatedFwd(..) | KernelId::GatedBwd(..) | KernelId::RmsNormFwdWFirst(..)
+    )
+    .then(|| kernel.max_block_threads())
 }
 
 static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
@@ -182,6 +184,7 @@ impl Kernels {
             functions,
             limits,
             programmatic: AtomicBool::new(programmatic),
+            programmatic_supported: programmatic,
             _module: module,
         })
     }
@@ -208,12 +211,8 @@ impl Kernels {
     /// Turns programmatic dependent launch off or back on (where the device supports it), for
     /// measuring what it brings or ruling it out while debugging.
     pub fn set_programmatic_launch(&self, on: bool) {
-        let supported = PTX_CC.parse::<u32>().unwrap_or(0) >= 90
-            && self
-                .ctx
-                .compute_capability()
-                .is_ok_and(|(major, _)| major >= 9);
-        self.programmatic.store(on && supported, Ordering::Relaxed);
+        self.programmatic
+            .store(on && self.programmatic_supported, Ordering::Relaxed);
     }
 
     /// The stream must belong to this context.

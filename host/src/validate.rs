@@ -3,9 +3,25 @@
 
 use cudarc::driver::CudaStream;
 
+use ferrofuse_common::{DType, VecMode};
+
 use crate::error::{Error, Result};
 use crate::runtime::Kernels;
 use crate::tensor::MatDesc;
+
+/// 16-byte vectors when `L` (16 bytes of `dtype`) divides the row length `cols` and every
+/// operand (absent ones are `None`) starts 16-byte aligned with a row stride that is a multiple
+/// of `L` (one-row operands such as a norm weight need only the alignment); otherwise one
+/// element per access. The kernels of both paths compute the same values.
+pub(crate) fn vec_mode(dtype: DType, cols: usize, mats: &[Option<&MatDesc>]) -> VecMode {
+    let lanes = dtype.lanes_per_16b();
+    let ok = cols.is_multiple_of(lanes)
+        && mats
+            .iter()
+            .flatten()
+            .all(|m| m.addr % 16 == 0 && (m.rows <= 1 || m.row_stride % lanes == 0));
+    if ok { VecMode::V16 } else { VecMode::Scalar }
+}
 
 /// `m` has the shape `expected`.
 pub(crate) fn check_shape(name: &'static str, m: &MatDesc, expected: (usize, usize)) -> Result<()> {
