@@ -14,9 +14,7 @@ pub mod stats;
 use schema::{Method, Plan, PlanConfig};
 use shapes::{Config, NORM_EPS, Variant};
 
-/// Exit code of `ferrofuse-bench` (and `cargo xtask bench`) when there is no CUDA driver or no
-/// device: `EX_UNAVAILABLE` from sysexits.h.
-pub const EXIT_NO_GPU: u8 = 69;
+pub use schema::EXIT_NO_GPU;
 
 /// The commit the binary was built from (`git describe --always --dirty`), or `unknown`.
 pub const COMMIT: &str = env!("FERROFUSE_BENCH_COMMIT");

@@ -67,13 +67,13 @@ struct Args {
     #[arg(long, default_value_t = ferrofuse_bench::shapes::GRAPH_MAX_ROWS)]
     graph_max_rows: usize,
     /// per_call: warm-up budget in ms of GPU time (do_bench's `warmup`).
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(long, default_value_t = Budgets::default().warmup_ms)]
     warmup_ms: f64,
     /// per_call: timed budget in ms (do_bench's `rep`).
-    #[arg(long, default_value_t = 100.0)]
+    #[arg(long, default_value_t = Budgets::default().rep_ms)]
     rep_ms: f64,
     /// graph: budget of the captured launches in ms (do_bench_cudagraph's `rep`).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = Budgets::default().graph_rep_ms)]
     graph_rep_ms: f64,
     /// Size of the device-to-device copy that gives the ceiling, in MiB.
     #[arg(long, default_value_t = 2048)]
@@ -94,11 +94,7 @@ fn selection(args: &Args) -> Result<Selection, String> {
     let layouts = args
         .layouts
         .iter()
-        .map(|l| match l.as_str() {
-            "split" => Ok(Layout::Split),
-            "interleaved" => Ok(Layout::Interleaved),
-            _ => Err(format!("unknown layout {l:?}: split or interleaved")),
-        })
+        .map(|l| Layout::parse(l).ok_or(format!("unknown layout {l:?}: split or interleaved")))
         .collect::<Result<_, _>>()?;
     let dtypes = args
         .dtypes
@@ -276,12 +272,13 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         }
     );
     println!(
-        "{} configurations ({sel}); per_call: warm-up {} ms, {} ms timed, L2 flushed ({} MiB) before each run; graph: {} ms of launches per graph, median of 10 replays",
+        "{} configurations ({sel}); per_call: warm-up {} ms, {} ms timed, L2 flushed ({} MiB) before each run; graph: {} ms of launches per graph, median of {} replays",
         configs.len(),
         budgets.warmup_ms,
         budgets.rep_ms,
         L2_FLUSH_BYTES >> 20,
-        budgets.graph_rep_ms
+        budgets.graph_rep_ms,
+        stats::GRAPH_REPLAYS
     );
     print_formulas(&configs);
     let (expected, _) = ferrofuse_bench::estimated_seconds(&configs, &budgets);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::norm::rmsnorm_backward_workspace_len;
+use ferrofuse::reference::{rmsnorm_backward, rmsnorm_exact, rmsnorm_weight};
 use ferrofuse::{Activation, Element, Mat, MatMut, RmsNormOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -123,16 +124,15 @@ fn data<'a, T: Element>(
     h: &Harness,
     dtype: Dtype,
 ) -> Result<&'a Random<T>> {
-    if slot.is_none() {
-        *slot = Some(Random::new(
-            &h.stream,
-            0x5EED_0000 + dtype as u64,
-            -4.0,
-            4.0,
-        )?);
+    if let Some(r) = slot {
+        return Ok(r);
     }
-    slot.as_ref()
-        .ok_or_else(|| "internal: no random data".into())
+    Ok(slot.insert(Random::new(
+        &h.stream,
+        0x5EED_0000 + dtype as u64,
+        -4.0,
+        4.0,
+    )?))
 }
 
 /// Runs a group of configurations that share (op, variant, dtype, cols), in any order of rows.
@@ -487,10 +487,7 @@ fn run_norm_group<T: Element>(
     let w = stream.clone_htod(&w_host).ctx("uploading the weight")?;
     let rstd = stream.clone_htod(&rstd_host).ctx("uploading rstd")?;
     let w_val: Vec<f64> = w_host.iter().map(|v| v.to_f64()).collect();
-    let w_eff: Vec<f64> = w_val
-        .iter()
-        .map(|&w| if gemma { 1.0 + w } else { w })
-        .collect();
+    let w_eff: Vec<f64> = w_val.iter().map(|&w| rmsnorm_weight(w, gemma)).collect();
 
     let src0 = Source {
         offset: OFFSETS[0],
@@ -506,14 +503,18 @@ fn run_norm_group<T: Element>(
     // SAFETY (all three): poisoned before every use; never read before a kernel wrote them.
     let out0 = unsafe { stream.alloc::<T>(n) }.ctx("allocating an output")?;
     let out1 = unsafe { stream.alloc::<T>(out1_len) }.ctx("allocating an output")?;
-    let ws_len = group
-        .iter()
-        .map(|c| rmsnorm_backward_workspace_len(ferrofuse_dtype(c.dtype), c.rows, hh))
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let workspace = unsafe { stream.alloc::<f32>(if backward { ws_len } else { 1 }) }
-        .ctx("allocating the workspace")?;
+    // The forward has no workspace; one element keeps the buffer non-empty.
+    let ws_len = if backward {
+        group
+            .iter()
+            .map(|c| rmsnorm_backward_workspace_len(T::DTYPE, c.rows, hh))
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    } else {
+        1
+    };
+    let workspace = unsafe { stream.alloc::<f32>(ws_len) }.ctx("allocating the workspace")?;
 
     let mut bufs = NormBufs {
         in0,
@@ -544,8 +545,7 @@ fn run_norm_group<T: Element>(
                         .zip(row_of(&src1, r))
                         .map(|(x, res)| x + res)
                         .collect();
-                    let rstd = rstd_of(&sum, NORM_EPS);
-                    want_y.extend(sum.iter().zip(&w_eff).map(|(h, w)| h * rstd * w));
+                    want_y.extend(rmsnorm_exact(&sum, &w_eff, NORM_EPS));
                     want_h.extend(sum);
                 }
                 check(
@@ -564,7 +564,9 @@ fn run_norm_group<T: Element>(
                 let mut want_dx = Vec::new();
                 for &r in &sample {
                     let (dy, hv) = (row_of(&src0, r), row_of(&src1, r));
-                    want_dx.extend(norm_dx_row(&dy, &hv, &w_eff, rstd_host[r] as f64));
+                    let rstd = [rstd_host[r] as f64];
+                    let (dx, _) = rmsnorm_backward(&dy, &hv, &w_val, &rstd, None, 1, hh, gemma);
+                    want_dx.extend(dx);
                 }
                 check(
                     "dx",
@@ -598,31 +600,6 @@ fn run_norm_group<T: Element>(
     Ok(())
 }
 
-fn ferrofuse_dtype(d: Dtype) -> ferrofuse::DType {
-    match d {
-        Dtype::Bf16 => ferrofuse::DType::BF16,
-        Dtype::F16 => ferrofuse::DType::F16,
-        Dtype::F32 => ferrofuse::DType::F32,
-    }
-}
-
-/// `1 / sqrt(mean(h^2) + eps)` in f64.
-pub fn rstd_of(h: &[f64], eps: f64) -> f64 {
-    let ms = h.iter().map(|v| v * v).sum::<f64>() / h.len() as f64;
-    1.0 / (ms + eps).sqrt()
-}
-
-/// One row of the RMSNorm backward in f64: `dx = rstd * (g - h * rstd^2 * mean(h * g))`
-/// with `g = w_eff * dy`.
-pub fn norm_dx_row(dy: &[f64], h: &[f64], w_eff: &[f64], rstd: f64) -> Vec<f64> {
-    let g: Vec<f64> = dy.iter().zip(w_eff).map(|(d, w)| d * w).collect();
-    let mean = h.iter().zip(&g).map(|(h, g)| h * g).sum::<f64>() / h.len() as f64;
-    h.iter()
-        .zip(&g)
-        .map(|(h, g)| rstd * (g - h * rstd * rstd * mean))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,30 +610,6 @@ mod tests {
         assert_eq!(sample_rows(2), vec![0, 1]);
         assert_eq!(sample_rows(4), vec![0, 2, 3]);
         assert_eq!(sample_rows(16384), vec![0, 8192, 16383]);
-    }
-
-    #[test]
-    fn norm_references() {
-        // rstd of [3, 4]: 1 / sqrt(12.5 + eps).
-        assert!((rstd_of(&[3.0, 4.0], 0.0) - 1.0 / 12.5f64.sqrt()).abs() < 1e-15);
-        // The backward against a central finite difference of sum(dy * h * rstd(h) * w).
-        let (h, dy, w) = ([0.5, -1.25, 2.0], [0.3, -0.7, 1.1], [1.5, 0.75, -0.5]);
-        let f = |h: &[f64]| {
-            let s = rstd_of(h, 1e-6);
-            h.iter()
-                .zip(&dy)
-                .zip(&w)
-                .map(|((h, d), w)| h * s * w * d)
-                .sum::<f64>()
-        };
-        let dx = norm_dx_row(&dy, &h, &w, rstd_of(&h, 1e-6));
-        for c in 0..3 {
-            let (mut hp, mut hm) = (h, h);
-            hp[c] += 1e-6;
-            hm[c] -= 1e-6;
-            let fd = (f(&hp) - f(&hm)) / 2e-6;
-            assert!((fd - dx[c]).abs() < 1e-6, "{c}: {fd} vs {}", dx[c]);
-        }
     }
 
     #[test]

@@ -16,6 +16,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Exit code of `ferrofuse-bench` and `cargo xtask bench` when there is no CUDA driver or no
+/// device (and, for the xtask, nothing to merge): `EX_UNAVAILABLE` from sysexits.h.
+pub const EXIT_NO_GPU: u8 = 69;
+
+/// What identifies a measurement: (op, variant, dtype, rows, cols, mode); see [`Record::key`].
+pub type Key = (String, String, String, usize, usize, String);
+
 /// `impl` of our kernels.
 pub const IMPL_FERROFUSE: &str = "ferrofuse";
 /// `impl` of the peers, in the order the tables show them.
@@ -70,7 +77,7 @@ pub struct Record {
 
 impl Record {
     /// The fields that identify a shape and method (everything but the numbers and `impl`).
-    pub fn key(&self) -> (String, String, String, usize, usize, String) {
+    pub fn key(&self) -> Key {
         (
             self.op.clone(),
             self.variant.clone(),

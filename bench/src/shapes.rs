@@ -121,6 +121,10 @@ impl Layout {
             Layout::Interleaved => "interleaved",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Layout> {
+        Layout::ALL.into_iter().find(|l| l.name() == s)
+    }
 }
 
 /// RMSNorm convention: `y = h * rstd * w` or Gemma's `y = h * rstd * (1 + w)`.
@@ -402,8 +406,8 @@ fn op_selected(sel: &Selection, op: Op) -> bool {
 }
 
 /// Expands a selection into configurations: one per distinct (op, variant, dtype, rows, cols),
-/// so models that share a shape (LLaMA-3-8B and Mistral-7B) are measured once. Sorted by op,
-/// variant, dtype, cols, rows.
+/// so models that share a shape (LLaMA-3-8B and Mistral-7B) are measured once. Ordered by op,
+/// variant and cols, then dtype in the order given, then rows.
 pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
     for key in &sel.models {
         if !MODELS.iter().any(|m| m.key == key.as_str()) {
@@ -427,11 +431,13 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
         .iter()
         .filter(|m| sel.models.is_empty() || sel.models.iter().any(|k| k == m.key))
         .collect();
-    let tokens: &[usize] = if sel.tokens.is_empty() {
-        &TOKENS
+    let mut rows_sorted = if sel.tokens.is_empty() {
+        TOKENS.to_vec()
     } else {
-        &sel.tokens
+        sel.tokens.clone()
     };
+    rows_sorted.sort_unstable();
+    rows_sorted.dedup();
     let dtypes: &[Dtype] = if sel.dtypes.is_empty() {
         &[Dtype::Bf16]
     } else {
@@ -467,10 +473,7 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
     let mut configs = Vec::new();
     for &(op, variant, cols) in &shapes {
         for &dtype in dtypes {
-            let mut rows_sorted = tokens.to_vec();
-            rows_sorted.sort_unstable();
-            rows_sorted.dedup();
-            for rows in rows_sorted {
+            for &rows in &rows_sorted {
                 let modes: Vec<Mode> = modes
                     .iter()
                     .copied()

@@ -35,11 +35,7 @@ pub mod schema;
 #[allow(dead_code)]
 pub mod shapes;
 
-use schema::{IMPL_FERROFUSE, OP_COPY, OP_EMPTY, PEER_IMPLS, Record, Report, pct_of};
-
-/// Exit code when there is no GPU here and nothing to merge (sysexits' EX_UNAVAILABLE); the
-/// same as `ferrofuse-bench`'s.
-pub const EXIT_NO_GPU: u8 = 69;
+use schema::{EXIT_NO_GPU, IMPL_FERROFUSE, OP_COPY, OP_EMPTY, PEER_IMPLS, Record, Report, pct_of};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
@@ -85,13 +81,7 @@ fn run_inner(args: &Args) -> Result<ExitCode, String> {
         std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
         let (plan, ours) = (out_dir.join("plan.json"), out_dir.join("ferrofuse.json"));
         let _ = std::fs::remove_file(&ours);
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        tools::run(
-            Command::new(&cargo)
-                .args(["build", "--release", "--quiet", "-p", "ferrofuse-bench"])
-                .current_dir(&root),
-        )?;
-        let exe = root.join("target/release/ferrofuse-bench");
+        let exe = tools::build_bench(&root)?;
         let status = Command::new(&exe)
             .arg("--plan-out")
             .arg(&plan)
@@ -169,7 +159,7 @@ fn load(path: &Path) -> Result<Report, String> {
 /// Runs the peers on `plan` if python3 here has torch with CUDA and triton. `None` when it
 /// cannot; `Some(ok)` otherwise.
 fn run_peers(root: &Path, plan: &Path, out: &Path) -> Result<Option<bool>, String> {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = tools::python();
     let probe = Command::new(&python)
         .args([
             "-c",
@@ -253,7 +243,7 @@ fn kernel_prefixes(plan: &schema::Plan) -> BTreeSet<String> {
         .collect()
 }
 
-type Key = (String, String, String, usize, usize, String);
+type Key = schema::Key;
 
 /// Merges result files: the header (and the ceiling every percentage is recomputed against)
 /// comes from the file with ferrofuse results, else the first. A record measured twice (same
@@ -320,11 +310,16 @@ pub fn merge(reports: Vec<Report>) -> Result<(Report, Vec<String>), String> {
 }
 
 /// The ops in the order the report shows them.
+/// Whether the op (by name) is a backward one.
+fn is_backward(op: &str) -> bool {
+    shapes::Op::parse(op).is_some_and(|o| o.is_backward())
+}
+
 const OPS: [&str; 4] = [
-    "gated_fwd",
-    "gated_bwd",
-    "add_rmsnorm_fwd",
-    "add_rmsnorm_bwd",
+    shapes::Op::ALL[0].name(),
+    shapes::Op::ALL[1].name(),
+    shapes::Op::ALL[2].name(),
+    shapes::Op::ALL[3].name(),
 ];
 
 fn peer_label(imp: &str) -> &str {
@@ -613,7 +608,7 @@ fn render_targets(report: &Report, markdown: bool) -> String {
     );
     check(
         "bf16 per_call at 4096 and 16384 tokens >= 0.98 x best peer",
-        &|op, r| !op.ends_with("bwd") && bf16_per_call(r) && (r.rows == 4096 || r.rows == 16384),
+        &|op, r| !is_backward(op) && bf16_per_call(r) && (r.rows == 4096 || r.rows == 16384),
         &|r| r.vs_best(),
         0.98,
         &|v| format!("{v:.2} x"),
@@ -621,7 +616,7 @@ fn render_targets(report: &Report, markdown: bool) -> String {
     check(
         "graph mode, 16 to 1024 tokens >= 1.10 x best peer",
         &|op, r| {
-            !op.ends_with("bwd")
+            !is_backward(op)
                 && r.dtype == "bf16"
                 && r.mode == "graph"
                 && (16..=1024).contains(&r.rows)
@@ -632,7 +627,7 @@ fn render_targets(report: &Report, markdown: bool) -> String {
     );
     check(
         "1 and 4 tokens: no slower than the best peer",
-        &|op, r| !op.ends_with("bwd") && r.dtype == "bf16" && r.rows <= 4,
+        &|op, r| !is_backward(op) && r.dtype == "bf16" && r.rows <= 4,
         &|r| r.vs_best(),
         1.0,
         &|v| format!("{v:.2} x"),

@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-bundle [--out DIR]`: one folder that runs the GPU tests and the benchmark
 //! on a machine with a CUDA driver but no Rust toolchain (build on CPU runners, test on GPU
 //! runners). It holds the release-built test executables of `ferrofuse`, the benchmark
-//! executable and its peer script when they exist, and `run.sh`:
+//! executable and its peer script, and `run.sh`:
 //!
 //! - `run.sh test [filter]`: every test executable (GPU tests run; CPU tests too);
 //! - `run.sh sanitize [filter]`: the GPU tests under compute-sanitizer memcheck, racecheck and
@@ -82,7 +82,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     } else {
         root.join(&args.out)
     };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = tools::cargo();
 
     let tests = build_test_executables(&cargo, &root)?;
     if out.exists() {
@@ -93,19 +93,8 @@ pub fn run(args: &Args) -> Result<(), String> {
         copy(exe, &out.join("tests").join(name))?;
     }
 
-    let bench_manifest = root.join("bench/Cargo.toml");
-    if bench_manifest.exists() {
-        tools::run(
-            Command::new(&cargo)
-                .args(["build", "--release", "--quiet", "-p", "ferrofuse-bench"])
-                .current_dir(&root),
-        )?;
-        copy(
-            &root.join("target/release/ferrofuse-bench"),
-            &out.join("ferrofuse-bench"),
-        )?;
-        copy(&root.join("bench/peers.py"), &out.join("peers.py"))?;
-    }
+    copy(&tools::build_bench(&root)?, &out.join("ferrofuse-bench"))?;
+    copy(&root.join("bench/peers.py"), &out.join("peers.py"))?;
 
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;

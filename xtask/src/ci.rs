@@ -5,7 +5,7 @@ use std::process::Command;
 use crate::tools;
 
 pub fn run() -> Result<(), String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let cargo = tools::cargo();
     let root = tools::repo_root();
     let step = |title: &str, args: &[&str]| -> Result<(), String> {
         eprintln!("\n== {title}: cargo {}", args.join(" "));

@@ -39,15 +39,12 @@ enum Task {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Task::Bench(args) = &cli.task {
-        return bench::run(args);
-    }
     let result = match cli.task {
+        Task::Bench(args) => return bench::run(&args),
         Task::Ptx(args) => ptx::run(&args),
         Task::Ci => ci::run(),
         Task::GpuBundle(args) => bundle::run(&args),
         Task::Setup => tools::ptxas().map(|p| println!("ptxas: {}", p.display())),
-        Task::Bench(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

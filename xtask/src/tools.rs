@@ -22,6 +22,24 @@ pub fn run(cmd: &mut Command) -> Result<(), String> {
     Ok(())
 }
 
+/// The cargo that runs this xtask (`$CARGO`), else `cargo`.
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// The Python to run (`$PYTHON`), else `python3`.
+pub fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Builds `ferrofuse-bench` in release and returns the executable.
+pub fn build_bench(root: &Path) -> Result<PathBuf, String> {
+    run(Command::new(cargo())
+        .args(["build", "--release", "--quiet", "-p", "ferrofuse-bench"])
+        .current_dir(root))?;
+    Ok(root.join("target/release/ferrofuse-bench"))
+}
+
 /// The ptxas binary, installing the wheel into `.tools/nvcc` first if it is not there.
 pub fn ptxas() -> Result<PathBuf, String> {
     let dir = repo_root().join(".tools/nvcc");
@@ -33,8 +51,7 @@ pub fn ptxas() -> Result<PathBuf, String> {
         "xtask: installing ptxas ({NVCC_WHEEL}) into {}",
         dir.display()
     );
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    run(Command::new(&python)
+    run(Command::new(python())
         .args([
             "-m",
             "pip",
