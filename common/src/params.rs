@@ -143,7 +143,7 @@ pub const RMSNORM_BLOCK_TARGET: u32 = 256;
 pub const RMSNORM_SMEM_BYTES: u32 = 256;
 /// The backward grid has at most this many threads in all; each block then loops over row
 /// groups and keeps its share of `dw` in registers. Bounds the `dw` workspace to
-/// `131072 / block_threads * rows_per_block * hidden` floats (see [`rmsnorm_bwd_workspace_len`]).
+/// `131072 / block_threads * rows_per_block * hidden` floats (see [`NormBwdLayout`]).
 pub const RMSNORM_BWD_GRID_THREADS: u64 = 131_072;
 /// `dw` reduction kernel: a block sums 32 columns, in 8 slices of the partial rows.
 pub const RMSNORM_DW_COLS: u32 = 32;
@@ -390,7 +390,7 @@ pub struct RmsNormFwdParams {
 /// (`workspace + slots * hidden`). [`RmsNormDwParams`] then sums the slots in a fixed order.
 ///
 /// Aliasing: `dx` may be exactly `dy` or exactly `dres`; the workspace overlaps nothing.
-/// Launch: the geometry of [`rmsnorm_bwd_geometry`], [`rmsnorm_bwd_blocks`] blocks,
+/// Launch: the geometry of [`rmsnorm_bwd_geometry`], the blocks of [`rmsnorm_bwd_layout`],
 /// [`RMSNORM_SMEM_BYTES`] of dynamic shared memory.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -237,7 +237,8 @@ fn forward_kernel(
 /// buffer size and alignment; `residual` and `h` both given or both absent; the weight the
 /// storage dtype or f32; aliasing: `h` may be exactly `x` or exactly `residual`, `y` may be
 /// exactly `x`, nothing else overlaps an output. `limits` only picks between kernels that
-/// compute the same bits (see [`forward_kernel`]).
+/// compute the same bits: the w-first form while the grid fits on the device at once, the
+/// w-late one otherwise.
 pub fn plan_rmsnorm_forward(
     dtype: DType,
     t: &RmsNormFwdDescs,
