@@ -143,7 +143,12 @@ fn budgets(args: &Args) -> Budgets {
     }
 }
 
-fn method(b: &Budgets, copy_bytes: usize, elapsed_s: f64) -> Method {
+fn method(
+    b: &Budgets,
+    copy_bytes: usize,
+    elapsed_s: f64,
+    programmatic_launch: Option<bool>,
+) -> Method {
     Method {
         tool: format!("ferrofuse-bench {}", env!("CARGO_PKG_VERSION")),
         warmup_ms: b.warmup_ms,
@@ -152,6 +157,7 @@ fn method(b: &Budgets, copy_bytes: usize, elapsed_s: f64) -> Method {
         l2_flush_bytes: L2_FLUSH_BYTES as u64,
         copy_bytes: copy_bytes as u64,
         elapsed_s,
+        programmatic_launch,
     }
 }
 
@@ -208,7 +214,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     if let Some(path) = &args.plan_out {
         write_json(
             path,
-            &plan_json(&configs, method(&budgets, copy_bytes, 0.0), device),
+            &plan_json(&configs, method(&budgets, copy_bytes, 0.0, None), device),
         )?;
     }
     if args.list {
@@ -400,7 +406,12 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         copy_ceiling_gbs: ceiling,
         device: Some(device),
         results,
-        methods: vec![method(&budgets, copy_bytes, elapsed)],
+        methods: vec![method(
+            &budgets,
+            copy_bytes,
+            elapsed,
+            Some(h.kernels.programmatic_launch()),
+        )],
     };
     print_summary(&report);
     if let Some(path) = &args.json {

@@ -123,6 +123,10 @@ pub struct Method {
     /// Wall time of the whole run, seconds.
     #[serde(default)]
     pub elapsed_s: f64,
+    /// Whether ferrofuse's kernels were launched with programmatic dependent launch (off with
+    /// `--no-pdl` or below sm_90); absent for the peers and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub programmatic_launch: Option<bool>,
 }
 
 /// The configurations of a run, as `ferrofuse-bench --plan-out` writes them for `peers.py`.
