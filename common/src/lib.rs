@@ -7,7 +7,7 @@
 //! - the table of kernel entry names ([`kernel_names`]), checked against the PTX at build time;
 //! - the f32 activation math ([`act`]), run by the kernels and measured against f64 on the CPU.
 #![no_std]
-#![cfg_attr(not(target_arch = "nvptx64"), feature(core_intrinsics))]
+#![feature(core_intrinsics)]
 #![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
 #![allow(internal_features)]
 // Published coefficients are kept as printed; rounding them to f32 is the compiler's job.

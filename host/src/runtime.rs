@@ -227,20 +227,8 @@ impl Kernels {
     /// launch floor the benchmark measures beside every real kernel.
     pub fn launch_empty(&self, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;
-        let function = &self.functions[KernelId::Empty.index()];
-        self.ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: the entry takes no parameters and touches no memory.
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                function.cu_function(),
-                (1, 1, 1),
-                (32, 1, 1),
-                0,
-                stream.cu_stream(),
-                &mut [],
-            )
-        }
-        .during("launching a kernel")
+        unsafe { self.launch_raw(KernelId::Empty, 1, 32, 0, stream, &mut []) }
     }
 
     /// Writes zeros over `buf` with the `zero_fill` kernel, on the SMs rather than through
@@ -271,25 +259,22 @@ impl Kernels {
         }
         // Grid-stride: a capped grid covers any length.
         let grid = words.div_ceil(ZERO_FILL_THREADS as u64).min(65_535) as u32;
-        let function = &self.functions[KernelId::ZeroFill.index()];
         let mut args = [
             &mut dst as *mut u64 as *mut c_void,
             &mut words as *mut u64 as *mut c_void,
         ];
-        self.ctx.bind_to_thread().during("binding the context")?;
         // SAFETY: the entry takes (u64 dst, u64 words); dst is 16-byte aligned and holds
         // words * 16 bytes of this context's memory (checked above).
         unsafe {
-            cudarc::driver::result::launch_kernel(
-                function.cu_function(),
-                (grid, 1, 1),
-                (ZERO_FILL_THREADS, 1, 1),
+            self.launch_raw(
+                KernelId::ZeroFill,
+                grid,
+                ZERO_FILL_THREADS,
                 0,
-                stream.cu_stream(),
+                stream,
                 &mut args,
             )
         }
-        .during("launching a kernel")
     }
 
     /// Enqueues `launch` on `stream`: one driver launch (`cuLaunchKernelEx` with programmatic
@@ -307,29 +292,58 @@ impl Kernels {
         if launch.grid == 0 {
             return Ok(());
         }
-        let function = &self.functions[launch.kernel.index()];
         let mut params = launch.params;
         let mut args = [&mut params as *mut P as *mut c_void];
+        // SAFETY: the kernel takes one by-value parameter of type P (the shared struct from
+        // ferrofuse-common), which `args` points to; the plan checked every address in it, and
+        // the caller keeps the buffers alive.
+        unsafe {
+            self.launch_raw(
+                launch.kernel,
+                launch.grid,
+                launch.block,
+                launch.shared_mem_bytes,
+                stream,
+                &mut args,
+            )
+        }
+    }
+
+    /// One driver launch of `kernel` on `stream`. With programmatic dependent launch on and a
+    /// kernel that syncs its grid dependency, `cuLaunchKernelEx` with programmatic stream
+    /// serialization: the kernel may be scheduled while the previous work in the stream drains.
+    /// Every such sm_90 entry executes `griddepcontrol.wait` before its first global memory
+    /// access, which waits for the preceding grid to complete and its writes to be visible, so
+    /// stream order is kept for any predecessor, PDL-aware or not. Otherwise `cuLaunchKernel`.
+    ///
+    /// # Safety
+    /// `args` point to the entry's parameters, each of the type it takes, and every address
+    /// in them stays valid for what the kernel does with it until the kernel has run.
+    unsafe fn launch_raw(
+        &self,
+        kernel: KernelId,
+        grid: u32,
+        block: u32,
+        shared_mem_bytes: u32,
+        stream: &CudaStream,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let function = self.functions[kernel.index()].cu_function();
         self.ctx.bind_to_thread().during("binding the context")?;
-        if !(self.programmatic_launch() && launch.kernel.syncs_grid_dependency()) {
-            // SAFETY: the kernel takes one by-value parameter of type P (the shared struct from
-            // ferrofuse-common), which `args` points to; the plan checked every address in it.
+        if !(self.programmatic_launch() && kernel.syncs_grid_dependency()) {
+            // SAFETY: the caller's contract.
             return unsafe {
                 cudarc::driver::result::launch_kernel(
-                    function.cu_function(),
-                    (launch.grid, 1, 1),
-                    (launch.block, 1, 1),
-                    launch.shared_mem_bytes,
+                    function,
+                    (grid, 1, 1),
+                    (block, 1, 1),
+                    shared_mem_bytes,
                     stream.cu_stream(),
-                    &mut args,
+                    args,
                 )
             }
             .during("launching a kernel");
         }
-        // Programmatic dependent launch: the kernel may be scheduled while the previous work in
-        // the stream drains. Every sm_90 entry executes `griddepcontrol.wait` before its first
-        // global memory access, which waits for the preceding grid to complete and its writes
-        // to be visible, so stream order is kept for any predecessor, PDL-aware or not.
         let mut attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],
@@ -338,27 +352,21 @@ impl Kernels {
         };
         attr.value.programmaticStreamSerializationAllowed = 1;
         let config = sys::CUlaunchConfig {
-            gridDimX: launch.grid,
+            gridDimX: grid,
             gridDimY: 1,
             gridDimZ: 1,
-            blockDimX: launch.block,
+            blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: launch.shared_mem_bytes,
+            sharedMemBytes: shared_mem_bytes,
             hStream: stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,
         };
-        // SAFETY: as above; `config` and `attr` outlive the call, which copies them.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                function.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .during("launching a kernel")
+        // SAFETY: the caller's contract; `config` and `attr` outlive the call, which copies
+        // them.
+        unsafe { sys::cuLaunchKernelEx(&config, function, args.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .during("launching a kernel")
     }
 }
