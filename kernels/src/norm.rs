@@ -49,8 +49,8 @@ use ferrofuse_common::{
 };
 
 use crate::mem::{
-    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_f32_if, ld_v4_if, rsqrt_approx,
-    st_v4_if,
+    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_f32_if, ld_v4_if, prefetch_l2,
+    rsqrt_approx, st_v4_if,
 };
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
@@ -327,6 +327,18 @@ impl Me {
     }
 }
 
+/// Thread 0 of the block prefetches the line at `base` (the first element of a launched
+/// call's first operand) into L2. Its use is the read of `base` itself: the pointers' line of
+/// the constant bank is then fetched before `grid_dependency_sync`, not missed after it.
+#[inline(always)]
+fn prefetch_first(base: u64) {
+    if grid::thread_x() == 0 {
+        // SAFETY: `base` is the start of an operand the host checked (a launched call has at
+        // least one element).
+        unsafe { prefetch_l2(base) };
+    }
+}
+
 /// Forward, whole row in registers: `EPT` elements per thread (16 or 32). `W_FIRST` loads the
 /// weight with `x` and `residual` instead of after the reduction: one L2 round trip less on
 /// the row's path, for grids of one wave (small batches); it holds the weight through the
@@ -337,7 +349,6 @@ impl Me {
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
 unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &RmsNormFwdParams) {
-    grid_dependency_sync();
     let k = EPT / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -351,6 +362,10 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
     let hf = p.flags & RMSNORM_HF != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    // After the parameter reads, the geometry (a division) and a prefetch that reads the
+    // pointers' line of the constant bank, before the first global access (mem.rs).
+    prefetch_first(p.x);
+    grid_dependency_sync();
 
     // All loads of x and residual first, so they are in flight together (predicated, no
     // branches); h = x + residual in f32 after the last one. Chunks past the row stay 0 and
@@ -456,7 +471,6 @@ fn add_residual<E: Elem>(x: &[f32; 8], r: &[f32; 8], has_res: bool, hf: bool) ->
 /// As for [`fwd_regs`].
 #[inline(always)]
 unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
-    grid_dependency_sync();
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -472,6 +486,9 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     let hf = p.flags & RMSNORM_HF != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    // As in fwd_regs.
+    prefetch_first(p.x);
+    grid_dependency_sync();
 
     // Pass 1: h = x + residual, stored; sum of squares in the fixed order (tile, chunk, lane).
     let mut acc = 0.0f32;
@@ -548,7 +565,6 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
 /// As for [`fwd_regs`], with [`RmsNormBwdParams`] and the backward geometry.
 #[inline(always)]
 unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
-    grid_dependency_sync();
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -565,6 +581,9 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
 
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
     let mut g = grid::block_x();
@@ -640,7 +659,6 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
 /// As for [`bwd_regs`]; the workspace also holds one f32 per row after the partials.
 #[inline(always)]
 unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
-    grid_dependency_sync();
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -662,6 +680,9 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
 
     // Phase A.
     let mut g = grid::block_x();
@@ -776,7 +797,6 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
 /// and a workspace of `slots * hidden` f32s written by the backward rows kernel.
 #[inline(always)]
 unsafe fn dw_reduce<W: Elem>(p: &RmsNormDwParams) {
-    grid_dependency_sync();
     let cols = RMSNORM_DW_COLS as u64;
     let slices = RMSNORM_DW_SLICES as u64;
     let tid = grid::thread_x();
@@ -785,6 +805,9 @@ unsafe fn dw_reduce<W: Elem>(p: &RmsNormDwParams) {
     let col = grid::block_x() * cols + lane;
     let lo = q * p.slots / slices;
     let hi = (q + 1) * p.slots / slices;
+    // As in fwd_regs.
+    prefetch_first(p.workspace);
+    grid_dependency_sync();
     let mut s = 0.0f32;
     if col < p.hidden {
         let at = |i: u64| p.workspace + (i * p.hidden + col) * 4;
