@@ -3,9 +3,8 @@
 //! the host looks each one up once per context by [`KernelId::index`].
 
 use crate::{
-    Activation, DType, GATED_THREADS, NormBwdVariant, NormFwdVariant,
-    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
-    ZERO_FILL_THREADS,
+    DType, GATED_THREADS, NormBwdVariant, NormFwdVariant, RMSNORM_BWD_MAX_THREADS_PER_ROW,
+    RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW, ZERO_FILL_THREADS,
 };
 
 /// How a kernel touches memory: 16-byte vectors (every pointer 16-byte aligned, every row
@@ -18,13 +17,8 @@ pub enum VecMode {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelId {
-    /// Gated activation forward, one entry per activation
-    /// (`gated_fwd_{dtype}_{v16|scalar}_{act}`): straight-line code from the entry to the
-    /// loads, no branch on the activation (bench/TUNING.md: one indirect branch cost a cold
-    /// round trip per call).
-    GatedFwd(DType, VecMode, Activation),
-    /// Gated activation backward (`gated_bwd_{dtype}_{v16|scalar}_{act}`).
-    GatedBwd(DType, VecMode, Activation),
+    GatedFwd(DType, VecMode),
+    GatedBwd(DType, VecMode),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
     /// Residual-add + RMSNorm forward, 16 elements per thread on the v16 path, the weight
@@ -47,21 +41,21 @@ const fn dtype_index(d: DType) -> usize {
 
 impl KernelId {
     /// Number of kernel entry points.
-    pub const COUNT: usize = 86;
+    pub const COUNT: usize = 50;
 
     /// Dense index in `0..COUNT`.
     pub const fn index(self) -> usize {
         match self {
-            KernelId::GatedFwd(d, v, a) => (dtype_index(d) * 2 + v as usize) * 4 + a as usize,
-            KernelId::GatedBwd(d, v, a) => 24 + (dtype_index(d) * 2 + v as usize) * 4 + a as usize,
+            KernelId::GatedFwd(d, v) => dtype_index(d) * 2 + v as usize,
+            KernelId::GatedBwd(d, v) => 6 + dtype_index(d) * 2 + v as usize,
             KernelId::RmsNormFwd(d, v, n) => {
-                48 + (dtype_index(d) * 2 + v as usize) * 3 + n as usize
+                12 + (dtype_index(d) * 2 + v as usize) * 3 + n as usize
             }
             KernelId::RmsNormBwd(d, v, n) => {
-                66 + (dtype_index(d) * 2 + v as usize) * 2 + n as usize
+                30 + (dtype_index(d) * 2 + v as usize) * 2 + n as usize
             }
-            KernelId::RmsNormDw(d) => 78 + dtype_index(d),
-            KernelId::RmsNormFwdWFirst(d) => 81 + dtype_index(d),
+            KernelId::RmsNormDw(d) => 42 + dtype_index(d),
+            KernelId::RmsNormFwdWFirst(d) => 45 + dtype_index(d),
             KernelId::ZeroFill => Self::COUNT - 2,
             KernelId::Empty => Self::COUNT - 1,
         }
@@ -114,8 +108,18 @@ impl KernelId {
         use KernelId::*;
         use VecMode::*;
         match self {
-            GatedFwd(d, v, a) => GATED_FWD_NAMES[d as usize][v as usize][a as usize],
-            GatedBwd(d, v, a) => GATED_BWD_NAMES[d as usize][v as usize][a as usize],
+            GatedFwd(F32, V16) => "gated_fwd_f32_v16",
+            GatedFwd(F32, Scalar) => "gated_fwd_f32_scalar",
+            GatedFwd(F16, V16) => "gated_fwd_f16_v16",
+            GatedFwd(F16, Scalar) => "gated_fwd_f16_scalar",
+            GatedFwd(BF16, V16) => "gated_fwd_bf16_v16",
+            GatedFwd(BF16, Scalar) => "gated_fwd_bf16_scalar",
+            GatedBwd(F32, V16) => "gated_bwd_f32_v16",
+            GatedBwd(F32, Scalar) => "gated_bwd_f32_scalar",
+            GatedBwd(F16, V16) => "gated_bwd_f16_v16",
+            GatedBwd(F16, Scalar) => "gated_bwd_f16_scalar",
+            GatedBwd(BF16, V16) => "gated_bwd_bf16_v16",
+            GatedBwd(BF16, Scalar) => "gated_bwd_bf16_scalar",
             RmsNormFwd(F32, V16, NormFwdVariant::E16) => "rmsnorm_fwd_f32_v16_e16",
             RmsNormFwd(F32, V16, NormFwdVariant::E32) => "rmsnorm_fwd_f32_v16_e32",
             RmsNormFwd(F32, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_f32_v16_loop",
@@ -159,7 +163,7 @@ impl KernelId {
 
     /// Every kernel, in index order.
     pub const ALL: [KernelId; Self::COUNT] = {
-        let mut all = [KernelId::Empty; Self::COUNT];
+        let mut all = [KernelId::GatedFwd(DType::F32, VecMode::V16); Self::COUNT];
         let mut d = 0;
         while d < 3 {
             let dt = DType::ALL[d];
@@ -170,14 +174,10 @@ impl KernelId {
                 } else {
                     VecMode::Scalar
                 };
-                let mut a = 0;
-                while a < 4 {
-                    let f = KernelId::GatedFwd(dt, vm, Activation::ALL[a]);
-                    all[f.index()] = f;
-                    let b = KernelId::GatedBwd(dt, vm, Activation::ALL[a]);
-                    all[b.index()] = b;
-                    a += 1;
-                }
+                let f = KernelId::GatedFwd(dt, vm);
+                all[f.index()] = f;
+                let b = KernelId::GatedBwd(dt, vm);
+                all[b.index()] = b;
                 let mut n = 0;
                 while n < 3 {
                     let f = KernelId::RmsNormFwd(dt, vm, NormFwdVariant::ALL[n]);
@@ -203,97 +203,6 @@ impl KernelId {
         all
     };
 }
-
-/// Gated entry names by dtype, memory path and activation (the order of [`DType`],
-/// [`VecMode`] and [`Activation`]).
-const GATED_FWD_NAMES: [[[&str; 4]; 2]; 3] = [
-    [
-        [
-            "gated_fwd_f32_v16_silu",
-            "gated_fwd_f32_v16_gelu_erf",
-            "gated_fwd_f32_v16_gelu_tanh",
-            "gated_fwd_f32_v16_relu",
-        ],
-        [
-            "gated_fwd_f32_scalar_silu",
-            "gated_fwd_f32_scalar_gelu_erf",
-            "gated_fwd_f32_scalar_gelu_tanh",
-            "gated_fwd_f32_scalar_relu",
-        ],
-    ],
-    [
-        [
-            "gated_fwd_f16_v16_silu",
-            "gated_fwd_f16_v16_gelu_erf",
-            "gated_fwd_f16_v16_gelu_tanh",
-            "gated_fwd_f16_v16_relu",
-        ],
-        [
-            "gated_fwd_f16_scalar_silu",
-            "gated_fwd_f16_scalar_gelu_erf",
-            "gated_fwd_f16_scalar_gelu_tanh",
-            "gated_fwd_f16_scalar_relu",
-        ],
-    ],
-    [
-        [
-            "gated_fwd_bf16_v16_silu",
-            "gated_fwd_bf16_v16_gelu_erf",
-            "gated_fwd_bf16_v16_gelu_tanh",
-            "gated_fwd_bf16_v16_relu",
-        ],
-        [
-            "gated_fwd_bf16_scalar_silu",
-            "gated_fwd_bf16_scalar_gelu_erf",
-            "gated_fwd_bf16_scalar_gelu_tanh",
-            "gated_fwd_bf16_scalar_relu",
-        ],
-    ],
-];
-const GATED_BWD_NAMES: [[[&str; 4]; 2]; 3] = [
-    [
-        [
-            "gated_bwd_f32_v16_silu",
-            "gated_bwd_f32_v16_gelu_erf",
-            "gated_bwd_f32_v16_gelu_tanh",
-            "gated_bwd_f32_v16_relu",
-        ],
-        [
-            "gated_bwd_f32_scalar_silu",
-            "gated_bwd_f32_scalar_gelu_erf",
-            "gated_bwd_f32_scalar_gelu_tanh",
-            "gated_bwd_f32_scalar_relu",
-        ],
-    ],
-    [
-        [
-            "gated_bwd_f16_v16_silu",
-            "gated_bwd_f16_v16_gelu_erf",
-            "gated_bwd_f16_v16_gelu_tanh",
-            "gated_bwd_f16_v16_relu",
-        ],
-        [
-            "gated_bwd_f16_scalar_silu",
-            "gated_bwd_f16_scalar_gelu_erf",
-            "gated_bwd_f16_scalar_gelu_tanh",
-            "gated_bwd_f16_scalar_relu",
-        ],
-    ],
-    [
-        [
-            "gated_bwd_bf16_v16_silu",
-            "gated_bwd_bf16_v16_gelu_erf",
-            "gated_bwd_bf16_v16_gelu_tanh",
-            "gated_bwd_bf16_v16_relu",
-        ],
-        [
-            "gated_bwd_bf16_scalar_silu",
-            "gated_bwd_bf16_scalar_gelu_erf",
-            "gated_bwd_bf16_scalar_gelu_tanh",
-            "gated_bwd_bf16_scalar_relu",
-        ],
-    ],
-];
 
 /// Every kernel entry name, in index order.
 pub fn kernel_names() -> impl Iterator<Item = &'static str> {

@@ -82,6 +82,9 @@ pub struct GatedFwdParams {
     /// The grid walk, precomputed by the host so the kernel divides nothing: see
     /// [`GridWalk`].
     pub walk: GridWalk,
+    /// An [`crate::Activation`] as `u32`.
+    pub act: u32,
+    pub _pad: u32,
 }
 
 /// `da = dy * b * act'(a)`, `db = dy * act(a)`, recomputing `act` from the saved `a`.
@@ -106,6 +109,9 @@ pub struct GatedBwdParams {
     /// The grid walk, precomputed by the host so the kernel divides nothing: see
     /// [`GridWalk`].
     pub walk: GridWalk,
+    /// An [`crate::Activation`] as `u32`.
+    pub act: u32,
+    pub _pad: u32,
 }
 
 // ---------------------------------------------------------------------------------------------

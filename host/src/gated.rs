@@ -44,7 +44,7 @@ fn check_row_length(cols: usize) -> Result<()> {
 /// threads, 2.92 µs with `R`). Threads stay below 2^31 so the kernel's first-row
 /// multiply-high is exact. The measurements behind this are in `bench/TUNING.md`.
 fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
-    let (KernelId::GatedFwd(dtype, mode, _) | KernelId::GatedBwd(dtype, mode, _)) = kernel else {
+    let (KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode)) = kernel else {
         unreachable!("grid_for sizes gated kernels only");
     };
     let width = match mode {
@@ -82,11 +82,7 @@ pub fn plan_gated_forward(
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     let (rows, cols) = a.shape();
     check_row_length(cols)?;
-    let kernel = KernelId::GatedFwd(
-        dtype,
-        vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]),
-        act,
-    );
+    let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
         kernel,
@@ -103,6 +99,8 @@ pub fn plan_gated_forward(
             rows: rows as u64,
             cols: cols as u64,
             walk,
+            act: act as u32,
+            _pad: 0,
         },
     })
 }
@@ -150,7 +148,6 @@ pub fn plan_gated_backward(
             cols,
             &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
         ),
-        act,
     );
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Ok(Launch {
@@ -172,6 +169,8 @@ pub fn plan_gated_backward(
             rows: rows as u64,
             cols: cols as u64,
             walk,
+            act: act as u32,
+            _pad: 0,
         },
     })
 }

@@ -19,9 +19,8 @@
 //! division in the kernel ([`GridWalk`]).
 //!
 //! # Programmatic dependent launch (sm_90)
-//! Every entry reads its parameters, computes its first access and prefetches `a`'s first
-//! line, then calls `grid_dependency_sync` (wait for the previous grid in the stream, then let
-//! the next one launch) before its first load; see `mem.rs`.
+//! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
+//! then let the next one launch); see `mem.rs`.
 //!
 //! # Aliasing
 //! Each element is read and written by the same thread, and all of a thread's loads for one
@@ -32,9 +31,9 @@
 //! even in the storage dtype.
 
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
-use ferrofuse_common::{GatedBwdParams, GatedFwdParams, GridWalk};
+use ferrofuse_common::{Activation, GatedBwdParams, GatedFwdParams, GridWalk};
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, prefetch_l2, st_v4};
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
 
 /// How one access moves `WIDTH` elements between memory and registers. Loads return the raw
 /// bits (`[u32; 4]`, 16 bytes at most), widened to f32 lanes only when used, so a batch of
@@ -132,16 +131,10 @@ fn cursor(w: &GridWalk, i: u64) -> Cursor {
 
 #[inline(always)]
 unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
+    grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
     let mut at = cursor(walk, i);
-    if grid::thread_x() == 0 {
-        // SAFETY: element [0, 0] of `a` (a launched grid has rows, cols >= 1).
-        unsafe { prefetch_l2(p.a) };
-    }
-    // After the parameter reads, the index math and a prefetch that reads the pointers' line
-    // of the constant bank (so it is not a miss after the wait); see mem.rs.
-    grid_dependency_sync();
     while i < total {
         // SAFETY: the access is inside every matrix: i < total, and `at` is access i's row and
         // column because the walk was built for this grid; the host checked that the
@@ -165,15 +158,10 @@ unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
 
 #[inline(always)]
 unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
+    grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
     let mut at = cursor(walk, i);
-    if grid::thread_x() == 0 {
-        // SAFETY: as in `fwd`.
-        unsafe { prefetch_l2(p.a) };
-    }
-    // As in `fwd`.
-    grid_dependency_sync();
     while i < total {
         // SAFETY: as in `fwd`; all three loads precede both stores, so da/db may be exactly
         // a/b/dy.
@@ -202,54 +190,47 @@ unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
 
 /// Dispatches on the activation once per launch (a uniform branch), then runs a body
 /// monomorphized for it.
+macro_rules! dispatch_act {
+    ($body:ident, $x:ty, $p:expr) => {
+        match Activation::from_u32($p.act) {
+            Some(Activation::Silu) => $body::<$x, Silu>($p),
+            Some(Activation::GeluErf) => $body::<$x, GeluErf>($p),
+            Some(Activation::GeluTanh) => $body::<$x, GeluTanh>($p),
+            Some(Activation::Relu) => $body::<$x, Relu>($p),
+            // The host only passes valid activations.
+            None => {}
+        }
+    };
+}
+
 macro_rules! entries {
-    ($($x:ty, $act:ty => $fwd:ident, $bwd:ident;)*) => {$(
-        /// Gated forward, one activation; see the module docs. Launch: `GATED_THREADS`
-        /// threads, the planned grid.
+    ($($fwd:ident, $bwd:ident: $x:ty;)*) => {$(
+        /// Gated forward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
         ///
         /// # Safety
         /// The host launcher's checks: valid, aligned, in-bounds tensors; allowed aliasing only.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(p: GatedFwdParams) {
-            unsafe { fwd::<$x, $act>(&p) }
+            unsafe { dispatch_act!(fwd, $x, &p) }
         }
 
-        /// Gated backward, one activation; see the module docs. Launch: `GATED_THREADS`
-        /// threads, the planned grid.
+        /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
         ///
         /// # Safety
         /// As for the forward entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bwd(p: GatedBwdParams) {
-            unsafe { bwd::<$x, $act>(&p) }
+            unsafe { dispatch_act!(bwd, $x, &p) }
         }
     )*};
 }
 
 // Names must match `ferrofuse_common::KernelId::name` (checked against the PTX at build time).
 entries! {
-    V16<F32>, Silu => gated_fwd_f32_v16_silu, gated_bwd_f32_v16_silu;
-    V16<F32>, GeluErf => gated_fwd_f32_v16_gelu_erf, gated_bwd_f32_v16_gelu_erf;
-    V16<F32>, GeluTanh => gated_fwd_f32_v16_gelu_tanh, gated_bwd_f32_v16_gelu_tanh;
-    V16<F32>, Relu => gated_fwd_f32_v16_relu, gated_bwd_f32_v16_relu;
-    Scalar<F32>, Silu => gated_fwd_f32_scalar_silu, gated_bwd_f32_scalar_silu;
-    Scalar<F32>, GeluErf => gated_fwd_f32_scalar_gelu_erf, gated_bwd_f32_scalar_gelu_erf;
-    Scalar<F32>, GeluTanh => gated_fwd_f32_scalar_gelu_tanh, gated_bwd_f32_scalar_gelu_tanh;
-    Scalar<F32>, Relu => gated_fwd_f32_scalar_relu, gated_bwd_f32_scalar_relu;
-    V16<F16>, Silu => gated_fwd_f16_v16_silu, gated_bwd_f16_v16_silu;
-    V16<F16>, GeluErf => gated_fwd_f16_v16_gelu_erf, gated_bwd_f16_v16_gelu_erf;
-    V16<F16>, GeluTanh => gated_fwd_f16_v16_gelu_tanh, gated_bwd_f16_v16_gelu_tanh;
-    V16<F16>, Relu => gated_fwd_f16_v16_relu, gated_bwd_f16_v16_relu;
-    Scalar<F16>, Silu => gated_fwd_f16_scalar_silu, gated_bwd_f16_scalar_silu;
-    Scalar<F16>, GeluErf => gated_fwd_f16_scalar_gelu_erf, gated_bwd_f16_scalar_gelu_erf;
-    Scalar<F16>, GeluTanh => gated_fwd_f16_scalar_gelu_tanh, gated_bwd_f16_scalar_gelu_tanh;
-    Scalar<F16>, Relu => gated_fwd_f16_scalar_relu, gated_bwd_f16_scalar_relu;
-    V16<Bf16>, Silu => gated_fwd_bf16_v16_silu, gated_bwd_bf16_v16_silu;
-    V16<Bf16>, GeluErf => gated_fwd_bf16_v16_gelu_erf, gated_bwd_bf16_v16_gelu_erf;
-    V16<Bf16>, GeluTanh => gated_fwd_bf16_v16_gelu_tanh, gated_bwd_bf16_v16_gelu_tanh;
-    V16<Bf16>, Relu => gated_fwd_bf16_v16_relu, gated_bwd_bf16_v16_relu;
-    Scalar<Bf16>, Silu => gated_fwd_bf16_scalar_silu, gated_bwd_bf16_scalar_silu;
-    Scalar<Bf16>, GeluErf => gated_fwd_bf16_scalar_gelu_erf, gated_bwd_bf16_scalar_gelu_erf;
-    Scalar<Bf16>, GeluTanh => gated_fwd_bf16_scalar_gelu_tanh, gated_bwd_bf16_scalar_gelu_tanh;
-    Scalar<Bf16>, Relu => gated_fwd_bf16_scalar_relu, gated_bwd_bf16_scalar_relu;
+    gated_fwd_f32_v16, gated_bwd_f32_v16: V16<F32>;
+    gated_fwd_f32_scalar, gated_bwd_f32_scalar: Scalar<F32>;
+    gated_fwd_f16_v16, gated_bwd_f16_v16: V16<F16>;
+    gated_fwd_f16_scalar, gated_bwd_f16_scalar: Scalar<F16>;
+    gated_fwd_bf16_v16, gated_bwd_bf16_v16: V16<Bf16>;
+    gated_fwd_bf16_scalar, gated_bwd_bf16_scalar: Scalar<Bf16>;
 }

@@ -399,11 +399,11 @@ pub unsafe fn prefetch_l2(p: u64) {
 
 /// Programmatic dependent launch (sm_90+; see `Kernels::launch` on the host), first half:
 /// wait until the previous grid in the stream has completed and its memory operations are
-/// visible. Every kernel launched that way calls this before touching global memory, and
-/// after the work that needs none (parameter reads, index math): an early-placed block then
-/// has its parameters in the constant cache when the wait ends. Waiting first cost 0.1-0.3
-/// µs per call in graph replay (bench/TUNING.md). On archs without `griddepcontrol` it is
-/// empty and the host launches normally.
+/// visible. Every kernel launched that way calls this before touching global memory. The norm
+/// kernels call it after the work that needs none (parameter reads, index math, a prefetch
+/// that reads the pointers): an early-placed block then has its parameters in the constant
+/// cache when the wait ends, 0.1-0.2 µs per call in graph replay (bench/TUNING.md). On archs
+/// without `griddepcontrol` it is empty and the host launches normally.
 #[inline(always)]
 pub fn grid_dependency_wait() {
     #[cfg(ferrofuse_pdl)]
