@@ -111,13 +111,14 @@ const GELU_TANH_B: f32 =
     (-2.0 * 0.797_884_560_802_865_4 * 0.044_715 * core::f64::consts::LOG2_E) as f32;
 
 /// GELU-tanh's gate `(1 + tanh(u)) / 2 = sigmoid(2u)` (no cancellation for negative `x`),
-/// `u = sqrt(2/pi) (x + 0.044715 x^3)`, with `e^(-2u)` computed as `2^(x (A + B x^2))`: three
-/// operations (one a fused multiply-add) before the `ex2` instead of seven. At 64-256 rows the gated kernel's time is
-/// mostly the instructions after the loads (bench/TUNING.md).
+/// `u = sqrt(2/pi) (x + 0.044715 x^3)`, with `e^(-2u)` computed as `2^(x (A + B x^2))`:
+/// three operations (one a fused multiply-add) before the `ex2` instead of seven. At 64-256
+/// rows the gated kernel's time is mostly the instructions after the loads (bench/TUNING.md).
 #[inline(always)]
 fn gelu_tanh_gate(x: f32) -> f32 {
     recip(1.0 + exp2(x * fma(GELU_TANH_B, x * x, GELU_TANH_A)))
 }
+
 const INV_SQRT_2PI: f32 = 0.398_942_3;
 
 /// An activation as a type, so a kernel body is monomorphized per activation.

@@ -62,8 +62,9 @@ impl KernelId {
     }
 
     /// Whether the entry executes `griddepcontrol.wait` before its first global access on sm_90
-    /// builds, so the host may launch it with programmatic dependent launch. A kernel that does not must never be
-    /// launched that way: it could read its inputs before the previous kernel wrote them.
+    /// builds, so the host may launch it with programmatic dependent launch. A kernel that
+    /// does not must never be launched that way: it could read its inputs before the previous
+    /// kernel wrote them.
     pub const fn syncs_grid_dependency(self) -> bool {
         matches!(
             self,
