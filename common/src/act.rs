@@ -102,13 +102,16 @@ pub fn erfc(z: f32) -> f32 {
     if z >= 0.0 { r } else { 2.0 - r }
 }
 
-const SQRT_2_OVER_PI: f32 = 0.797_884_56;
-const GELU_TANH_K: f32 = 0.044_715;
+/// `sqrt(2 / pi)` and GELU-tanh's cubic coefficient, in f64 for the folded constants below.
+const SQRT_2_OVER_PI_F64: f64 = 0.797_884_560_802_865_4;
+const GELU_TANH_K_F64: f64 = 0.044_715;
+const SQRT_2_OVER_PI: f32 = SQRT_2_OVER_PI_F64 as f32;
+const GELU_TANH_K: f32 = GELU_TANH_K_F64 as f32;
 /// `-2u log2 e = x (GELU_TANH_A + GELU_TANH_B x^2)`, the constants folded in f64 (see
 /// [`gelu_tanh_gate`]).
-const GELU_TANH_A: f32 = (-2.0 * 0.797_884_560_802_865_4 * core::f64::consts::LOG2_E) as f32;
+const GELU_TANH_A: f32 = (-2.0 * SQRT_2_OVER_PI_F64 * core::f64::consts::LOG2_E) as f32;
 const GELU_TANH_B: f32 =
-    (-2.0 * 0.797_884_560_802_865_4 * 0.044_715 * core::f64::consts::LOG2_E) as f32;
+    (-2.0 * SQRT_2_OVER_PI_F64 * GELU_TANH_K_F64 * core::f64::consts::LOG2_E) as f32;
 
 /// GELU-tanh's gate `(1 + tanh(u)) / 2 = sigmoid(2u)` (no cancellation for negative `x`),
 /// `u = sqrt(2/pi) (x + 0.044715 x^3)`, with `e^(-2u)` computed as `2^(x (A + B x^2))`:

@@ -70,10 +70,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let too_many: Vec<_> = all
         .iter()
         .filter_map(|k| {
-            let threads = KernelId::ALL
-                .iter()
-                .find(|id| id.name() == k.kernel)?
-                .max_block_threads();
+            let threads = kernel_id(&k.kernel)?.max_block_threads();
             (block_registers(k.registers, threads) > REGISTERS_PER_BLOCK).then(|| {
                 format!(
                     "{} ({}): {} registers x {threads} threads",
@@ -97,9 +94,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         .iter()
         .filter(|k| {
             k.registers > GATED_FWD_MAX_REGISTERS
-                && KernelId::ALL
-                    .iter()
-                    .any(|id| matches!(id, KernelId::GatedFwd(..)) && id.name() == k.kernel)
+                && matches!(kernel_id(&k.kernel), Some(KernelId::GatedFwd(..)))
         })
         .map(|k| format!("{} ({}): {}", k.kernel, k.arch, k.registers))
         .collect();
@@ -115,6 +110,11 @@ pub fn run(args: &Args) -> Result<(), String> {
 
 /// Registers per thread at which 2048 threads fit on one SM.
 const GATED_FWD_MAX_REGISTERS: u32 = 32;
+
+/// The kernel a ptxas record names.
+fn kernel_id(name: &str) -> Option<KernelId> {
+    KernelId::ALL.iter().copied().find(|id| id.name() == name)
+}
 
 /// The norm kernels' first load phase (x and residual in the forward, h, dy and dres in the
 /// backward rows kernel, h and dy in its looped phase A) must reach the PTX as one run of
