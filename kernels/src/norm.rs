@@ -74,29 +74,30 @@ impl Path for Scalar {
     const VEC: bool = false;
 }
 
-/// Chunk `c` of row `row` of the matrix at `base` (row stride `stride` elements) as f32
-/// lanes, or zeros when `!ok`; on the scalar path, lanes at columns `>= hidden` are not read
-/// and stay 0. On the vector path the access is predicated, not branched around: a thread's
-/// loads of one phase then issue back to back and wait together (see `mem::ld_v4_if`).
-/// Callers load all the chunks of a phase before they use any of them.
+/// The address of element 0 of row `row` of the matrix at `base` (row stride `stride`
+/// elements). Computed once per row and operand: with one row per block it is the same for
+/// every thread, and ptxas keeps it in uniform registers.
+#[inline(always)]
+fn row_addr<E: Elem>(base: u64, stride: u64, row: u64) -> u64 {
+    base + row * stride * E::BYTES
+}
+
+/// Chunk `c` of the row at address `row` (see [`row_addr`]) as f32 lanes, or zeros when
+/// `!ok`; on the scalar path, lanes at columns `>= hidden` are not read and stay 0. On the
+/// vector path the access is predicated, not branched around: a thread's loads of one phase
+/// then issue back to back and wait together (see `mem::ld_v4_if`). Callers load all the
+/// chunks of a phase before they use any of them.
 ///
 /// # Safety
-/// When `ok`: `row` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the
-/// matrix's extent and alignment for the path.
+/// When `ok`: `row` is the address of a row of the matrix and `c < ceil(hidden / L)`; the
+/// host checked the matrix's extent and alignment for the path.
 #[inline(always)]
-unsafe fn load_chunk<E: Elem, P: Path>(
-    base: u64,
-    stride: u64,
-    row: u64,
-    c: u64,
-    hidden: u64,
-    ok: bool,
-) -> [f32; 8] {
+unsafe fn load_chunk<E: Elem, P: Path>(row: u64, c: u64, hidden: u64, ok: bool) -> [f32; 8] {
     let lanes = E::LANES as u64;
-    let first = row * stride + c * lanes;
+    let first = c * lanes;
     if P::VEC {
         // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
-        E::unpack(unsafe { ld_v4_if(base + first * E::BYTES, ok) })
+        E::unpack(unsafe { ld_v4_if(row + first * E::BYTES, ok) })
     } else {
         // Branches, not predicated loads, on this path: they keep ptxas from hoisting every
         // element load of a thread (up to 64 for f32 rows of 32 per thread) above the first
@@ -105,38 +106,30 @@ unsafe fn load_chunk<E: Elem, P: Path>(
         unroll!(l < E::LANES => {
             if ok && c * lanes + (l as u64) < hidden {
                 // SAFETY: column c*L + l < hidden of a row inside the matrix.
-                v[l] = unsafe { E::load(base + (first + l as u64) * E::BYTES) };
+                v[l] = unsafe { E::load(row + (first + l as u64) * E::BYTES) };
             }
         });
         v
     }
 }
 
-/// Stores chunk `c` of row `row` when `ok` (rounding to nearest even in the storage dtype);
-/// on the scalar path, lanes at columns `>= hidden` are not written.
+/// Stores chunk `c` of the row at address `row` when `ok` (rounding to nearest even in the
+/// storage dtype); on the scalar path, lanes at columns `>= hidden` are not written.
 ///
 /// # Safety
 /// As for [`load_chunk`].
 #[inline(always)]
-unsafe fn store_chunk<E: Elem, P: Path>(
-    base: u64,
-    stride: u64,
-    row: u64,
-    c: u64,
-    hidden: u64,
-    ok: bool,
-    v: &[f32; 8],
-) {
+unsafe fn store_chunk<E: Elem, P: Path>(row: u64, c: u64, hidden: u64, ok: bool, v: &[f32; 8]) {
     let lanes = E::LANES as u64;
-    let first = row * stride + c * lanes;
+    let first = c * lanes;
     if P::VEC {
         // SAFETY: as in `load_chunk`.
-        unsafe { st_v4_if(base + first * E::BYTES, E::pack(v), ok) }
+        unsafe { st_v4_if(row + first * E::BYTES, E::pack(v), ok) }
     } else {
         unroll!(l < E::LANES => {
             let inside = ok && c * lanes + (l as u64) < hidden;
             // SAFETY: as in `load_chunk`.
-            unsafe { E::store_if(base + (first + l as u64) * E::BYTES, v[l], inside) };
+            unsafe { E::store_if(row + (first + l as u64) * E::BYTES, v[l], inside) };
         });
     }
 }
@@ -248,7 +241,7 @@ unsafe fn load_w<E: Elem, P: Path>(
         unroll!(j < k => {
             let c = first + j as u64 * tpr;
             // SAFETY: as above; the weight is row 0 of a one-row matrix.
-            v[j] = unsafe { load_chunk::<E, P>(w, 0, 0, c, hidden, ok && c < nchunks) };
+            v[j] = unsafe { load_chunk::<E, P>(w, c, hidden, ok && c < nchunks) };
         });
     }
     if gemma {
@@ -305,10 +298,11 @@ struct Me {
 }
 
 impl Me {
+    /// `ONE_ROW`: the block is one row (`rows_per_block == 1`), so no division is needed.
     #[inline(always)]
-    fn new(tpr: NonZeroU64) -> Self {
+    fn new<const ONE_ROW: bool>(tpr: NonZeroU64) -> Self {
         let tid = grid::thread_x();
-        let r_local = tid / tpr;
+        let r_local = if ONE_ROW { 0 } else { tid / tpr };
         let t = tid - r_local * tpr.get();
         Me {
             t,
@@ -349,22 +343,60 @@ fn prefetch_first(base: u64) {
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
 unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &RmsNormFwdParams) {
+    // Rows of more than 128 threads (every model's hidden size) fill a block alone: the row is
+    // the block index, its addresses are uniform and no thread divides by `threads_per_row`.
+    // 0.1 µs of a 1.2-2 µs decode-size call in graph replay (bench/TUNING.md). Both forms
+    // assign and accumulate elements identically.
+    if p.rows_per_block == 1 {
+        // SAFETY: the caller's contract.
+        unsafe { fwd_regs_in::<E, P, EPT, W_FIRST, true>(p) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { fwd_regs_in::<E, P, EPT, W_FIRST, false>(p) }
+    }
+}
+
+/// [`fwd_regs`] for blocks of one row (`ONE_ROW`) or of several.
+///
+/// # Safety
+/// As for [`fwd_regs`].
+#[inline(always)]
+unsafe fn fwd_regs_in<
+    E: Elem,
+    P: Path,
+    const EPT: usize,
+    const W_FIRST: bool,
+    const ONE_ROW: bool,
+>(
+    p: &RmsNormFwdParams,
+) {
     let k = EPT / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
     };
-    let me = Me::new(tpr);
+    let me = Me::new::<ONE_ROW>(tpr);
     let row = grid::block_x() * p.rows_per_block as u64 + me.r_local;
     let live = row < p.rows;
     let hidden = p.hidden;
     let nchunks = hidden.div_ceil(E::LANES as u64);
+    // A row held in registers has at most 16384 / 4 chunks, so chunk indices fit 32 bits
+    // (64-bit compares cost two instructions each on the path to the first load).
+    let (t32, tpr32, nchunks32) = (me.t as u32, me.tpr as u32, nchunks as u32);
+    let chunk = |j: usize| {
+        let c = j as u32 * tpr32 + t32;
+        (c, c < nchunks32)
+    };
     let has_res = p.residual != 0;
     let hf = p.flags & RMSNORM_HF != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
-    // After the parameter reads, the geometry (a division) and a prefetch that reads the
-    // pointers' line of the constant bank, before the first global access (mem.rs).
+    // After the parameter reads, the geometry, the row addresses and a prefetch that reads
+    // the pointers' line of the constant bank, before the first global access (mem.rs).
     prefetch_first(p.x);
+    let x_row = row_addr::<E>(p.x, p.x_stride, row);
+    let res_row = row_addr::<E>(p.residual, p.residual_stride, row);
+    let h_row = row_addr::<E>(p.h, p.h_stride, row);
+    let y_row = row_addr::<E>(p.y, p.y_stride, row);
     grid_dependency_sync();
 
     // All loads of x and residual first, so they are in flight together (predicated, no
@@ -374,12 +406,12 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(j < k => {
-        let c = j as u64 * me.tpr + me.t;
-        let ok = live && c < nchunks;
+        let (c, inside) = chunk(j);
+        let ok = live && inside;
         // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
         unsafe {
-            x[j] = load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden, ok);
-            r[j] = load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
+            x[j] = load_chunk::<E, P>(x_row, c as u64, hidden, ok);
+            r[j] = load_chunk::<E, P>(res_row, c as u64, hidden, ok && has_res);
         }
         if !P::VEC {
             // One element per load: holding every chunk's loads would take more than the
@@ -397,9 +429,9 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
         unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
     }
     unroll!(j < k => {
-        let c = j as u64 * me.tpr + me.t;
+        let (c, inside) = chunk(j);
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
-        unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+        unsafe { store_chunk::<E, P>(h_row, c as u64, hidden, live && has_res && inside, &h[j]) };
     });
     let mut acc = 0.0f32;
     unroll!(j < k => {
@@ -423,30 +455,30 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
     // registers for bf16 rows of 4096).
     if W_FIRST {
         unroll!(j < k => {
-            let c = j as u64 * me.tpr + me.t;
+            let (c, inside) = chunk(j);
             let y = normalize::<E>(&h[j], rstd, &w_first[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+            unsafe { store_chunk::<E, P>(y_row, c as u64, hidden, inside, &y) };
         });
     } else if P::VEC && !w_f32 {
         // SAFETY: the host checked the weight.
         let w =
             unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
         unroll!(j < k => {
-            let c = j as u64 * me.tpr + me.t;
+            let (c, inside) = chunk(j);
             let y = normalize::<E>(&h[j], rstd, &w[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+            unsafe { store_chunk::<E, P>(y_row, c as u64, hidden, inside, &y) };
         });
     } else {
         // One chunk of w at a time (registers, as for x and residual above on the scalar path).
         unroll!(j < k => {
-            let c = j as u64 * me.tpr + me.t;
+            let (c, inside) = chunk(j);
             // SAFETY: the host checked the weight.
-            let w = unsafe { load_w::<E, P>(p.w, c, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
+            let w = unsafe { load_w::<E, P>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
             let y = normalize::<E>(&h[j], rstd, &w[0], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+            unsafe { store_chunk::<E, P>(y_row, c as u64, hidden, inside, &y) };
         });
     }
 }
@@ -475,7 +507,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
     };
-    let me = Me::new(tpr);
+    let me = Me::new::<false>(tpr);
     let row = grid::block_x() * p.rows_per_block as u64 + me.r_local;
     let live = row < p.rows;
     let hidden = p.hidden;
@@ -488,6 +520,9 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     // As in fwd_regs.
     prefetch_first(p.x);
+    let x_row = row_addr::<E>(p.x, p.x_stride, row);
+    let res_row = row_addr::<E>(p.residual, p.residual_stride, row);
+    let h_row = row_addr::<E>(p.h, p.h_stride, row);
     grid_dependency_sync();
 
     // Pass 1: h = x + residual, stored; sum of squares in the fixed order (tile, chunk, lane).
@@ -502,8 +537,8 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
             unsafe {
-                x[j] = load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden, ok);
-                r[j] = load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
+                x[j] = load_chunk::<E, P>(x_row, c, hidden, ok);
+                r[j] = load_chunk::<E, P>(res_row, c, hidden, ok && has_res);
             }
         });
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -511,7 +546,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as above; h may be x or residual, loaded above.
-            unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+            unsafe { store_chunk::<E, P>(h_row, c, hidden, live && has_res && c < nchunks, &h[j]) };
         });
         unroll!(j < k => {
             unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
@@ -530,11 +565,8 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
     }
     // Pass 2: read back h as stored (x when there is no residual), normalise, store y. Every
     // chunk read here was written (pass 1) by this same thread.
-    let (src, src_stride) = if has_res {
-        (p.h, p.h_stride)
-    } else {
-        (p.x, p.x_stride)
-    };
+    let src_row = if has_res { h_row } else { x_row };
+    let y_row = row_addr::<E>(p.y, p.y_stride, row);
     let mut tile = 0u64;
     while tile < tiles {
         let first = tile * per_tile + me.t;
@@ -542,7 +574,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in pass 1.
-            hv[j] = unsafe { load_chunk::<E, P>(src, src_stride, row, c, hidden, c < nchunks) };
+            hv[j] = unsafe { load_chunk::<E, P>(src_row, c, hidden, c < nchunks) };
         });
         // SAFETY: the host checked the weight.
         let w =
@@ -551,7 +583,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
             let c = first + j as u64 * me.tpr;
             let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
             // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
-            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+            unsafe { store_chunk::<E, P>(y_row, c, hidden, c < nchunks, &y) };
         });
         tile += 1;
     }
@@ -572,7 +604,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     ) else {
         return;
     };
-    let me = Me::new(tpr);
+    let me = Me::new::<false>(tpr);
     let hidden = p.hidden;
     let lanes = E::LANES as u64;
     let nchunks = hidden.div_ceil(lanes);
@@ -592,6 +624,10 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     while g < groups {
         let row = g * rpb.get() + me.r_local;
         let live = row < p.rows;
+        let h_row = row_addr::<E>(p.h, p.h_stride, row);
+        let dy_row = row_addr::<E>(p.dy, p.dy_stride, row);
+        let dres_row = row_addr::<E>(p.dres, p.dres_stride, row);
+        let dx_row = row_addr::<E>(p.dx, p.dx_stride, row);
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
@@ -602,9 +638,9 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: as above, when ok c < nchunks.
             unsafe {
-                h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
-                dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
-                dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+                h[j] = load_chunk::<E, P>(h_row, c, hidden, ok);
+                dy[j] = load_chunk::<E, P>(dy_row, c, hidden, ok);
+                dres[j] = load_chunk::<E, P>(dres_row, c, hidden, ok && has_dres);
             }
         });
         // w is re-read per row (an L1 hit after the first row) rather than held: registers
@@ -636,7 +672,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                 }
             });
             // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-            unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, live && c < nchunks, &dx) };
+            unsafe { store_chunk::<E, P>(dx_row, c, hidden, live && c < nchunks, &dx) };
         });
         g += step;
         buf ^= 1;
@@ -666,7 +702,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
     ) else {
         return;
     };
-    let me = Me::new(tpr);
+    let me = Me::new::<false>(tpr);
     let hidden = p.hidden;
     let lanes = E::LANES as u64;
     let nchunks = hidden.div_ceil(lanes);
@@ -701,8 +737,8 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                 let ok = live && c < nchunks;
                 // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
                 unsafe {
-                    h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
-                    dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
+                    h[j] = load_chunk::<E, P>(row_addr::<E>(p.h, p.h_stride, row), c, hidden, ok);
+                    dy[j] = load_chunk::<E, P>(row_addr::<E>(p.dy, p.dy_stride, row), c, hidden, ok);
                 }
             });
             // SAFETY: the host checked the weight.
@@ -758,9 +794,9 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                     let ok = c < nchunks;
                     // SAFETY: row < rows; when ok, c < nchunks.
                     unsafe {
-                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
-                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
-                        dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+                        h[j] = load_chunk::<E, P>(row_addr::<E>(p.h, p.h_stride, row), c, hidden, ok);
+                        dy[j] = load_chunk::<E, P>(row_addr::<E>(p.dy, p.dy_stride, row), c, hidden, ok);
+                        dres[j] = load_chunk::<E, P>(row_addr::<E>(p.dres, p.dres_stride, row), c, hidden, ok && has_dres);
                     }
                 });
                 unroll!(j < k => {
@@ -775,7 +811,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                         dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
                     });
                     // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                    unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, c < nchunks, &dx) };
+                    unsafe { store_chunk::<E, P>(row_addr::<E>(p.dx, p.dx_stride, row), c, hidden, c < nchunks, &dx) };
                 });
             }
             g += step;
