@@ -359,7 +359,7 @@ fn prefetch_first(base: u64) {
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
 unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &RmsNormFwdParams) {
-    // Rows of more than 128 threads (every model's hidden size) fill a block alone: the row is
+    // Rows of more than 128 threads (H > 2048, every model's) fill a block alone: the row is
     // the block index, its addresses are uniform and no thread divides by `threads_per_row`.
     // 0.1 µs of a 1.2-2 µs decode-size call in graph replay (bench/TUNING.md). Both forms
     // assign and accumulate elements identically.
