@@ -985,8 +985,8 @@ fn batch_invariance<T: Element, W: Element>(
     opt: u32,
 ) {
     // The 16384-row batch once per (dtype, hidden); the other option set on a smaller one.
-    // Quick: 2000 rows of 896 is more blocks than one wave, so the batch runs the w-late
-    // kernel while its rows alone and in sevens run the w-first one.
+    // Quick: 2000 rows (H <= 4096) are more blocks than one wave, so the batch runs the
+    // w-late kernel while its rows alone and in sevens run the w-first one.
     let big = if quick() {
         if hidden <= 4096 { 2000 } else { 300 }
     } else if hidden <= 8192 && opt == 0 {

@@ -55,8 +55,9 @@ pub fn exp(x: f32) -> f32 {
 }
 
 /// `1 / x`. On the GPU one `rcp.approx.ftz.f32` (max error 1 ulp; `1/inf = 0`, NaN stays
-/// NaN; a denormal result flushes to 0, a denormal input to 0 first, giving +-inf) instead of the IEEE division's multi-instruction
-/// sequence with its slow-path call; on the host an exact division.
+/// NaN; a denormal result flushes to 0, a denormal input to 0 first, giving +-inf) instead of
+/// the IEEE division's multi-instruction sequence with its slow-path call; on the host an exact
+/// division.
 #[inline(always)]
 pub fn recip(x: f32) -> f32 {
     #[cfg(target_arch = "nvptx64")]

@@ -35,7 +35,9 @@ pub mod schema;
 #[allow(dead_code)]
 pub mod shapes;
 
-use schema::{EXIT_NO_GPU, IMPL_FERROFUSE, OP_COPY, OP_EMPTY, PEER_IMPLS, Record, Report, pct_of};
+use schema::{
+    EXIT_NO_GPU, IMPL_FERROFUSE, Key, OP_COPY, OP_EMPTY, PEER_IMPLS, Record, Report, pct_of,
+};
 
 #[derive(clap::Args, Default)]
 pub struct Args {
@@ -243,8 +245,6 @@ fn kernel_prefixes(plan: &schema::Plan) -> BTreeSet<String> {
         .collect()
 }
 
-type Key = schema::Key;
-
 /// Merges result files: the header (and the ceiling every percentage is recomputed against)
 /// comes from the file with ferrofuse results, else the first. A record measured twice (same
 /// shape, mode and impl) keeps the later file's.
@@ -309,12 +309,12 @@ pub fn merge(reports: Vec<Report>) -> Result<(Report, Vec<String>), String> {
     Ok((merged, warnings))
 }
 
-/// The ops in the order the report shows them.
 /// Whether the op (by name) is a backward one.
 fn is_backward(op: &str) -> bool {
     shapes::Op::parse(op).is_some_and(|o| o.is_backward())
 }
 
+/// The ops in the order the report shows them.
 const OPS: [&str; 4] = [
     shapes::Op::ALL[0].name(),
     shapes::Op::ALL[1].name(),
