@@ -562,7 +562,8 @@ fn launch_is_graph_capturable() {
 }
 
 /// Past 2^31 elements: an interleaved input of 2^32 + elements and an output of 2^31 +
-/// elements, checked on sampled elements and whole first and last rows.
+/// elements, then the same buffer's two halves as dense split inputs (byte offsets past 2^32
+/// in each operand), each checked on sampled elements and whole first and last rows.
 #[test]
 fn indexing_past_2_pow_31_elements() {
     if quick() {
@@ -590,6 +591,32 @@ fn indexing_past_2_pow_31_elements() {
     };
     let x: Vec<bf16> = (0..2 * n).map(value).collect();
     let dx = upload(&s, &x);
+    // `a` and `b` of output element (r, c), as indices into x.
+    let check = |y: &[bf16], at: &dyn Fn(usize, usize) -> (usize, usize), what: &str| {
+        let one = |r: usize, c: usize| {
+            let (ia, ib) = at(r, c);
+            let want = reference::act(Activation::Silu, x[ia].to_f64()) * x[ib].to_f64();
+            let got = y[r * inter + c].to_f64();
+            assert!(
+                (got - want).abs() <= 1e-2 + 1e-2 * want.abs(),
+                "{what}: row {r} col {c}: got {got}, want {want}"
+            );
+        };
+        for c in 0..inter {
+            one(0, c);
+            one(rows - 1, c);
+        }
+        let mut i = 12345usize;
+        for _ in 0..1_000_000 {
+            i = (i.wrapping_mul(2862933555777941757).wrapping_add(3037000493)) % n;
+            one(i / inter, i % inter);
+        }
+        assert!(
+            y.iter().all(|v| !v.is_nan()),
+            "{what}: an element past 2^31 was not written"
+        );
+    };
+
     let mut y = upload(&s, &vec![poison::<bf16>(); n]);
     k.gated_interleaved(
         &s,
@@ -598,30 +625,21 @@ fn indexing_past_2_pow_31_elements() {
         &mut MatMut::new(y.as_view_mut(), rows, inter),
     )
     .unwrap();
-    let y = download(&s, &y);
-    let check = |r: usize, c: usize| {
-        let a = x[r * 2 * inter + c].to_f64();
-        let b = x[r * 2 * inter + inter + c].to_f64();
-        let want = reference::act(Activation::Silu, a) * b;
-        let got = y[r * inter + c].to_f64();
-        assert!(
-            (got - want).abs() <= 1e-2 + 1e-2 * want.abs(),
-            "row {r} col {c}: got {got}, want {want}"
-        );
-    };
-    for c in 0..inter {
-        check(0, c);
-        check(rows - 1, c);
-    }
-    let mut i = 12345usize;
-    for _ in 0..1_000_000 {
-        i = (i.wrapping_mul(2862933555777941757).wrapping_add(3037000493)) % n;
-        check(i / inter, i % inter);
-    }
-    assert!(
-        y.iter().all(|v| !v.is_nan()),
-        "an element past 2^31 was not written"
-    );
+    let interleaved = |r: usize, c: usize| (r * 2 * inter + c, r * 2 * inter + inter + c);
+    check(&download(&s, &y), &interleaved, "interleaved");
+    drop(y);
+
+    let mut y = upload(&s, &vec![poison::<bf16>(); n]);
+    k.gated(
+        &s,
+        Activation::Silu,
+        &Mat::new(dx.slice(..n), rows, inter),
+        &Mat::new(dx.slice(n..), rows, inter),
+        &mut MatMut::new(y.as_view_mut(), rows, inter),
+    )
+    .unwrap();
+    let split = |r: usize, c: usize| (r * inter + c, n + r * inter + c);
+    check(&download(&s, &y), &split, "split");
 }
 
 /// Back-to-back launches on one stream, each reading what the previous one wrote, with no
