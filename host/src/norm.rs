@@ -59,9 +59,10 @@
 
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
-    DType, KernelId, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
-    RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_fwd_geometry,
+    DType, KernelId, NormBwdLayout, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
+    RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
+    rmsnorm_fwd_geometry,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
@@ -432,8 +433,13 @@ pub fn plan_rmsnorm_backward(
         &[],
     )?;
 
-    let (variant, geometry, blocks, slots) =
-        (layout.variant, layout.geometry, layout.blocks, layout.slots);
+    let NormBwdLayout {
+        variant,
+        geometry,
+        blocks,
+        slots,
+        ..
+    } = layout;
     // The weight and the workspace are one-row operands here (shapes checked above).
     let mode = vec_mode(
         dtype,

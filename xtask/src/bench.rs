@@ -314,13 +314,10 @@ fn is_backward(op: &str) -> bool {
     shapes::Op::parse(op).is_some_and(|o| o.is_backward())
 }
 
-/// The ops in the order the report shows them.
-const OPS: [&str; 4] = [
-    shapes::Op::ALL[0].name(),
-    shapes::Op::ALL[1].name(),
-    shapes::Op::ALL[2].name(),
-    shapes::Op::ALL[3].name(),
-];
+/// The ops' names in the order the report shows them (`Op::ALL`'s).
+fn op_names() -> impl Iterator<Item = &'static str> {
+    shapes::Op::ALL.iter().map(|o| o.name())
+}
 
 fn peer_label(imp: &str) -> &str {
     match imp {
@@ -431,10 +428,10 @@ pub fn render_tables(report: &Report, markdown: bool) -> String {
             report
                 .results
                 .iter()
-                .any(|r| r.imp == *p && OPS.contains(&r.op.as_str()))
+                .any(|r| r.imp == *p && op_names().any(|o| o == r.op))
         })
         .collect();
-    for op in OPS {
+    for op in op_names() {
         let rows = rows_of(report, op);
         if rows.is_empty() {
             continue;
@@ -554,8 +551,7 @@ fn render_targets(report: &Report, markdown: bool) -> String {
         misses: Vec<String>,
     }
     let mut targets = Vec::new();
-    let all_rows: Vec<(String, Row)> = OPS
-        .iter()
+    let all_rows: Vec<(String, Row)> = op_names()
         .flat_map(|op| rows_of(report, op).into_iter().map(|r| (op.to_string(), r)))
         .collect();
     let label = |op: &str, r: &Row| {
@@ -711,7 +707,7 @@ fn charts(report: &Report) -> Vec<(String, Chart)> {
     let mut groups: BTreeMap<(usize, String, String, usize, String), Vec<&Record>> =
         BTreeMap::new();
     for r in &report.results {
-        let Some(op_pos) = OPS.iter().position(|o| *o == r.op) else {
+        let Some(op_pos) = op_names().position(|o| o == r.op) else {
             continue;
         };
         groups
@@ -727,7 +723,7 @@ fn charts(report: &Report) -> Vec<(String, Chart)> {
     }
     let mut out = Vec::new();
     for ((op_pos, variant, dtype, cols, mode), recs) in groups {
-        let op = OPS[op_pos];
+        let op = shapes::Op::ALL[op_pos].name();
         let mut by_impl: BTreeMap<usize, (String, Vec<(f64, f64)>)> = BTreeMap::new();
         for r in recs {
             if r.rows == 0 {
