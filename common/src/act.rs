@@ -2,8 +2,8 @@
 //!
 //! Every function takes and returns f32 whatever the storage dtype (the dtype contract: inputs
 //! are widened right after the load and narrowed only at the store). `exp` is built on `exp2`
-//! (`expf` has no NVPTX lowering): one `ex2.approx.ftz.f32` on nvptx64, the `exp2f32` intrinsic
-//! on the host.
+//! (`expf` has no NVPTX lowering): one `ex2.approx.ftz.f32` on nvptx64, `f32::exp2` on the
+//! host.
 //! `tests/act_cpu.rs` measures the host build of each function against f64 (exact `exp2` and
 //! division there); the GPU's `ex2.approx` / `rcp.approx` forms are covered by the `gpu_*`
 //! tests' tolerances against the same f64 reference.
@@ -13,8 +13,6 @@
 //! NaN propagates, and the sigmoid never overflows (`1 / (1 + inf) = 0`).
 
 use core::f32::consts::{FRAC_1_SQRT_2, LOG2_E};
-#[cfg(not(target_arch = "nvptx64"))]
-use core::intrinsics::exp2f32;
 
 use crate::Activation;
 
@@ -37,15 +35,21 @@ pub fn exp2(x: f32) -> f32 {
     }
     #[cfg(not(target_arch = "nvptx64"))]
     {
-        // core has no safe exp2 in no_std; the intrinsic is defined for every f32.
-        exp2f32(x)
+        x.exp2()
     }
 }
 
 /// `a * b + c` with one rounding (`fma.rn.f32` on the GPU).
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
-    core::intrinsics::fmaf32(a, b, c)
+    #[cfg(target_arch = "nvptx64")]
+    {
+        core::intrinsics::fmaf32(a, b, c)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        a.mul_add(b, c)
+    }
 }
 
 /// `e^x` via `2^(x log2 e)`.

@@ -1,15 +1,18 @@
 //! What the device kernels and the host launchers must agree on, defined once.
 //!
-//! This crate is `no_std` with no dependencies, so it compiles for `nvptx64-nvidia-cuda`
-//! (inside the kernels) and for the host (inside `ferrofuse`). It holds:
+//! This crate has no dependencies and builds on stable Rust for the host (inside `ferrofuse`),
+//! and `no_std` on nightly for `nvptx64-nvidia-cuda` (inside the kernels): the nightly features
+//! it needs there are enabled for that target only. It holds:
 //! - [`DType`] and [`Activation`], the descriptors the host validates and the kernels obey;
 //! - the `#[repr(C)]` parameter structs each kernel entry takes by value ([`GatedFwdParams`], ...);
-//! - the table of kernel entry names ([`kernel_names`]), checked against the PTX at build time;
+//! - the table of kernel entry names ([`kernel_names`]), checked against the PTX when it is built;
 //! - the f32 activation math ([`act`]), run by the kernels and measured against f64 on the CPU.
-#![no_std]
-#![feature(core_intrinsics)]
-#![cfg_attr(target_arch = "nvptx64", feature(asm_experimental_arch))]
-#![allow(internal_features)]
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(core_intrinsics, asm_experimental_arch),
+    allow(internal_features)
+)]
 // Published coefficients are kept as printed; rounding them to f32 is the compiler's job.
 #![allow(clippy::excessive_precision)]
 

@@ -1,5 +1,5 @@
 //! The table of kernel entry points. The kernels crate exports exactly these names (the PTX
-//! check in `host/build.rs` and `cargo xtask ptx` compare the `.entry` list against it), and
+//! build in `cargo xtask ptx` and the host's tests compare the `.entry` list against it), and
 //! the host looks each one up once per context by [`KernelId::index`].
 
 use crate::{

@@ -15,11 +15,10 @@ pub enum Error {
     NoDriver,
     /// The driver is there but reports no device with this ordinal.
     NoDevice { ordinal: usize, count: usize },
-    /// The device is older than the arch the embedded PTX was built for.
+    /// The device is older than the oldest arch ferrofuse ships PTX for (sm_80).
     UnsupportedDevice {
         name: String,
         compute_capability: (i32, i32),
-        ptx_arch: &'static str,
     },
     /// A CUDA driver call failed.
     Driver {
@@ -78,7 +77,7 @@ impl fmt::Display for Error {
         match self {
             Error::NoDriver => write!(
                 f,
-                "no CUDA driver found (libcuda.so could not be loaded): install the NVIDIA driver \
+                "no CUDA driver found (libcuda could not be loaded): install the NVIDIA driver \
                  or run on a GPU machine"
             ),
             Error::NoDevice { ordinal, count } => {
@@ -90,11 +89,10 @@ impl fmt::Display for Error {
             Error::UnsupportedDevice {
                 name,
                 compute_capability: (ma, mi),
-                ptx_arch,
             } => write!(
                 f,
-                "device {name} has compute capability {ma}.{mi}, older than the {ptx_arch} the \
-                 kernels were built for (rebuild with FERROFUSE_CUDA_ARCH=sm_{ma}{mi}, sm_80 at least)"
+                "device {name} has compute capability {ma}.{mi}; ferrofuse's kernels need 8.0 \
+                 (Ampere) or newer"
             ),
             Error::Driver { during, source } => {
                 write!(f, "CUDA driver error while {during}: {source}")

@@ -1,7 +1,7 @@
 //! # ferrofuse
 //!
-//! Fused GPU kernels for LLM inference, written in Rust, compiled to PTX at build time and
-//! launched through [`cudarc`]:
+//! Fused GPU kernels for LLM inference, written in Rust, shipped as prebuilt PTX for sm_80 and
+//! sm_90 (the driver picks up newer GPUs by JIT-compiling it) and launched through [`cudarc`]:
 //!
 //! - gated activations `y = act(a) * b` (SwiGLU, GeGLU erf and tanh, ReGLU), split or
 //!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]);
@@ -40,7 +40,9 @@ mod validate;
 pub use error::{Error, Result};
 pub use ferrofuse_common::{Activation, DType, KernelId, VecMode, act};
 pub use norm::{NormNumerics, RmsNormOptions};
-pub use runtime::{GridLimits, Kernels, Launch, PTX, PTX_ARCH, device_count, driver_available};
+pub use runtime::{
+    GridLimits, Kernels, Launch, PTX_MODULES, PtxModule, device_count, driver_available,
+};
 pub use tensor::{Element, Mat, MatDesc, MatMut};
 
 /// Re-exported so users name the same versions ferrofuse was built with.

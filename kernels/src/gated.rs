@@ -225,7 +225,7 @@ macro_rules! entries {
     )*};
 }
 
-// Names must match `ferrofuse_common::KernelId::name` (checked against the PTX at build time).
+// Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 entries! {
     gated_fwd_f32_v16, gated_bwd_f32_v16: V16<F32>;
     gated_fwd_f32_scalar, gated_bwd_f32_scalar: Scalar<F32>;

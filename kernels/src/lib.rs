@@ -1,5 +1,5 @@
 //! ferrofuse device code, compiled for `nvptx64-nvidia-cuda` and linked into one PTX module
-//! by `ptx-linker` (driven by `host/build.rs`).
+//! by `ptx-linker` (driven by `cargo xtask ptx`, which writes the PTX the host crate embeds).
 //!
 //! One module per op family (`gated`, `norm`), over one module of memory primitives (`mem`)
 //! and one of deterministic reductions (`reduce`). Entry

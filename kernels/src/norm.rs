@@ -946,7 +946,7 @@ macro_rules! norm_entries {
     )*};
 }
 
-// Names must match `ferrofuse_common::KernelId::name` (checked against the PTX at build time).
+// Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 norm_entries! {
     F32, Vec16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
         rmsnorm_bwd_f32_v16_e16, rmsnorm_bwd_f32_v16_loop;

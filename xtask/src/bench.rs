@@ -198,7 +198,7 @@ fn no_gpu(plan: &Path, bench_args: &[String]) -> Result<ExitCode, String> {
         .unwrap_or_default();
     println!();
     println!("ptxas resources (sm_90) of the kernels this run would launch:");
-    match crate::ptx::resources("sm_90") {
+    match crate::ptx::committed_resources("sm_90") {
         Ok(all) => {
             let chosen: Vec<_> = all
                 .iter()

@@ -1,9 +1,11 @@
 //! `cargo xtask gpu-bundle [--out DIR]`: one folder that runs the GPU tests and the benchmark
 //! on a machine with a CUDA driver but no Rust toolchain (build on CPU runners, test on GPU
-//! runners). It holds the release-built test executables of `ferrofuse`, the benchmark
-//! executable and its peer script, and `run.sh`:
+//! runners). It holds the release-built test executables and examples of `ferrofuse`, the
+//! benchmark executable and its peer script, and `run.sh`. It refuses to bundle PTX that is
+//! not what the kernel sources build (run `cargo xtask ptx` first).
 //!
-//! - `run.sh test [filter]`: every test executable (GPU tests run; CPU tests too);
+//! - `run.sh test [filter]`: every test executable (GPU tests run; CPU tests too), then every
+//!   example;
 //! - `run.sh sanitize [filter]`: the GPU tests under compute-sanitizer memcheck, racecheck and
 //!   initcheck, on the quick shape matrix (`FERROFUSE_TEST_QUICK=1`);
 //! - `run.sh bench [args]`: the benchmark (`ferrofuse-bench args`), then the peers
@@ -17,6 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::build_ptx::{self, SUPPORTED_ARCHS};
 use crate::tools;
 
 #[derive(clap::Args)]
@@ -40,6 +43,10 @@ case "$task" in
     for t in "$here"/tests/*; do
       echo "== $(basename "$t")"
       "$t" "$@" || status=1
+    done
+    for e in "$here"/examples/*; do
+      echo "== example $(basename "$e")"
+      "$e" || status=1
     done ;;
   sanitize)
     export FERROFUSE_TEST_QUICK=1
@@ -84,13 +91,30 @@ pub fn run(args: &Args) -> Result<(), String> {
     };
     let cargo = tools::cargo();
 
+    let stale: Vec<_> = SUPPORTED_ARCHS
+        .iter()
+        .map(|arch| Ok((arch, crate::ptx::build_and_compare(&root, arch)?.1)))
+        .collect::<Result<Vec<_>, String>>()?
+        .into_iter()
+        .filter(|(_, fresh)| !fresh)
+        .map(|(arch, _)| build_ptx::committed_ptx(&root, arch))
+        .collect();
+    if !stale.is_empty() {
+        return Err(crate::ptx::stale_message(&stale));
+    }
+
     let tests = build_test_executables(&cargo, &root)?;
+    let examples = build_examples(&cargo, &root)?;
     if out.exists() {
         std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     }
     std::fs::create_dir_all(out.join("tests")).map_err(|e| e.to_string())?;
     for (name, exe) in &tests {
         copy(exe, &out.join("tests").join(name))?;
+    }
+    std::fs::create_dir_all(out.join("examples")).map_err(|e| e.to_string())?;
+    for (name, exe) in &examples {
+        copy(exe, &out.join("examples").join(name))?;
     }
 
     copy(&tools::build_bench(&root)?, &out.join("ferrofuse-bench"))?;
@@ -113,42 +137,67 @@ pub fn run(args: &Args) -> Result<(), String> {
 
 /// Builds the `ferrofuse` test targets in release and returns (name, executable) pairs.
 fn build_test_executables(cargo: &str, root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let output = Command::new(cargo)
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "ferrofuse",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(root)
-        .output()
-        .map_err(|e| format!("running cargo test --no-run: {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "cargo test --no-run failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let mut tests = Vec::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let is_test = msg["profile"]["test"].as_bool() == Some(true);
-        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str())
-        else {
-            continue;
-        };
-        if is_test {
-            tests.push((name.to_string(), PathBuf::from(exe)));
-        }
-    }
+    let tests = built_executables(
+        cargo,
+        root,
+        &["test", "--release", "-p", "ferrofuse", "--no-run"],
+        |msg| msg["profile"]["test"].as_bool() == Some(true),
+    )?;
     if tests.is_empty() {
         return Err("cargo built no test executables".into());
     }
     Ok(tests)
+}
+
+/// Builds the `ferrofuse` examples in release and returns (name, executable) pairs.
+fn build_examples(cargo: &str, root: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    built_executables(
+        cargo,
+        root,
+        &["build", "--release", "-p", "ferrofuse", "--examples"],
+        |msg| {
+            msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "example"))
+        },
+    )
+}
+
+/// Runs `cargo args` and returns the (target name, executable) of each artifact `wanted`
+/// accepts, from cargo's JSON messages.
+fn built_executables(
+    cargo: &str,
+    root: &Path,
+    args: &[&str],
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> Result<Vec<(String, PathBuf)>, String> {
+    let output = Command::new(cargo)
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("running cargo {}: {e}", args.join(" ")))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let mut built = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str())
+        else {
+            continue;
+        };
+        if wanted(&msg) {
+            built.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    Ok(built)
 }
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {

@@ -1,5 +1,12 @@
 //! `cargo xtask ci`: everything CI checks, in the order that fails fastest.
+//!
+//! After the nightly checks of this repository, the user's side: the crates a user compiles
+//! must build on stable Rust at the declared MSRV, with no nightly toolchain involved. So a
+//! downstream crate (`tests/downstream/`) and the packaged `ferrofuse-common` and `ferrofuse`
+//! crates are copied out of the repository (away from its `rust-toolchain.toml` and
+//! `.cargo/config.toml`) and built there with that toolchain alone.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::tools;
@@ -23,7 +30,167 @@ pub fn run() -> Result<(), String> {
             "warnings",
         ],
     )?;
+    // Among them the test that the committed PTX is what the kernel sources build.
     step("tests", &["test", "--workspace"])?;
-    eprintln!("\n== ptx: build every arch, check with ptxas");
-    crate::ptx::run(&crate::ptx::Args::default())
+    eprintln!("\n== ptx: every arch fresh and checked with ptxas");
+    crate::ptx::run(&crate::ptx::Args {
+        check: true,
+        ..Default::default()
+    })?;
+    let stable = Stable::install(&root)?;
+    stable.build_downstream(&root)?;
+    step(
+        "package",
+        &[
+            "package",
+            "-p",
+            "ferrofuse-common",
+            "-p",
+            "ferrofuse",
+            "--no-verify",
+            "--allow-dirty",
+        ],
+    )?;
+    stable.build_packages(&root)
+}
+
+/// The stable toolchain of the workspace's `rust-version`, run outside the repository.
+struct Stable {
+    toolchain: String,
+    /// A fresh folder outside the repository for the copies that are built.
+    scratch: PathBuf,
+}
+
+impl Stable {
+    fn install(root: &Path) -> Result<Self, String> {
+        let toolchain = msrv(root)?;
+        eprintln!("\n== stable: rustup toolchain install {toolchain}");
+        tools::run(
+            Command::new("rustup")
+                .args(["toolchain", "install", &toolchain, "--profile", "minimal"])
+                .env_remove("RUSTUP_TOOLCHAIN"),
+        )?;
+        let scratch = std::env::temp_dir().join(format!("ferrofuse-ci-{}", std::process::id()));
+        if scratch.exists() {
+            std::fs::remove_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+        }
+        std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+        Ok(Self { toolchain, scratch })
+    }
+
+    /// `cargo` on this toolchain in `dir`, with nothing of the outer nightly build inherited:
+    /// no cargo or rustc paths, no toolchain override, no nightly directory on `PATH`, and not
+    /// this repository's CUDA version pin (a user's build picks its own).
+    fn cargo(&self, dir: &Path, target_dir: &Path, args: &[&str]) -> Result<(), String> {
+        eprintln!("\n== stable {}: cargo {}", self.toolchain, args.join(" "));
+        let mut cmd = Command::new("cargo");
+        for (var, _) in std::env::vars_os() {
+            let name = var.to_string_lossy();
+            let inherited = (name.starts_with("CARGO") && name != "CARGO_HOME")
+                || name.starts_with("RUSTUP_TOOLCHAIN")
+                || matches!(
+                    &*name,
+                    "RUSTC" | "RUSTDOC" | "RUSTFLAGS" | "RUSTC_WRAPPER" | "CUDARC_CUDA_VERSION"
+                );
+            if inherited {
+                cmd.env_remove(&var);
+            }
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let path = std::env::join_paths(
+            std::env::split_paths(&path).filter(|p| !p.to_string_lossy().contains("nightly")),
+        )
+        .map_err(|e| e.to_string())?;
+        cmd.args(args)
+            .env("RUSTUP_TOOLCHAIN", &self.toolchain)
+            .env("CARGO_TARGET_DIR", target_dir)
+            .env("PATH", path)
+            .current_dir(dir);
+        tools::run(&mut cmd)
+    }
+
+    /// A user's crate depending on `ferrofuse` by path: built and run as it is, then checked
+    /// with cudarc's `dynamic-linking` as candle enables it (no libcuda to link here).
+    fn build_downstream(&self, root: &Path) -> Result<(), String> {
+        let dir = self.scratch.join("downstream");
+        copy_dir(&root.join("tests/downstream"), &dir)?;
+        let manifest = dir.join("Cargo.toml");
+        let text = std::fs::read_to_string(&manifest).map_err(|e| e.to_string())?;
+        let host = root.join("host");
+        let text = text.replace(
+            "path = \"../../host\"",
+            &format!("path = {:?}", host.display().to_string()),
+        );
+        std::fs::write(&manifest, text).map_err(|e| e.to_string())?;
+        let target = root.join("target/ci-stable/downstream");
+        self.cargo(&dir, &target, &["run", "--quiet"])?;
+        self.cargo(&dir, &target, &["check", "--features", "candle-cudarc"])
+    }
+
+    /// The `.crate` files `cargo package` wrote, unpacked and built (library, tests, examples,
+    /// benches) as a registry user would get them; `ferrofuse-common` is not on crates.io
+    /// yet, so the unpacked copy stands in for it.
+    fn build_packages(&self, root: &Path) -> Result<(), String> {
+        let version = workspace_value(root, "version")?;
+        let unpacked = self.scratch.join("packages");
+        std::fs::create_dir_all(&unpacked).map_err(|e| e.to_string())?;
+        for name in ["ferrofuse-common", "ferrofuse"] {
+            let krate = root.join(format!("target/package/{name}-{version}.crate"));
+            tools::run(
+                Command::new("tar")
+                    .arg("xzf")
+                    .arg(&krate)
+                    .arg("-C")
+                    .arg(&unpacked),
+            )?;
+        }
+        let patch = format!(
+            "patch.crates-io.ferrofuse-common.path={:?}",
+            unpacked
+                .join(format!("ferrofuse-common-{version}"))
+                .display()
+                .to_string()
+        );
+        self.cargo(
+            &unpacked.join(format!("ferrofuse-{version}")),
+            &root.join("target/ci-stable/packages"),
+            &["build", "--all-targets", "--config", &patch],
+        )?;
+        std::fs::remove_dir_all(&self.scratch).map_err(|e| e.to_string())
+    }
+}
+
+/// The toolchain CI builds users' crates with: the workspace's `rust-version`.
+fn msrv(root: &Path) -> Result<String, String> {
+    workspace_value(root, "rust-version")
+}
+
+/// A `key = "value"` line of the workspace manifest's `[workspace.package]`.
+fn workspace_value(root: &Path, key: &str) -> Result<String, String> {
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).map_err(|e| e.to_string())?;
+    manifest
+        .split("[workspace.package]")
+        .nth(1)
+        .and_then(|table| {
+            table.lines().find_map(|line| {
+                let (k, v) = line.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+            })
+        })
+        .ok_or(format!("no {key} in [workspace.package] of Cargo.toml"))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    for entry in std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let dest = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &dest)?;
+        } else {
+            std::fs::copy(entry.path(), &dest)
+                .map_err(|e| format!("{}: {e}", entry.path().display()))?;
+        }
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@
 //! fresh machine.
 
 mod bench;
+mod build_ptx;
 mod bundle;
 mod ci;
 mod plot;
@@ -23,9 +24,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Build the PTX for each supported arch and check it with ptxas (registers, spills, stack).
+    /// Build the kernels' PTX for every shipped arch into `host/ptx/` (`--check`: fail if it
+    /// is stale instead) and check it with ptxas (registers, spills, stack).
     Ptx(ptx::Args),
-    /// What CI runs: fmt check, clippy with warnings denied, all tests, `ptx`.
+    /// What CI runs: fmt check, clippy with warnings denied, all tests (the PTX freshness test
+    /// among them), `ptx --check`, and a downstream crate and the packaged crates built on the
+    /// stable toolchain of the declared MSRV.
     Ci,
     /// Write a folder with the test and bench executables and a script that runs them on a GPU
     /// machine without a Rust toolchain.

@@ -1,28 +1,30 @@
-//! `cargo xtask ptx [--json] [--arch sm_90 --arch sm_80]`: build the PTX per arch with the same
-//! code as `host/build.rs`, assemble it with `ptxas -v`, and report each kernel's resources.
+//! `cargo xtask ptx [--check] [--json] [--arch sm_90]`: build the kernels' PTX for every arch
+//! the host crate ships, write it to `host/ptx/` (with `--check`: fail if the committed files
+//! differ instead), assemble it with `ptxas -v`, and report each kernel's resources.
 //! Fails if any kernel spills, has a stack frame, or needs more registers than its largest
 //! launch can have (registers x block threads <= 65536), and if a norm kernel's first loads are
 //! not issued back to back (see `check_load_batching`).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ferrofuse_common::{KernelId, NormBwdVariant, NormFwdVariant, VecMode};
 use serde::Serialize;
 
+use crate::build_ptx::{self, SUPPORTED_ARCHS};
 use crate::tools;
-
-#[path = "../../host/build_ptx.rs"]
-#[allow(dead_code)]
-mod build_ptx;
 
 #[derive(clap::Args, Default)]
 pub struct Args {
+    /// Fail if the committed PTX differs from what the sources build, instead of writing it.
+    #[arg(long)]
+    pub check: bool,
     /// Print a JSON array instead of a table.
     #[arg(long)]
-    json: bool,
-    /// Archs to build (default: sm_90 and sm_80).
+    pub json: bool,
+    /// Archs to build (default: every arch the host crate ships).
     #[arg(long = "arch")]
-    archs: Vec<String>,
+    pub archs: Vec<String>,
 }
 
 #[derive(Serialize, Debug, Clone)]
@@ -36,17 +38,33 @@ pub struct KernelResources {
     pub shared_mem: u32,
 }
 
-pub const SUPPORTED_ARCHS: [&str; 2] = ["sm_90", "sm_80"];
-
 pub fn run(args: &Args) -> Result<(), String> {
     let archs: Vec<String> = if args.archs.is_empty() {
         SUPPORTED_ARCHS.iter().map(|s| s.to_string()).collect()
     } else {
         args.archs.clone()
     };
+    let root = tools::repo_root();
     let mut all = Vec::new();
+    let mut stale = Vec::new();
     for arch in &archs {
-        all.extend(resources(arch)?);
+        if !SUPPORTED_ARCHS.contains(&arch.as_str()) {
+            return Err(format!(
+                "{arch} is not shipped by the host crate (one of {SUPPORTED_ARCHS:?})"
+            ));
+        }
+        let (text, fresh) = build_and_compare(&root, arch)?;
+        let committed = build_ptx::committed_ptx(&root, arch);
+        if !fresh {
+            if args.check {
+                stale.push(committed);
+            } else {
+                std::fs::write(&committed, &text)
+                    .map_err(|e| format!("{}: {e}", committed.display()))?;
+                eprintln!("xtask: wrote {}", committed.display());
+            }
+        }
+        all.extend(resources(&root, arch, &text)?);
     }
     if args.json {
         println!(
@@ -105,7 +123,36 @@ pub fn run(args: &Args) -> Result<(), String> {
             fat.join(", ")
         ));
     }
+    if !stale.is_empty() {
+        return Err(stale_message(&stale));
+    }
     Ok(())
+}
+
+/// Builds the PTX of `arch` from the kernel sources; returns it and whether the committed
+/// file under `host/ptx/` is byte for byte the same.
+pub fn build_and_compare(root: &Path, arch: &str) -> Result<(String, bool), String> {
+    build_ptx::parse_arch(arch)?;
+    let target = root.join("target/xtask-ptx").join(arch);
+    let text = build_ptx::build_checked_ptx(root, &target, arch)?;
+    check_load_batching(&text).map_err(|e| format!("{arch}: {e}"))?;
+    let committed = std::fs::read(build_ptx::committed_ptx(root, arch)).unwrap_or_default();
+    let fresh = committed == text.as_bytes();
+    Ok((text, fresh))
+}
+
+/// What CI prints when the committed PTX is not what the sources build.
+pub fn stale_message(stale: &[PathBuf]) -> String {
+    let root = tools::repo_root();
+    let files: Vec<String> = stale
+        .iter()
+        .map(|p| p.strip_prefix(&root).unwrap_or(p).display().to_string())
+        .collect();
+    format!(
+        "the committed PTX is not what the kernel sources build now: {}\n\
+         run `cargo xtask ptx` and commit host/ptx/",
+        files.join(", ")
+    )
 }
 
 /// Registers per thread at which 2048 threads fit on one SM.
@@ -180,13 +227,18 @@ fn block_registers(per_thread: u32, threads: u32) -> u32 {
     threads.div_ceil(32) * per_warp
 }
 
-/// Builds the PTX for `arch` and returns ptxas's report of every kernel in it.
-pub fn resources(arch: &str) -> Result<Vec<KernelResources>, String> {
-    build_ptx::parse_arch(arch)?;
+/// ptxas's report of every kernel in the committed PTX of `arch` (what the host crate runs).
+pub fn committed_resources(arch: &str) -> Result<Vec<KernelResources>, String> {
     let root = tools::repo_root();
+    let path = build_ptx::committed_ptx(&root, arch);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    resources(&root, arch, &text)
+}
+
+/// Assembles the PTX `text` of `arch` with ptxas and returns its report of every kernel.
+fn resources(root: &Path, arch: &str, text: &str) -> Result<Vec<KernelResources>, String> {
     let target = root.join("target/xtask-ptx").join(arch);
-    let text = build_ptx::build_checked_ptx(&root, &target, arch)?;
-    check_load_batching(&text).map_err(|e| format!("{arch}: {e}"))?;
+    std::fs::create_dir_all(&target).map_err(|e| format!("{}: {e}", target.display()))?;
     let ptx_path = target.join("ferrofuse.ptx");
     std::fs::write(&ptx_path, text).map_err(|e| e.to_string())?;
     let ptxas = tools::ptxas()?;
@@ -261,6 +313,20 @@ pub fn print_table(all: &[KernelResources]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host crate embeds `host/ptx/*.ptx`; a kernel change must come with regenerated PTX.
+    #[test]
+    fn committed_ptx_is_what_the_kernel_sources_build() {
+        let root = tools::repo_root();
+        let mut stale = Vec::new();
+        for arch in SUPPORTED_ARCHS {
+            let (_, fresh) = build_and_compare(&root, arch).unwrap();
+            if !fresh {
+                stale.push(build_ptx::committed_ptx(&root, arch));
+            }
+        }
+        assert!(stale.is_empty(), "{}", stale_message(&stale));
+    }
 
     #[test]
     fn counts_vector_loads_up_to_the_first_branch() {

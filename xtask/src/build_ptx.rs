@@ -1,6 +1,5 @@
-//! The device build, shared by `host/build.rs` (which embeds the PTX) and `cargo xtask ptx`
-//! (which builds every supported arch and checks it with ptxas). Included with `#[path]`, so
-//! it uses std and ferrofuse-common only.
+//! The device build behind `cargo xtask ptx` (which writes the prebuilt PTX the host crate
+//! embeds) and the test that checks the committed PTX is fresh.
 //!
 //! Steps: check the pinned nightly has `rust-src` and `llvm-tools`; build `ptx-linker` for the
 //! host; build `ferrofuse-kernels` for `nvptx64-nvidia-cuda` with `-Zbuild-std=core`, rustc
@@ -12,18 +11,23 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Environment variable selecting the arch (`sm_90` by default, `sm_80` at least).
-pub const ARCH_VAR: &str = "FERROFUSE_CUDA_ARCH";
-pub const DEFAULT_ARCH: &str = "sm_90";
+/// The archs the host crate ships PTX for, newest first (`host/src/runtime.rs` embeds one
+/// file per arch and picks one by the device's compute capability).
+pub const SUPPORTED_ARCHS: [&str; 2] = ["sm_90", "sm_80"];
+
+/// Where the host crate reads the PTX of `arch` from.
+pub fn committed_ptx(root: &Path, arch: &str) -> PathBuf {
+    root.join("host/ptx").join(format!("ferrofuse.{arch}.ptx"))
+}
 
 /// `sm_XY` -> `XY`, at least 80 (the kernels use `cvt.rn.bf16x2.f32`, an sm_80 instruction).
 pub fn parse_arch(arch: &str) -> Result<u32, String> {
     let cc: u32 = arch
         .strip_prefix("sm_")
         .and_then(|n| n.trim_end_matches(['a', 'f']).parse().ok())
-        .ok_or(format!("{ARCH_VAR}={arch} is not an arch like sm_90"))?;
+        .ok_or(format!("{arch} is not an arch like sm_90"))?;
     if cc < 80 {
-        return Err(format!("{ARCH_VAR}={arch}: ferrofuse needs sm_80 or newer"));
+        return Err(format!("{arch}: ferrofuse needs sm_80 or newer"));
     }
     Ok(cc)
 }

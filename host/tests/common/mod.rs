@@ -2,12 +2,14 @@
 //! random inputs, poisoned outputs and tolerance checks that report the worst element.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Once};
 
 use ferrofuse::cudarc::driver::CudaStream;
 use ferrofuse::{DType, Element, Error, Kernels};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sha2::{Digest, Sha256};
 
 /// Device ordinal for GPU tests: `FERROFUSE_DEVICE` (default 0).
 pub fn device_ordinal() -> usize {
@@ -27,6 +29,7 @@ pub fn quick() -> bool {
 pub fn gpu(test: &str) -> Option<(Arc<Kernels>, Arc<CudaStream>)> {
     match Kernels::for_device(device_ordinal()) {
         Ok(k) => {
+            print_loaded_ptx(&k);
             let stream = k.context().new_stream().expect("creating a stream");
             Some((k, stream))
         }
@@ -36,6 +39,26 @@ pub fn gpu(test: &str) -> Option<(Arc<Kernels>, Arc<CudaStream>)> {
         }
         Err(e) => panic!("loading the kernels failed: {e}"),
     }
+}
+
+/// Prints, once per test executable, which prebuilt PTX the device runs and its SHA-256 (to
+/// compare with `sha256sum host/ptx/*.ptx` of the commit under test). Written to stderr
+/// directly, past the test harness's output capture, so it shows in every run.
+fn print_loaded_ptx(k: &Kernels) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let ptx = k.ptx();
+        let digest: String = Sha256::digest(ptx.source.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let line = format!(
+            "ferrofuse: {} runs the prebuilt {} PTX, sha256 {digest}\n",
+            k.context().name().unwrap_or_default(),
+            ptx.arch
+        );
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    });
 }
 
 /// A fresh seed per call (printed on failure by the callers), so every run draws new inputs.

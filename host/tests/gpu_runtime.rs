@@ -1,4 +1,5 @@
-//! Runtime entry points besides the two op families: `Kernels::zero_fill`, the benchmark's L2
+//! Runtime entry points besides the two op families: the choice of prebuilt PTX by compute
+//! capability, `Kernels::zero_fill`, the benchmark's L2
 //! flush (it must write every byte of its buffer and nothing past it, and reject a length that
 //! is not a multiple of 16 bytes before launching), and the empty kernel.
 //!
@@ -7,7 +8,23 @@
 mod common;
 
 use common::*;
-use ferrofuse::Error;
+use ferrofuse::{Error, PtxModule};
+
+#[test]
+fn loads_the_ptx_of_the_device_arch() {
+    let Some((k, _)) = gpu("loads_the_ptx_of_the_device_arch") else {
+        return;
+    };
+    let (major, minor) = k.context().compute_capability().unwrap();
+    let expected = if major >= 9 { "sm_90" } else { "sm_80" };
+    assert_eq!(k.ptx().arch, expected, "compute capability {major}.{minor}");
+    assert_eq!(
+        PtxModule::for_compute_capability(major, minor),
+        Some(k.ptx())
+    );
+    // Programmatic dependent launch is on exactly where the sm_90 code runs.
+    assert_eq!(k.programmatic_launch(), major >= 9);
+}
 
 #[test]
 fn zero_fill_writes_exactly_its_buffer() {
