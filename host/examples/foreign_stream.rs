@@ -87,12 +87,12 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     // A wrong description is answered before anything is launched or written.
     let wrong = MatDesc {
-        cols: inter + 1,
+        dtype: DType::F16,
         ..y
     };
     // SAFETY: as below; this call is rejected by validation and launches nothing.
     let rejected = unsafe { kernels.gated_raw(&stream, Activation::Silu, &a, &b, &wrong) };
-    println!("a y one column too wide: {}", rejected.unwrap_err());
+    println!("y described as f16: {}", rejected.unwrap_err());
 
     // SAFETY: each description is true (addresses in this context, lengths allocated above),
     // the buffers stay alive until the stream is synchronised below, and nothing else writes
