@@ -9,7 +9,9 @@ use std::sync::Arc;
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::norm::rmsnorm_backward_workspace_len;
 use ferrofuse::reference::{rmsnorm_backward, rmsnorm_exact, rmsnorm_weight};
-use ferrofuse::{Activation, Element, Mat, MatMut, RmsNormOptions};
+use ferrofuse::{
+    Activation, Element, GradPlacement, Mat, MatMut, Placement, RmsNormOptions, SavedForward,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -435,9 +437,13 @@ fn norm_call<'a, T: Element>(
         let mut h = MatMut::new(out1.slice_mut(..m), rows, hh);
         let opts = RmsNormOptions::new(NORM_EPS as f32).with_gemma(gemma);
         Box::new(move || {
-            kernels
-                .add_rmsnorm(stream, &x, &r, &w, &mut y, &mut h, None, &opts)
-                .ctx("add_rmsnorm")
+            let io = Placement::Add {
+                x: &x,
+                residual: &r,
+                y: &mut y,
+                h: &mut h,
+            };
+            kernels.rmsnorm(stream, io, &w, None, &opts).ctx("rmsnorm")
         })
     } else {
         let dy = Mat::new(in0.slice(..m), rows, hh);
@@ -445,19 +451,28 @@ fn norm_call<'a, T: Element>(
         let rstd = Mat::new(rstd.slice(..rows), rows, 1);
         let mut dx = MatMut::new(out0.slice_mut(..m), rows, hh);
         let mut dw = MatMut::new(out1.slice_mut(..hh), 1, hh);
+        let opts = RmsNormOptions::new(NORM_EPS as f32).with_gemma(gemma);
         Box::new(move || {
+            let grads = GradPlacement::Separate {
+                dy: &dy,
+                dres: None,
+                dx: &mut dx,
+            };
+            let saved = SavedForward {
+                h: &h,
+                rstd: &rstd,
+                weight: &w,
+            };
             kernels
-                .rmsnorm_backward(
-                    stream, &dy, &h, &w, &rstd, None, &mut dx, &mut dw, workspace, gemma,
-                )
+                .rmsnorm_backward(stream, grads, saved, &mut dw, workspace, &opts)
                 .ctx("rmsnorm_backward")
         })
     }
 }
 
-/// The add+RMSNorm family (`ferrofuse::norm`): forward `add_rmsnorm` (separate `y` and `h`,
-/// f32 numerics, no `rstd` output) and backward `rmsnorm_backward` (from the saved `h` and
-/// `rstd`, no incoming residual gradient).
+/// The add+RMSNorm family (`ferrofuse::norm`): forward `rmsnorm` with `Placement::Add`
+/// (separate `y` and `h`, f32 numerics, no `rstd` output) and backward `rmsnorm_backward`
+/// (from the saved `h` and `rstd`, no incoming residual gradient).
 fn run_norm_group<T: Element>(
     h: &mut Harness,
     random: &Random<T>,

@@ -18,7 +18,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
 use ferrofuse::half::bf16;
 use ferrofuse::norm::{RmsNormFwdDescs, plan_rmsnorm_forward};
-use ferrofuse::{Activation, DType, GridLimits, Kernels, Mat, MatDesc, MatMut, RmsNormOptions};
+use ferrofuse::{
+    Activation, DType, GridLimits, Kernels, Mat, MatDesc, MatMut, Placement, RmsNormOptions,
+};
 
 /// Launches per timed batch (well under the driver's launch queue depth).
 const BATCH: u64 = 256;
@@ -44,7 +46,6 @@ fn plan_benches(c: &mut Criterion) {
         bench.iter(|| {
             plan_gated_forward(
                 Activation::Silu,
-                DType::BF16,
                 black_box(&a),
                 black_box(&b),
                 black_box(&y),
@@ -55,14 +56,13 @@ fn plan_benches(c: &mut Criterion) {
     c.bench_function("plan/gated_fwd_interleaved_bf16_16x14336", |bench| {
         bench.iter(|| {
             let (gate, up) = black_box(&x).interleaved_halves()?;
-            plan_gated_forward(Activation::Silu, DType::BF16, &gate, &up, &y, &limits)
+            plan_gated_forward(Activation::Silu, &gate, &up, &y, &limits)
         })
     });
     c.bench_function("plan/gated_bwd_split_bf16_16x14336", |bench| {
         bench.iter(|| {
             plan_gated_backward(
                 Activation::Silu,
-                DType::BF16,
                 black_box(&a),
                 black_box(&b),
                 black_box(&dy),
@@ -97,7 +97,7 @@ fn plan_benches(c: &mut Criterion) {
     };
     let opts = RmsNormOptions::new(1e-6);
     c.bench_function("plan/add_rmsnorm_bf16_16x4096", |bench| {
-        bench.iter(|| plan_rmsnorm_forward(DType::BF16, black_box(&fwd), black_box(&opts), &limits))
+        bench.iter(|| plan_rmsnorm_forward(black_box(&fwd), black_box(&opts), &limits))
     });
 }
 
@@ -191,8 +191,14 @@ fn launch_benches(c: &mut Criterion) {
         let opts = RmsNormOptions::new(1e-6);
         bench.iter_custom(|iters| {
             time_launches(iters, &stream, || {
+                let io = Placement::Add {
+                    x: &x,
+                    residual: &r,
+                    y: &mut y,
+                    h: &mut h,
+                };
                 kernels
-                    .add_rmsnorm(&stream, &x, &r, &w, &mut y, &mut h, None, &opts)
+                    .rmsnorm(&stream, io, &w, None, &opts)
                     .expect("launch");
             })
         })

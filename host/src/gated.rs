@@ -11,7 +11,7 @@
 //! same `plan_*` validation, which needs no GPU.
 
 use ferrofuse_common::{
-    Activation, DType, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk, KernelId, VecMode,
+    Activation, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk, KernelId, VecMode,
 };
 
 use crate::error::{Error, Result};
@@ -64,16 +64,16 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
     (grid as u32, GridWalk::new(per_row, grid * block))
 }
 
-/// Validates a forward call and decides its launch. `y` may equal `b` exactly (in place);
-/// every other overlap of `y` with an input is rejected.
+/// Validates a forward call and decides its launch; every operand has `a`'s dtype. `y` may
+/// equal `b` exactly (in place); every other overlap of `y` with an input is rejected.
 pub fn plan_gated_forward(
     act: Activation,
-    dtype: DType,
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
     limits: &GridLimits,
 ) -> Result<Launch<GatedFwdParams>> {
+    let dtype = a.dtype;
     a.check("a", dtype)?;
     b.check("b", dtype)?;
     y.check("y", dtype)?;
@@ -107,10 +107,8 @@ pub fn plan_gated_forward(
 
 /// Validates a backward call and decides its launch. `da` may equal `a` or `dy`, `db` may
 /// equal `b` or `dy`; the two gradients must not overlap each other or anything else.
-#[allow(clippy::too_many_arguments)]
 pub fn plan_gated_backward(
     act: Activation,
-    dtype: DType,
     a: &MatDesc,
     b: &MatDesc,
     dy: &MatDesc,
@@ -118,6 +116,7 @@ pub fn plan_gated_backward(
     db: &MatDesc,
     limits: &GridLimits,
 ) -> Result<Launch<GatedBwdParams>> {
+    let dtype = a.dtype;
     for (name, m) in [("a", a), ("b", b), ("dy", dy), ("da", da), ("db", db)] {
         m.check(name, dtype)?;
     }
@@ -192,7 +191,7 @@ impl Kernels {
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &y, self.limits())?;
+        let launch = plan_gated_forward(act, &a, &b, &y, self.limits())?;
         // SAFETY: planned from live views borrowed for this call; y cannot alias a or b (it is
         // borrowed mutably while they are borrowed shared) and the plan checked the rest.
         unsafe { self.launch(stream, &launch) }
@@ -210,7 +209,7 @@ impl Kernels {
         let (x, _gx) = x.desc(stream);
         let (gate, up) = x.interleaved_halves()?;
         let (y, _gy) = y.desc_mut(stream);
-        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &y, self.limits())?;
+        let launch = plan_gated_forward(act, &gate, &up, &y, self.limits())?;
         // SAFETY: as in `gated`.
         unsafe { self.launch(stream, &launch) }
     }
@@ -226,7 +225,7 @@ impl Kernels {
         self.check_views(stream, &[("a", a.stream()), ("b", b.stream())])?;
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc_mut(stream);
-        let launch = plan_gated_forward(act, T::DTYPE, &a, &b, &b, self.limits())?;
+        let launch = plan_gated_forward(act, &a, &b, &b, self.limits())?;
         // SAFETY: y is exactly b, which the kernel reads before writing, element by element.
         unsafe { self.launch(stream, &launch) }
     }
@@ -242,7 +241,7 @@ impl Kernels {
         self.check_views(stream, &[("x", x.stream())])?;
         let (x, _gx) = x.desc_mut(stream);
         let (gate, up) = x.interleaved_halves()?;
-        let launch = plan_gated_forward(act, T::DTYPE, &gate, &up, &up, self.limits())?;
+        let launch = plan_gated_forward(act, &gate, &up, &up, self.limits())?;
         // SAFETY: y is exactly the up half; the halves of one row do not overlap.
         unsafe { self.launch(stream, &launch) }
     }
@@ -274,7 +273,7 @@ impl Kernels {
         let (dy, _gdy) = dy.desc(stream);
         let (da, _gda) = da.desc_mut(stream);
         let (db, _gdb) = db.desc_mut(stream);
-        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.limits())?;
+        let launch = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`.
         unsafe { self.launch(stream, &launch) }
     }
@@ -297,7 +296,7 @@ impl Kernels {
         let (dy, _gdy) = dy.desc(stream);
         let (dx, _gdx) = dx.desc_mut(stream);
         let (da, db) = dx.interleaved_halves()?;
-        let launch = plan_gated_backward(act, T::DTYPE, &a, &b, &dy, &da, &db, self.limits())?;
+        let launch = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`; the halves of dx do not overlap each other.
         unsafe { self.launch(stream, &launch) }
     }
@@ -319,7 +318,7 @@ impl Kernels {
         y: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_forward(act, a.dtype, a, b, y, self.limits())?;
+        let launch = plan_gated_forward(act, a, b, y, self.limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
         // alignment and aliasing.
         unsafe { self.launch(stream, &launch) }
@@ -341,7 +340,7 @@ impl Kernels {
         db: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_backward(act, a.dtype, a, b, dy, da, db, self.limits())?;
+        let launch = plan_gated_backward(act, a, b, dy, da, db, self.limits())?;
         // SAFETY: as in `gated_raw`.
         unsafe { self.launch(stream, &launch) }
     }

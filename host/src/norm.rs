@@ -11,15 +11,35 @@
 //! belongs to this op: the `rstd` it returns already includes it, so a consumer of `rstd`
 //! (the backward, say) must not add it again.
 //!
+//! # API
+//! One entry per direction: [`Kernels::rmsnorm`] takes the forward's operands as a
+//! [`Placement`], [`Kernels::rmsnorm_backward`] the gradients as a [`GradPlacement`] and what
+//! the forward saved as [`SavedForward`]; both take [`RmsNormOptions`]. The `unsafe`
+//! [`Kernels::rmsnorm_raw`] / [`Kernels::rmsnorm_backward_raw`] take [`MatDesc`]s of tensors
+//! owned elsewhere and run the same plan.
+//!
 //! # Output placement
-//! `y` and `h` go to separate buffers, or `h` overwrites `x` ([`Kernels::add_rmsnorm_h_over_x`])
-//! or `residual` ([`Kernels::add_rmsnorm_h_over_residual`]), or `y` overwrites `x`
-//! ([`Kernels::add_rmsnorm_y_over_x`]), or both: `x` receives `y` and `residual` receives `h`
-//! ([`Kernels::add_rmsnorm_inplace`], the convention of vLLM's `fused_add_rms_norm` and
-//! FlashInfer's `fused_add_rmsnorm`). Since `x + residual` is commutative, "y over residual"
-//! is the same call with the two inputs swapped. Plain RMSNorm ([`Kernels::rmsnorm`],
-//! [`Kernels::rmsnorm_inplace`]) has no residual and no `h`. Every other overlap of an output
-//! with anything is rejected with [`Error::Aliasing`].
+//! `y` and `h` go to separate buffers, or `h` overwrites `x` or `residual`, or `y` overwrites
+//! `x`, or both: `x` receives `y` and `residual` receives `h` (the convention of vLLM's
+//! `fused_add_rms_norm` and FlashInfer's `fused_add_rmsnorm`); plain RMSNorm has no residual
+//! and no `h`, in place or not ([`Placement`] lists them). The placement's borrows rule out
+//! every other overlap at compile time on the safe API:
+//!
+//! ```compile_fail
+//! # use ferrofuse::{Kernels, Mat, MatMut, RmsNormOptions, norm::Placement};
+//! # fn f(k: &Kernels, s: &ferrofuse::cudarc::driver::CudaStream,
+//! #      buf: &mut ferrofuse::cudarc::driver::CudaSlice<f32>,
+//! #      w: &ferrofuse::cudarc::driver::CudaSlice<f32>) {
+//! // One buffer as both x and residual of the in-place form: two `&mut` borrows.
+//! let io = Placement::AddInPlace {
+//!     x: &mut MatMut::new(buf.as_view_mut(), 4, 64),
+//!     residual: &mut MatMut::new(buf.as_view_mut(), 4, 64),
+//! };
+//! k.rmsnorm(s, io, &Mat::new(w.as_view(), 1, 64), None, &RmsNormOptions::new(1e-6));
+//! # }
+//! ```
+//!
+//! and the plan rejects any other overlap of raw operands with [`Error::Aliasing`].
 //!
 //! # Numerics modes ([`NormNumerics`])
 //! - [`NormNumerics::F32`] (default): `h` in f32 (not rounded) for the statistics and the
@@ -54,7 +74,7 @@
 //! sums into a caller-provided f32 workspace ([`rmsnorm_backward_workspace_len`] elements),
 //! then a fixed-order column sum.
 //!
-//! Every safe method validates everything before launching (a rejected call writes nothing);
+//! Every call validates everything before launching (a rejected call writes nothing);
 //! launches allocate nothing and never synchronise, so they can be captured in CUDA graphs.
 
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
@@ -232,7 +252,7 @@ fn forward_kernel(
     }
 }
 
-/// Validates a forward call and decides its launch; needs no GPU.
+/// Validates a forward call and decides its launch; needs no GPU. The storage dtype is `x`'s.
 ///
 /// Checks: `eps` finite and > 0; every operand's dtype, shape, unit last stride, row stride,
 /// buffer size and alignment; `residual` and `h` both given or both absent; the weight the
@@ -241,13 +261,13 @@ fn forward_kernel(
 /// compute the same bits: the w-first form while the grid fits on the device at once, the
 /// w-late one otherwise.
 pub fn plan_rmsnorm_forward(
-    dtype: DType,
     t: &RmsNormFwdDescs,
     opts: &RmsNormOptions,
     limits: &GridLimits,
 ) -> Result<Launch<RmsNormFwdParams>> {
     check_eps(opts.eps)?;
     let x = &t.x;
+    let dtype = x.dtype;
     x.check("x", dtype)?;
     let (rows, hidden) = x.shape();
     t.y.check("y", dtype)?;
@@ -356,17 +376,15 @@ pub fn plan_rmsnorm_forward(
     })
 }
 
-/// Validates a backward call and decides its two launches; needs no GPU.
+/// Validates a backward call and decides its two launches; needs no GPU. The storage dtype is
+/// `dy`'s; of `opts` only `gemma` is used.
 ///
 /// Checks every operand as [`plan_rmsnorm_forward`] does; `dw` has the weight's dtype; the
 /// workspace is f32 with at least [`rmsnorm_backward_workspace_len`] elements; aliasing: `dx`
 /// may be exactly `dy` or exactly `dres`, nothing else overlaps `dx`, `dw` or the workspace.
-pub fn plan_rmsnorm_backward(
-    dtype: DType,
-    t: &RmsNormBwdDescs,
-    gemma: bool,
-) -> Result<RmsNormBwdPlan> {
+pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
     let dy = &t.dy;
+    let dtype = dy.dtype;
     dy.check("dy", dtype)?;
     let (rows, hidden) = dy.shape();
     for (name, m) in [("h", &t.h), ("dx", &t.dx)] {
@@ -446,7 +464,7 @@ pub fn plan_rmsnorm_backward(
         hidden,
         &[Some(dy), Some(h), dres, Some(&t.dx), Some(w), Some(&ws)],
     );
-    let flags = weight_flags(gemma, w.dtype, dtype);
+    let flags = weight_flags(opts.gemma, w.dtype, dtype);
     let rows_launch = Launch {
         kernel: KernelId::RmsNormBwd(dtype, mode, variant),
         grid: grid_u32("rows", blocks)?,
@@ -492,273 +510,340 @@ pub fn plan_rmsnorm_backward(
     })
 }
 
+/// Where the forward reads its inputs and writes `y` and `h` (all `[rows, H]` of the storage
+/// dtype `T`). Each variant holds exactly the borrows its placement needs: an input that an
+/// output overwrites is borrowed `&mut`, so passing one buffer twice does not compile. Since
+/// `x + residual` is commutative, "`y` over `residual`" is [`Placement::AddYOverX`] with the
+/// two inputs swapped.
+pub enum Placement<'r, 'a, T: Element> {
+    /// Plain RMSNorm, no residual and no `h`: `y = x * rstd * w`.
+    Norm {
+        x: &'r Mat<'a, T>,
+        y: &'r mut MatMut<'a, T>,
+    },
+    /// Plain RMSNorm in place: `x` receives `y`.
+    NormInPlace { x: &'r mut MatMut<'a, T> },
+    /// `h = x + residual`; `y` and `h` into their own buffers.
+    Add {
+        x: &'r Mat<'a, T>,
+        residual: &'r Mat<'a, T>,
+        y: &'r mut MatMut<'a, T>,
+        h: &'r mut MatMut<'a, T>,
+    },
+    /// `h` written over `x` (`x` holds `h` afterwards), `y` into its own buffer.
+    AddHOverX {
+        x: &'r mut MatMut<'a, T>,
+        residual: &'r Mat<'a, T>,
+        y: &'r mut MatMut<'a, T>,
+    },
+    /// `h` written over `residual`, `y` into its own buffer.
+    AddHOverResidual {
+        x: &'r Mat<'a, T>,
+        residual: &'r mut MatMut<'a, T>,
+        y: &'r mut MatMut<'a, T>,
+    },
+    /// `y` written over `x`, `h` into its own buffer.
+    AddYOverX {
+        x: &'r mut MatMut<'a, T>,
+        residual: &'r Mat<'a, T>,
+        h: &'r mut MatMut<'a, T>,
+    },
+    /// vLLM's (`fused_add_rms_norm`) and FlashInfer's (`fused_add_rmsnorm`) convention: `x`
+    /// receives `y`, `residual` receives `h`.
+    AddInPlace {
+        x: &'r mut MatMut<'a, T>,
+        residual: &'r mut MatMut<'a, T>,
+    },
+}
+
+/// Where the backward reads `dy` and the incoming residual gradient `dres` and writes `dx`
+/// (all `[rows, H]` of the storage dtype `T`). `dx` is the gradient of both `x` and
+/// `residual`; `dres`, when given, is added to it. As with [`Placement`], an overwritten
+/// input is borrowed `&mut`.
+pub enum GradPlacement<'r, 'a, T: Element> {
+    /// `dx` into its own buffer.
+    Separate {
+        dy: &'r Mat<'a, T>,
+        dres: Option<&'r Mat<'a, T>>,
+        dx: &'r mut MatMut<'a, T>,
+    },
+    /// `dx` written over `dy`.
+    DxOverDy {
+        dy: &'r mut MatMut<'a, T>,
+        dres: Option<&'r Mat<'a, T>>,
+    },
+    /// Accumulates into the residual stream's gradient: `dres` holds the incoming gradient
+    /// and receives `dx`.
+    Accumulate {
+        dy: &'r Mat<'a, T>,
+        dres: &'r mut MatMut<'a, T>,
+    },
+}
+
+/// What the backward reads from the forward: the stored `h` (`x` for plain RMSNorm), each
+/// row's `rstd` (`[rows, 1]` f32) and the weight (`[1, H]`, the storage dtype or f32).
+#[derive(Clone, Copy)]
+pub struct SavedForward<'r, 'a, T: Element, W: Element> {
+    pub h: &'r Mat<'a, T>,
+    pub rstd: &'r Mat<'a, f32>,
+    pub weight: &'r Mat<'a, W>,
+}
+
+/// Up to four views described for one launch; each guard records its view's access on the
+/// stream when dropped, after the launch.
+type Guards<'s> = [Option<SyncOnDrop<'s>>; 4];
+
+/// The `[rows, H]` operands of a forward call, described.
+struct FwdIo {
+    x: MatDesc,
+    residual: Option<MatDesc>,
+    y: MatDesc,
+    h: Option<MatDesc>,
+}
+
+impl<'r, 'a, T: Element> Placement<'r, 'a, T> {
+    /// Each view with its name, for the device check.
+    fn views(&self) -> [Option<(&'static str, &CudaStream)>; 4] {
+        let s = |name, stream| Some((name, stream));
+        match self {
+            Placement::Norm { x, y } => [s("x", x.stream()), s("y", y.stream()), None, None],
+            Placement::NormInPlace { x } => [s("x", x.stream()), None, None, None],
+            Placement::Add { x, residual, y, h } => [
+                s("x", x.stream()),
+                s("residual", residual.stream()),
+                s("y", y.stream()),
+                s("h", h.stream()),
+            ],
+            Placement::AddHOverX { x, residual, y } => [
+                s("x", x.stream()),
+                s("residual", residual.stream()),
+                s("y", y.stream()),
+                None,
+            ],
+            Placement::AddHOverResidual { x, residual, y } => [
+                s("x", x.stream()),
+                s("residual", residual.stream()),
+                s("y", y.stream()),
+                None,
+            ],
+            Placement::AddYOverX { x, residual, h } => [
+                s("x", x.stream()),
+                s("residual", residual.stream()),
+                s("h", h.stream()),
+                None,
+            ],
+            Placement::AddInPlace { x, residual } => [
+                s("x", x.stream()),
+                s("residual", residual.stream()),
+                None,
+                None,
+            ],
+        }
+    }
+
+    /// The operands as raw descriptions on `stream`: an overwritten input is described once,
+    /// as the output it becomes.
+    fn describe<'s>(self, stream: &'s CudaStream) -> (FwdIo, Guards<'s>)
+    where
+        'r: 's,
+    {
+        match self {
+            Placement::Norm { x, y } => {
+                let (x, gx) = x.desc(stream);
+                let (y, gy) = y.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: None,
+                    y,
+                    h: None,
+                };
+                (io, [Some(gx), Some(gy), None, None])
+            }
+            Placement::NormInPlace { x } => {
+                let (x, gx) = x.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: None,
+                    y: x,
+                    h: None,
+                };
+                (io, [Some(gx), None, None, None])
+            }
+            Placement::Add { x, residual, y, h } => {
+                let (x, gx) = x.desc(stream);
+                let (r, gr) = residual.desc(stream);
+                let (y, gy) = y.desc_mut(stream);
+                let (h, gh) = h.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: Some(r),
+                    y,
+                    h: Some(h),
+                };
+                (io, [Some(gx), Some(gr), Some(gy), Some(gh)])
+            }
+            Placement::AddHOverX { x, residual, y } => {
+                let (x, gx) = x.desc_mut(stream);
+                let (r, gr) = residual.desc(stream);
+                let (y, gy) = y.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: Some(r),
+                    y,
+                    h: Some(x),
+                };
+                (io, [Some(gx), Some(gr), Some(gy), None])
+            }
+            Placement::AddHOverResidual { x, residual, y } => {
+                let (x, gx) = x.desc(stream);
+                let (r, gr) = residual.desc_mut(stream);
+                let (y, gy) = y.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: Some(r),
+                    y,
+                    h: Some(r),
+                };
+                (io, [Some(gx), Some(gr), Some(gy), None])
+            }
+            Placement::AddYOverX { x, residual, h } => {
+                let (x, gx) = x.desc_mut(stream);
+                let (r, gr) = residual.desc(stream);
+                let (h, gh) = h.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: Some(r),
+                    y: x,
+                    h: Some(h),
+                };
+                (io, [Some(gx), Some(gr), Some(gh), None])
+            }
+            Placement::AddInPlace { x, residual } => {
+                let (x, gx) = x.desc_mut(stream);
+                let (r, gr) = residual.desc_mut(stream);
+                let io = FwdIo {
+                    x,
+                    residual: Some(r),
+                    y: x,
+                    h: Some(r),
+                };
+                (io, [Some(gx), Some(gr), None, None])
+            }
+        }
+    }
+}
+
+/// The `[rows, H]` operands of a backward call, described.
+struct BwdIo {
+    dy: MatDesc,
+    dres: Option<MatDesc>,
+    dx: MatDesc,
+}
+
+impl<'r, 'a, T: Element> GradPlacement<'r, 'a, T> {
+    /// Each view with its name, for the device check.
+    fn views(&self) -> [Option<(&'static str, &CudaStream)>; 3] {
+        let s = |name, stream| Some((name, stream));
+        match self {
+            GradPlacement::Separate { dy, dres, dx } => [
+                s("dy", dy.stream()),
+                dres.and_then(|d| s("dres", d.stream())),
+                s("dx", dx.stream()),
+            ],
+            GradPlacement::DxOverDy { dy, dres } => [
+                s("dy", dy.stream()),
+                dres.and_then(|d| s("dres", d.stream())),
+                None,
+            ],
+            GradPlacement::Accumulate { dy, dres } => {
+                [s("dy", dy.stream()), s("dres", dres.stream()), None]
+            }
+        }
+    }
+
+    /// As [`Placement::describe`].
+    fn describe<'s>(self, stream: &'s CudaStream) -> (BwdIo, Guards<'s>)
+    where
+        'r: 's,
+    {
+        match self {
+            GradPlacement::Separate { dy, dres, dx } => {
+                let (dy, gy) = dy.desc(stream);
+                let (dres, gr) = dres.map(|d| d.desc(stream)).unzip();
+                let (dx, gx) = dx.desc_mut(stream);
+                (BwdIo { dy, dres, dx }, [Some(gy), gr, Some(gx), None])
+            }
+            GradPlacement::DxOverDy { dy, dres } => {
+                let (dy, gy) = dy.desc_mut(stream);
+                let (dres, gr) = dres.map(|d| d.desc(stream)).unzip();
+                (BwdIo { dy, dres, dx: dy }, [Some(gy), gr, None, None])
+            }
+            GradPlacement::Accumulate { dy, dres } => {
+                let (dy, gy) = dy.desc(stream);
+                let (dres, gr) = dres.desc_mut(stream);
+                let io = BwdIo {
+                    dy,
+                    dres: Some(dres),
+                    dx: dres,
+                };
+                (io, [Some(gy), Some(gr), None, None])
+            }
+        }
+    }
+}
+
 impl Kernels {
-    /// Checks the stream and the views' devices, plans, launches.
+    /// RMSNorm forward, with or without the residual add, in the placement `io` names:
+    /// `h = x + residual` (f32), `y = h * rstd * w` with `rstd = 1 / sqrt(mean(h^2) + eps)`.
+    /// `rstd` (f32, `[rows, 1]`) receives each row's `rstd` when given (for the backward).
     ///
-    /// # Safety
-    /// The descriptions are true and their buffers alive until the kernel has run, with no
-    /// aliasing beyond what the plan checks (the safe callers guarantee it with borrows).
-    unsafe fn run_rmsnorm_forward(
-        &self,
-        stream: &CudaStream,
-        dtype: DType,
-        t: &RmsNormFwdDescs,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        let launch = plan_rmsnorm_forward(dtype, t, opts, self.limits())?;
-        // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing.
-        unsafe { self.launch(stream, &launch) }
-    }
-
-    /// `h = x + residual`, `y = rmsnorm(h) * w`, into separate `y` and `h`; `rstd` (f32,
-    /// `[rows, 1]`) receives each row's `1 / sqrt(mean(h^2) + eps)` when given.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_rmsnorm<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        x: &Mat<T>,
-        residual: &Mat<T>,
-        weight: &Mat<W>,
-        y: &mut MatMut<T>,
-        h: &mut MatMut<T>,
-        rstd: Option<&mut MatMut<f32>>,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("x", x.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-                ("y", y.stream()),
-                ("h", h.stream()),
-            ],
-        )?;
-        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc(stream);
-        let (residual, _gr) = residual.desc(stream);
-        let (weight, _gw) = weight.desc(stream);
-        let (y, _gy) = y.desc_mut(stream);
-        let (h, _gh) = h.desc_mut(stream);
-        let t = RmsNormFwdDescs {
-            x,
-            residual: Some(residual),
-            weight,
-            y,
-            h: Some(h),
-            rstd,
-        };
-        // SAFETY: live views borrowed for this call; the outputs are borrowed mutably while
-        // the inputs are borrowed shared, so they cannot alias (the plan re-checks anyway).
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
-    }
-
-    /// As [`Kernels::add_rmsnorm`], with `h` written over `x` (`x` holds `h` afterwards).
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_rmsnorm_h_over_x<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        x: &mut MatMut<T>,
-        residual: &Mat<T>,
-        weight: &Mat<W>,
-        y: &mut MatMut<T>,
-        rstd: Option<&mut MatMut<f32>>,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("x", x.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-                ("y", y.stream()),
-            ],
-        )?;
-        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc_mut(stream);
-        let (residual, _gr) = residual.desc(stream);
-        let (weight, _gw) = weight.desc(stream);
-        let (y, _gy) = y.desc_mut(stream);
-        let t = RmsNormFwdDescs {
-            x,
-            residual: Some(residual),
-            weight,
-            y,
-            h: Some(x),
-            rstd,
-        };
-        // SAFETY: as in `add_rmsnorm`; h is exactly x, read before written element by element.
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
-    }
-
-    /// As [`Kernels::add_rmsnorm`], with `h` written over `residual`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_rmsnorm_h_over_residual<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        x: &Mat<T>,
-        residual: &mut MatMut<T>,
-        weight: &Mat<W>,
-        y: &mut MatMut<T>,
-        rstd: Option<&mut MatMut<f32>>,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("x", x.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-                ("y", y.stream()),
-            ],
-        )?;
-        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc(stream);
-        let (residual, _gr) = residual.desc_mut(stream);
-        let (weight, _gw) = weight.desc(stream);
-        let (y, _gy) = y.desc_mut(stream);
-        let t = RmsNormFwdDescs {
-            x,
-            residual: Some(residual),
-            weight,
-            y,
-            h: Some(residual),
-            rstd,
-        };
-        // SAFETY: as in `add_rmsnorm_h_over_x`, with residual in place of x.
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
-    }
-
-    /// As [`Kernels::add_rmsnorm`], with `y` written over `x` and `h` separate.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_rmsnorm_y_over_x<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        x: &mut MatMut<T>,
-        residual: &Mat<T>,
-        weight: &Mat<W>,
-        h: &mut MatMut<T>,
-        rstd: Option<&mut MatMut<f32>>,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("x", x.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-                ("h", h.stream()),
-            ],
-        )?;
-        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc_mut(stream);
-        let (residual, _gr) = residual.desc(stream);
-        let (weight, _gw) = weight.desc(stream);
-        let (h, _gh) = h.desc_mut(stream);
-        let t = RmsNormFwdDescs {
-            x,
-            residual: Some(residual),
-            weight,
-            y: x,
-            h: Some(h),
-            rstd,
-        };
-        // SAFETY: as in `add_rmsnorm`; y is exactly x, read before written element by element.
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
-    }
-
-    /// vLLM's and FlashInfer's in-place convention: `x` receives `y`, `residual` receives `h`.
-    pub fn add_rmsnorm_inplace<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        x: &mut MatMut<T>,
-        residual: &mut MatMut<T>,
-        weight: &Mat<W>,
-        rstd: Option<&mut MatMut<f32>>,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("x", x.stream()),
-                ("residual", residual.stream()),
-                ("weight", weight.stream()),
-            ],
-        )?;
-        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc_mut(stream);
-        let (residual, _gr) = residual.desc_mut(stream);
-        let (weight, _gw) = weight.desc(stream);
-        let t = RmsNormFwdDescs {
-            x,
-            residual: Some(residual),
-            weight,
-            y: x,
-            h: Some(residual),
-            rstd,
-        };
-        // SAFETY: x and residual are distinct `&mut` borrows; y is exactly x and h exactly
-        // residual, each read before written element by element.
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
-    }
-
-    /// Plain RMSNorm (no residual, no `h`): `y = x * rstd * w`.
+    /// ```no_run
+    /// # use ferrofuse::{Kernels, Mat, MatMut, RmsNormOptions, norm::Placement};
+    /// # fn f(kernels: &Kernels, stream: &ferrofuse::cudarc::driver::CudaStream,
+    /// #      x: &mut ferrofuse::cudarc::driver::CudaSlice<half::bf16>,
+    /// #      residual: &mut ferrofuse::cudarc::driver::CudaSlice<half::bf16>,
+    /// #      weight: &ferrofuse::cudarc::driver::CudaSlice<half::bf16>) -> ferrofuse::Result<()> {
+    /// let (tokens, hidden) = (16, 4096);
+    /// kernels.rmsnorm(
+    ///     stream,
+    ///     Placement::AddInPlace {
+    ///         x: &mut MatMut::new(x.as_view_mut(), tokens, hidden), // receives y
+    ///         residual: &mut MatMut::new(residual.as_view_mut(), tokens, hidden), // receives h
+    ///     },
+    ///     &Mat::new(weight.as_view(), 1, hidden),
+    ///     None,
+    ///     &RmsNormOptions::new(1e-5),
+    /// )
+    /// # }
+    /// ```
     pub fn rmsnorm<T: Element, W: Element>(
         &self,
         stream: &CudaStream,
-        x: &Mat<T>,
-        weight: &Mat<W>,
-        y: &mut MatMut<T>,
-        rstd: Option<&mut MatMut<f32>>,
-        opts: &RmsNormOptions,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("x", x.stream()),
-                ("weight", weight.stream()),
-                ("y", y.stream()),
-            ],
-        )?;
-        let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc(stream);
-        let (weight, _gw) = weight.desc(stream);
-        let (y, _gy) = y.desc_mut(stream);
-        let t = RmsNormFwdDescs {
-            x,
-            residual: None,
-            weight,
-            y,
-            h: None,
-            rstd,
-        };
-        // SAFETY: as in `add_rmsnorm`.
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
-    }
-
-    /// Plain RMSNorm in place: `x` receives `y`.
-    pub fn rmsnorm_inplace<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        x: &mut MatMut<T>,
+        io: Placement<'_, '_, T>,
         weight: &Mat<W>,
         rstd: Option<&mut MatMut<f32>>,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        self.check_views(stream, &[("x", x.stream()), ("weight", weight.stream())])?;
+        self.check_views(stream, &[("weight", weight.stream())])?;
+        for (name, view) in io.views().into_iter().flatten() {
+            check_devices(stream, &[(name, view)])?;
+        }
         let (rstd, _gs) = optional_desc_mut(stream, "rstd", rstd)?;
-        let (x, _gx) = x.desc_mut(stream);
         let (weight, _gw) = weight.desc(stream);
+        let (io, _guards) = io.describe(stream);
         let t = RmsNormFwdDescs {
-            x,
-            residual: None,
+            x: io.x,
+            residual: io.residual,
             weight,
-            y: x,
-            h: None,
+            y: io.y,
+            h: io.h,
             rstd,
         };
-        // SAFETY: as in `add_rmsnorm`; y is exactly x.
-        unsafe { self.run_rmsnorm_forward(stream, T::DTYPE, &t, opts) }
+        let launch = plan_rmsnorm_forward(&t, opts, self.limits())?;
+        // SAFETY: live views borrowed for this call. Outputs are `&mut` borrows and inputs
+        // shared ones, so an output can alias nothing but the input it replaces in its
+        // placement (exactly, read before written element by element); the plan re-checks.
+        unsafe { self.launch(stream, &launch) }
     }
 
     /// Forward on raw device matrices (tensors owned by another framework); the storage dtype
@@ -768,28 +853,93 @@ impl Kernels {
     /// Each description must be true: `addr` a device address in this context with `len`
     /// elements of `dtype` behind it, alive until the kernel has run, and not written by other
     /// work ordered concurrently with `stream`.
-    pub unsafe fn rmsnorm_forward_raw(
+    pub unsafe fn rmsnorm_raw(
         &self,
         stream: &CudaStream,
         t: &RmsNormFwdDescs,
         opts: &RmsNormOptions,
     ) -> Result<()> {
         self.check_stream(stream)?;
+        let launch = plan_rmsnorm_forward(t, opts, self.limits())?;
+        // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
+        // alignment and aliasing.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// RMSNorm backward: `dx` (the gradient of both `x` and `residual`) in the placement
+    /// `grads` names, and `dw` (`[1, H]`, the weight's dtype), from `dy` and what the forward
+    /// saved. `workspace` needs [`rmsnorm_backward_workspace_len`] f32s. Of `opts` only `gemma`
+    /// matters: the backward is the f32 derivative whatever the forward's numerics, and `rstd`
+    /// already holds `eps`.
+    pub fn rmsnorm_backward<T: Element, W: Element>(
+        &self,
+        stream: &CudaStream,
+        grads: GradPlacement<'_, '_, T>,
+        saved: SavedForward<'_, '_, T, W>,
+        dw: &mut MatMut<W>,
+        workspace: &mut impl DevicePtrMut<f32>,
+        opts: &RmsNormOptions,
+    ) -> Result<()> {
+        self.check_views(
+            stream,
+            &[
+                ("h", saved.h.stream()),
+                ("weight", saved.weight.stream()),
+                ("rstd", saved.rstd.stream()),
+                ("dw", dw.stream()),
+                ("workspace", DeviceSlice::stream(workspace)),
+            ],
+        )?;
+        for (name, view) in grads.views().into_iter().flatten() {
+            check_devices(stream, &[(name, view)])?;
+        }
+        let (h, _gh) = saved.h.desc(stream);
+        let (weight, _gw) = saved.weight.desc(stream);
+        let (rstd, _gs) = saved.rstd.desc(stream);
+        let (dw, _gd) = dw.desc_mut(stream);
+        let (workspace, _gk) = workspace_desc(workspace, stream);
+        let (io, _guards) = grads.describe(stream);
+        let t = RmsNormBwdDescs {
+            dy: io.dy,
+            h,
+            weight,
+            rstd,
+            dres: io.dres,
+            dx: io.dx,
+            dw,
+            workspace,
+        };
+        // SAFETY: as in `rmsnorm`: outputs (dx, dw, workspace) are `&mut` borrows, dx aliases
+        // at most the gradient input it replaces in its placement.
+        unsafe { self.run_rmsnorm_backward(stream, &t, opts) }
+    }
+
+    /// Backward on raw device matrices; the storage dtype is `dy`'s. Aliasing as in
+    /// [`plan_rmsnorm_backward`].
+    ///
+    /// # Safety
+    /// As for [`Kernels::rmsnorm_raw`].
+    pub unsafe fn rmsnorm_backward_raw(
+        &self,
+        stream: &CudaStream,
+        t: &RmsNormBwdDescs,
+        opts: &RmsNormOptions,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
         // SAFETY: the caller vouches for the descriptions; the plan checks the rest.
-        unsafe { self.run_rmsnorm_forward(stream, t.x.dtype, t, opts) }
+        unsafe { self.run_rmsnorm_backward(stream, t, opts) }
     }
 
     /// # Safety
-    /// As for [`Kernels::run_rmsnorm_forward`].
+    /// As for [`Kernels::rmsnorm_raw`].
     unsafe fn run_rmsnorm_backward(
         &self,
         stream: &CudaStream,
-        dtype: DType,
         t: &RmsNormBwdDescs,
-        gemma: bool,
+        opts: &RmsNormOptions,
     ) -> Result<()> {
         // Both launches are planned (validated) before either runs.
-        let plan = plan_rmsnorm_backward(dtype, t, gemma)?;
+        let plan = plan_rmsnorm_backward(t, opts)?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing. The
         // dw launch reads the partials the rows launch wrote: same stream, in order.
         unsafe {
@@ -797,186 +947,10 @@ impl Kernels {
             self.launch(stream, &plan.dw)
         }
     }
-
-    /// RMSNorm backward: `dx` (the gradient of both `x` and `residual`) and `dw`, from `dy`,
-    /// the saved `h` (`x` for plain RMSNorm) and `rstd`, and the weight. `dres`, when given,
-    /// is the gradient already flowing into the residual stream and is added to `dx`.
-    /// `workspace` needs [`rmsnorm_backward_workspace_len`] f32s; `gemma` as in the forward.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_backward<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        dy: &Mat<T>,
-        h: &Mat<T>,
-        weight: &Mat<W>,
-        rstd: &Mat<f32>,
-        dres: Option<&Mat<T>>,
-        dx: &mut MatMut<T>,
-        dw: &mut MatMut<W>,
-        workspace: &mut impl DevicePtrMut<f32>,
-        gemma: bool,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("dy", dy.stream()),
-                ("h", h.stream()),
-                ("weight", weight.stream()),
-                ("rstd", rstd.stream()),
-                ("dx", dx.stream()),
-                ("dw", dw.stream()),
-                ("workspace", DeviceSlice::stream(workspace)),
-            ],
-        )?;
-        let (dres, _g5) = optional_desc(stream, "dres", dres)?;
-        let (dy, _g1) = dy.desc(stream);
-        let (h, _g2) = h.desc(stream);
-        let (weight, _g3) = weight.desc(stream);
-        let (rstd, _g4) = rstd.desc(stream);
-        let (dx, _g6) = dx.desc_mut(stream);
-        let (dw, _g7) = dw.desc_mut(stream);
-        let (workspace, _g8) = workspace_desc(workspace, stream);
-        let t = RmsNormBwdDescs {
-            dy,
-            h,
-            weight,
-            rstd,
-            dres,
-            dx,
-            dw,
-            workspace,
-        };
-        // SAFETY: live views borrowed for this call; outputs (dx, dw, workspace) are `&mut`
-        // borrows while the inputs are shared ones, so none alias.
-        unsafe { self.run_rmsnorm_backward(stream, T::DTYPE, &t, gemma) }
-    }
-
-    /// As [`Kernels::rmsnorm_backward`], with `dx` written over `dy`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_backward_dx_over_dy<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        dy: &mut MatMut<T>,
-        h: &Mat<T>,
-        weight: &Mat<W>,
-        rstd: &Mat<f32>,
-        dres: Option<&Mat<T>>,
-        dw: &mut MatMut<W>,
-        workspace: &mut impl DevicePtrMut<f32>,
-        gemma: bool,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("dy", dy.stream()),
-                ("h", h.stream()),
-                ("weight", weight.stream()),
-                ("rstd", rstd.stream()),
-                ("dw", dw.stream()),
-                ("workspace", DeviceSlice::stream(workspace)),
-            ],
-        )?;
-        let (dres, _g5) = optional_desc(stream, "dres", dres)?;
-        let (dy, _g1) = dy.desc_mut(stream);
-        let (h, _g2) = h.desc(stream);
-        let (weight, _g3) = weight.desc(stream);
-        let (rstd, _g4) = rstd.desc(stream);
-        let (dw, _g7) = dw.desc_mut(stream);
-        let (workspace, _g8) = workspace_desc(workspace, stream);
-        let t = RmsNormBwdDescs {
-            dy,
-            h,
-            weight,
-            rstd,
-            dres,
-            dx: dy,
-            dw,
-            workspace,
-        };
-        // SAFETY: as in `rmsnorm_backward`; dx is exactly dy, read before written.
-        unsafe { self.run_rmsnorm_backward(stream, T::DTYPE, &t, gemma) }
-    }
-
-    /// As [`Kernels::rmsnorm_backward`], accumulating into the residual stream's gradient:
-    /// `dres` holds the incoming gradient and receives `dx` (`dx = dh + dres`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_backward_accumulate<T: Element, W: Element>(
-        &self,
-        stream: &CudaStream,
-        dy: &Mat<T>,
-        h: &Mat<T>,
-        weight: &Mat<W>,
-        rstd: &Mat<f32>,
-        dres: &mut MatMut<T>,
-        dw: &mut MatMut<W>,
-        workspace: &mut impl DevicePtrMut<f32>,
-        gemma: bool,
-    ) -> Result<()> {
-        self.check_views(
-            stream,
-            &[
-                ("dy", dy.stream()),
-                ("h", h.stream()),
-                ("weight", weight.stream()),
-                ("rstd", rstd.stream()),
-                ("dres", dres.stream()),
-                ("dw", dw.stream()),
-                ("workspace", DeviceSlice::stream(workspace)),
-            ],
-        )?;
-        let (dy, _g1) = dy.desc(stream);
-        let (h, _g2) = h.desc(stream);
-        let (weight, _g3) = weight.desc(stream);
-        let (rstd, _g4) = rstd.desc(stream);
-        let (dres, _g5) = dres.desc_mut(stream);
-        let (dw, _g7) = dw.desc_mut(stream);
-        let (workspace, _g8) = workspace_desc(workspace, stream);
-        let t = RmsNormBwdDescs {
-            dy,
-            h,
-            weight,
-            rstd,
-            dres: Some(dres),
-            dx: dres,
-            dw,
-            workspace,
-        };
-        // SAFETY: as in `rmsnorm_backward`; dx is exactly dres, read before written.
-        unsafe { self.run_rmsnorm_backward(stream, T::DTYPE, &t, gemma) }
-    }
-
-    /// Backward on raw device matrices; the storage dtype is `dy`'s. Aliasing as in
-    /// [`plan_rmsnorm_backward`].
-    ///
-    /// # Safety
-    /// As for [`Kernels::rmsnorm_forward_raw`].
-    pub unsafe fn rmsnorm_backward_raw(
-        &self,
-        stream: &CudaStream,
-        t: &RmsNormBwdDescs,
-        gemma: bool,
-    ) -> Result<()> {
-        self.check_stream(stream)?;
-        // SAFETY: the caller vouches for the descriptions; the plan checks the rest.
-        unsafe { self.run_rmsnorm_backward(stream, t.dy.dtype, t, gemma) }
-    }
 }
 
-/// An optional input view: checked to be on `stream`'s device, then described for the launch.
-fn optional_desc<'s, T: Element>(
-    stream: &'s CudaStream,
-    name: &'static str,
-    m: Option<&'s Mat<'_, T>>,
-) -> Result<(Option<MatDesc>, Option<SyncOnDrop<'s>>)> {
-    let Some(m) = m else {
-        return Ok((None, None));
-    };
-    check_devices(stream, &[(name, m.stream())])?;
-    let (desc, guard) = m.desc(stream);
-    Ok((Some(desc), Some(guard)))
-}
-
-/// An optional output view: as [`optional_desc`], with the write recorded.
+/// An optional output view: checked to be on `stream`'s device, then described for the
+/// launch, with the write recorded.
 fn optional_desc_mut<'s, T: Element>(
     stream: &'s CudaStream,
     name: &'static str,

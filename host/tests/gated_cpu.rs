@@ -2,6 +2,10 @@
 //! the choice of vector path and the launch geometry. No GPU is needed: the `plan_*`
 //! functions decide everything a launch does from the tensor descriptions.
 
+mod common;
+
+use common::assert_matches;
+
 use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
 use ferrofuse::{Activation, DType, Error, GridLimits, KernelId, MatDesc, VecMode};
 use ferrofuse_common::GridWalk;
@@ -32,7 +36,7 @@ fn fwd(
     b: &MatDesc,
     y: &MatDesc,
 ) -> Result<ferrofuse::Launch<ferrofuse_common::GatedFwdParams>, Error> {
-    plan_gated_forward(Activation::Silu, a.dtype, a, b, y, &limits())
+    plan_gated_forward(Activation::Silu, a, b, y, &limits())
 }
 
 #[test]
@@ -198,13 +202,13 @@ fn interleaved_halves_are_read_through_the_row_stride() {
     assert_eq!(l.kernel, KernelId::GatedFwd(DType::BF16, VecMode::V16));
     // In place over the up half is allowed; over the gate half it is not.
     assert!(fwd(&gate, &up, &up).is_ok());
-    assert!(matches!(
+    assert_matches!(
         fwd(&gate, &up, &gate),
         Err(Error::Aliasing {
             output: "y",
             other: "a"
         })
-    ));
+    );
 }
 
 #[test]
@@ -326,14 +330,14 @@ fn misaligned_pointer_is_rejected() {
     );
     let (a, b, mut y) = abc(DType::BF16, 8, 64);
     y.addr += 1;
-    assert!(matches!(
+    assert_matches!(
         fwd(&a, &b, &y),
         Err(Error::Misaligned {
             tensor: "y",
             align: 2,
             ..
         })
-    ));
+    );
 }
 
 #[test]
@@ -352,13 +356,13 @@ fn forbidden_aliasing_is_rejected() {
         addr: b.addr + 2,
         ..b
     };
-    assert!(matches!(
+    assert_matches!(
         fwd(&a, &b, &y),
         Err(Error::Aliasing {
             output: "y",
             other: "b"
         })
-    ));
+    );
     // y exactly b, but with another row stride: not the same place.
     let y = MatDesc {
         rows: 4,
@@ -367,13 +371,13 @@ fn forbidden_aliasing_is_rejected() {
     };
     let b4 = MatDesc { rows: 4, ..b };
     let a4 = MatDesc { rows: 4, ..a };
-    assert!(matches!(
+    assert_matches!(
         fwd(&a4, &b4, &y),
         Err(Error::Aliasing {
             output: "y",
             other: "b"
         })
-    ));
+    );
     // In place over b is allowed.
     assert!(fwd(&a, &b, &b).is_ok());
 }
@@ -394,38 +398,38 @@ fn backward_aliasing_rules() {
         },
     );
     let plan = |da: &MatDesc, db: &MatDesc| {
-        plan_gated_backward(Activation::GeluTanh, dt, &a, &b, &dy, da, db, &limits())
+        plan_gated_backward(Activation::GeluTanh, &a, &b, &dy, da, db, &limits())
     };
     let l = plan(&da, &db).unwrap();
     assert_eq!(l.kernel, KernelId::GatedBwd(dt, VecMode::V16));
     assert!(plan(&a, &b).is_ok(), "da over a, db over b");
     assert!(plan(&dy, &b).is_ok(), "da over dy");
     assert!(plan(&da, &dy).is_ok(), "db over dy");
-    assert!(matches!(
+    assert_matches!(
         plan(&dy, &dy),
         Err(Error::Aliasing {
             output: "da",
             other: "db"
         })
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         plan(&b, &db),
         Err(Error::Aliasing {
             output: "da",
             other: "b"
         })
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         plan(&da, &a),
         Err(Error::Aliasing {
             output: "db",
             other: "a"
         })
-    ));
+    );
     // Interleaved gradients [da | db] in one buffer do not overlap.
     let dx = mat(BASE + (1 << 30), dt, 8, 128);
     let (dga, dgb) = dx.interleaved_halves().unwrap();
-    let l = plan_gated_backward(Activation::Silu, dt, &a, &b, &dy, &dga, &dgb, &limits()).unwrap();
+    let l = plan_gated_backward(Activation::Silu, &a, &b, &dy, &dga, &dgb, &limits()).unwrap();
     assert_eq!(
         (
             l.params.da_stride,
@@ -454,8 +458,8 @@ fn backward_validates_every_operand() {
         len: 9 * 64,
         ..dy
     };
-    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &bad_dy, &da, &db, &limits())
-        .unwrap_err();
+    let e =
+        plan_gated_backward(Activation::Relu, &a, &b, &bad_dy, &da, &db, &limits()).unwrap_err();
     assert_eq!(
         e,
         Error::ShapeMismatch {
@@ -468,8 +472,8 @@ fn backward_validates_every_operand() {
         dtype: DType::BF16,
         ..db
     };
-    let e = plan_gated_backward(Activation::Relu, dt, &a, &b, &dy, &da, &bad_db, &limits())
-        .unwrap_err();
+    let e =
+        plan_gated_backward(Activation::Relu, &a, &b, &dy, &da, &bad_db, &limits()).unwrap_err();
     assert_eq!(
         e,
         Error::DTypeMismatch {

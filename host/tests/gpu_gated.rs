@@ -301,7 +301,7 @@ fn forward_middle_regime() {
         let rows = (resident * 5 / 2 / per_row + 1) as usize;
         let m = MatDesc::contiguous(1 << 40, rows * cols, dtype, rows, cols);
         let n = MatDesc::contiguous(1 << 41, rows * cols, dtype, rows, cols);
-        let plan = plan_gated_forward(Activation::Silu, dtype, &m, &m, &n, k.limits()).unwrap();
+        let plan = plan_gated_forward(Activation::Silu, &m, &m, &n, k.limits()).unwrap();
         assert_eq!(plan.kernel, KernelId::GatedFwd(dtype, VecMode::V16));
         let threads = plan.grid as u64 * GATED_THREADS as u64;
         let total = rows as u64 * per_row;
@@ -425,7 +425,7 @@ fn rejected_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng)
             &mut MatMut::new(y.as_view_mut(), rows, cols - 8),
         )
         .unwrap_err();
-    assert!(matches!(e, Error::ShapeMismatch { tensor: "y", .. }), "{e}");
+    assert_matches!(e, Error::ShapeMismatch { tensor: "y", .. });
     // Buffer too small for the claimed shape.
     let e = k
         .gated(

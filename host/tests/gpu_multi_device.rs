@@ -16,7 +16,7 @@ use std::sync::Arc;
 use common::*;
 use ferrofuse::cudarc::driver::CudaStream;
 use ferrofuse::half::bf16;
-use ferrofuse::{Activation, Error, Kernels, Mat, MatMut, RmsNormOptions, reference};
+use ferrofuse::{Activation, Error, Kernels, Mat, MatMut, Placement, RmsNormOptions, reference};
 
 fn devices(test: &str) -> Option<usize> {
     match ferrofuse::device_count() {
@@ -78,13 +78,15 @@ fn run_both_families(k: &Kernels, s: &Arc<CudaStream>, seed_note: &str) {
     let mut h = s
         .clone_htod(&vec![poison::<bf16>(); rows * hidden])
         .unwrap();
-    k.add_rmsnorm(
+    k.rmsnorm(
         s,
-        &Mat::new(dx.as_view(), rows, hidden),
-        &Mat::new(dr.as_view(), rows, hidden),
+        Placement::Add {
+            x: &Mat::new(dx.as_view(), rows, hidden),
+            residual: &Mat::new(dr.as_view(), rows, hidden),
+            y: &mut MatMut::new(y.as_view_mut(), rows, hidden),
+            h: &mut MatMut::new(h.as_view_mut(), rows, hidden),
+        },
         &Mat::new(dw.as_view(), 1, hidden),
-        &mut MatMut::new(y.as_view_mut(), rows, hidden),
-        &mut MatMut::new(h.as_view_mut(), rows, hidden),
         None,
         &RmsNormOptions::new(eps),
     )
@@ -206,9 +208,11 @@ fn mixing_devices_is_rejected() {
     let e = k0
         .rmsnorm(
             &s0,
-            &Mat::new(a0.as_view(), rows, cols),
+            Placement::Norm {
+                x: &Mat::new(a0.as_view(), rows, cols),
+                y: &mut MatMut::new(y0.as_view_mut(), rows, cols),
+            },
             &Mat::new(w1.as_view(), 1, cols),
-            &mut MatMut::new(y0.as_view_mut(), rows, cols),
             None,
             &RmsNormOptions::new(1e-6),
         )

@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use common::{gpu, poison, quick};
+use common::{assert_matches, gpu, poison, quick};
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
@@ -37,8 +37,8 @@ use ferrofuse::reference::{
     RmsNormRef, rmsnorm_backward, rmsnorm_forward_row, rmsnorm_hf_y, rmsnorm_rstd, rmsnorm_weight,
 };
 use ferrofuse::{
-    DType, Element, Error, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics, RmsNormOptions,
-    VecMode,
+    DType, Element, Error, GradPlacement, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics,
+    Placement, RmsNormOptions, SavedForward, VecMode,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -381,39 +381,36 @@ fn record(worst: &Mutex<Vec<(DType, Worst)>>, d: DType, w: &Worst) {
 // The forward: one case.
 // ------------------------------------------------------------------------------------------
 
+/// The variants of `ferrofuse::Placement`, as tags a test case can hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Placement {
-    /// `y` and `h` in their own buffers.
-    Separate,
-    HOverX,
-    HOverResidual,
-    YOverX,
-    /// vLLM / FlashInfer: `x` receives `y`, `residual` receives `h`.
-    YOverXHOverResidual,
-    /// No residual: `rmsnorm` into `y`.
-    Plain,
-    /// No residual: `rmsnorm_inplace`.
-    PlainInPlace,
+enum Outputs {
+    Add,
+    AddHOverX,
+    AddHOverResidual,
+    AddYOverX,
+    AddInPlace,
+    Norm,
+    NormInPlace,
 }
 
-const PLACEMENTS: [Placement; 7] = [
-    Placement::Separate,
-    Placement::HOverX,
-    Placement::HOverResidual,
-    Placement::YOverX,
-    Placement::YOverXHOverResidual,
-    Placement::Plain,
-    Placement::PlainInPlace,
+const PLACEMENTS: [Outputs; 7] = [
+    Outputs::Add,
+    Outputs::AddHOverX,
+    Outputs::AddHOverResidual,
+    Outputs::AddYOverX,
+    Outputs::AddInPlace,
+    Outputs::Norm,
+    Outputs::NormInPlace,
 ];
 
-impl Placement {
+impl Outputs {
     fn has_residual(self) -> bool {
-        !matches!(self, Placement::Plain | Placement::PlainInPlace)
+        !matches!(self, Outputs::Norm | Outputs::NormInPlace)
     }
     fn y_over_x(self) -> bool {
         matches!(
             self,
-            Placement::YOverX | Placement::YOverXHOverResidual | Placement::PlainInPlace
+            Outputs::AddYOverX | Outputs::AddInPlace | Outputs::NormInPlace
         )
     }
 }
@@ -422,7 +419,7 @@ impl Placement {
 struct Fwd {
     rows: usize,
     hidden: usize,
-    placement: Placement,
+    placement: Outputs,
     layout: Layout,
     gemma: bool,
     hf: bool,
@@ -436,7 +433,7 @@ impl Fwd {
         Fwd {
             rows,
             hidden,
-            placement: Placement::Separate,
+            placement: Outputs::Add,
             layout: Layout::Dense,
             gemma: false,
             hf: false,
@@ -543,10 +540,10 @@ fn run_forward<T: Element, W: Element>(
             ly.desc(s, &dy)
         };
         let h = match c.placement {
-            Placement::HOverX => Some(x),
-            Placement::HOverResidual | Placement::YOverXHOverResidual => Some(r),
-            Placement::Separate | Placement::YOverX => Some(lh.desc(s, &dh)),
-            Placement::Plain | Placement::PlainInPlace => None,
+            Outputs::AddHOverX => Some(x),
+            Outputs::AddHOverResidual | Outputs::AddInPlace => Some(r),
+            Outputs::Add | Outputs::AddYOverX => Some(lh.desc(s, &dh)),
+            Outputs::Norm | Outputs::NormInPlace => None,
         };
         RmsNormFwdDescs {
             x,
@@ -557,7 +554,7 @@ fn run_forward<T: Element, W: Element>(
             rstd: c.rstd.then(|| ls.desc(s, &ds)),
         }
     };
-    let kernel = plan_rmsnorm_forward(T::DTYPE, &descs, &c.opts(), k.limits())
+    let kernel = plan_rmsnorm_forward(&descs, &c.opts(), k.limits())
         .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
         .kernel;
 
@@ -565,54 +562,40 @@ fn run_forward<T: Element, W: Element>(
     let w = lw.mat(&dw);
     let mut rstd_m = c.rstd.then(|| ls.mat_mut(&mut ds));
     let rstd = rstd_m.as_mut();
+    let run = |io: Placement<'_, '_, T>| k.rmsnorm(s, io, &w, rstd, &opts);
     let result = match c.placement {
-        Placement::Separate => k.add_rmsnorm(
-            s,
-            &lx.mat(&dx),
-            &lr.mat(&dr),
-            &w,
-            &mut ly.mat_mut(&mut dy),
-            &mut lh.mat_mut(&mut dh),
-            rstd,
-            &opts,
-        ),
-        Placement::HOverX => k.add_rmsnorm_h_over_x(
-            s,
-            &mut lx.mat_mut(&mut dx),
-            &lr.mat(&dr),
-            &w,
-            &mut ly.mat_mut(&mut dy),
-            rstd,
-            &opts,
-        ),
-        Placement::HOverResidual => k.add_rmsnorm_h_over_residual(
-            s,
-            &lx.mat(&dx),
-            &mut lr.mat_mut(&mut dr),
-            &w,
-            &mut ly.mat_mut(&mut dy),
-            rstd,
-            &opts,
-        ),
-        Placement::YOverX => k.add_rmsnorm_y_over_x(
-            s,
-            &mut lx.mat_mut(&mut dx),
-            &lr.mat(&dr),
-            &w,
-            &mut lh.mat_mut(&mut dh),
-            rstd,
-            &opts,
-        ),
-        Placement::YOverXHOverResidual => k.add_rmsnorm_inplace(
-            s,
-            &mut lx.mat_mut(&mut dx),
-            &mut lr.mat_mut(&mut dr),
-            &w,
-            rstd,
-            &opts,
-        ),
-        Placement::Plain => k.rmsnorm(s, &lx.mat(&dx), &w, &mut ly.mat_mut(&mut dy), rstd, &opts),
-        Placement::PlainInPlace => k.rmsnorm_inplace(s, &mut lx.mat_mut(&mut dx), &w, rstd, &opts),
+        Outputs::Add => run(Placement::Add {
+            x: &lx.mat(&dx),
+            residual: &lr.mat(&dr),
+            y: &mut ly.mat_mut(&mut dy),
+            h: &mut lh.mat_mut(&mut dh),
+        }),
+        Outputs::AddHOverX => run(Placement::AddHOverX {
+            x: &mut lx.mat_mut(&mut dx),
+            residual: &lr.mat(&dr),
+            y: &mut ly.mat_mut(&mut dy),
+        }),
+        Outputs::AddHOverResidual => run(Placement::AddHOverResidual {
+            x: &lx.mat(&dx),
+            residual: &mut lr.mat_mut(&mut dr),
+            y: &mut ly.mat_mut(&mut dy),
+        }),
+        Outputs::AddYOverX => run(Placement::AddYOverX {
+            x: &mut lx.mat_mut(&mut dx),
+            residual: &lr.mat(&dr),
+            h: &mut lh.mat_mut(&mut dh),
+        }),
+        Outputs::AddInPlace => run(Placement::AddInPlace {
+            x: &mut lx.mat_mut(&mut dx),
+            residual: &mut lr.mat_mut(&mut dr),
+        }),
+        Outputs::Norm => run(Placement::Norm {
+            x: &lx.mat(&dx),
+            y: &mut ly.mat_mut(&mut dy),
+        }),
+        Outputs::NormInPlace => run(Placement::NormInPlace {
+            x: &mut lx.mat_mut(&mut dx),
+        }),
     };
     result.unwrap_or_else(|e| panic!("{what}: {e}"));
 
@@ -623,13 +606,13 @@ fn run_forward<T: Element, W: Element>(
     let bh = download(s, &dh);
     let bs = download(s, &ds);
     let (x_written, r_written) = match c.placement {
-        Placement::HOverX | Placement::YOverX | Placement::PlainInPlace => (true, false),
-        Placement::HOverResidual => (false, true),
-        Placement::YOverXHOverResidual => (true, true),
-        Placement::Separate | Placement::Plain => (false, false),
+        Outputs::AddHOverX | Outputs::AddYOverX | Outputs::NormInPlace => (true, false),
+        Outputs::AddHOverResidual => (false, true),
+        Outputs::AddInPlace => (true, true),
+        Outputs::Add | Outputs::Norm => (false, false),
     };
     let y_separate = !c.placement.y_over_x();
-    let h_separate = matches!(c.placement, Placement::Separate | Placement::YOverX);
+    let h_separate = matches!(c.placement, Outputs::Add | Outputs::AddYOverX);
     assert_untouched(&format!("{what}: x"), &lx, &bx, x_written);
     assert_untouched(&format!("{what}: residual"), &lr, &br, r_written);
     assert_untouched(&format!("{what}: weight"), &lw, &bw, false);
@@ -643,10 +626,10 @@ fn run_forward<T: Element, W: Element>(
         lx.with_buf(bx.clone())
     };
     let h = match c.placement {
-        Placement::HOverX => Some(lx.with_buf(bx)),
-        Placement::HOverResidual | Placement::YOverXHOverResidual => Some(lr.with_buf(br)),
-        Placement::Separate | Placement::YOverX => Some(lh.with_buf(bh)),
-        Placement::Plain | Placement::PlainInPlace => None,
+        Outputs::AddHOverX => Some(lx.with_buf(bx)),
+        Outputs::AddHOverResidual | Outputs::AddInPlace => Some(lr.with_buf(br)),
+        Outputs::Add | Outputs::AddYOverX => Some(lh.with_buf(bh)),
+        Outputs::Norm | Outputs::NormInPlace => None,
     };
     FwdOut {
         y,
@@ -1043,7 +1026,7 @@ fn batch_invariance<T: Element, W: Element>(
                 .collect();
             let seven = Fwd {
                 rows: 7,
-                placement: Placement::YOverXHOverResidual,
+                placement: Outputs::AddInPlace,
                 layout: if pos == 3 {
                     Layout::Padded
                 } else {
@@ -1134,38 +1117,42 @@ fn rejected_and_empty_calls_write_nothing() {
         .clone_htod(&vec![poison::<bf16>(); rows * hidden])
         .unwrap();
     let call = |y: &mut CudaSlice<bf16>, h: &mut CudaSlice<bf16>, eps: f32, wcols: usize| {
-        k.add_rmsnorm(
+        k.rmsnorm(
             &s,
-            &Mat::new(x.as_view(), rows, hidden),
-            &Mat::new(r.as_view(), rows, hidden),
+            Placement::Add {
+                x: &Mat::new(x.as_view(), rows, hidden),
+                residual: &Mat::new(r.as_view(), rows, hidden),
+                y: &mut MatMut::new(y.as_view_mut(), rows, hidden),
+                h: &mut MatMut::new(h.as_view_mut(), rows, hidden),
+            },
             &Mat::new(w.as_view(), 1, wcols),
-            &mut MatMut::new(y.as_view_mut(), rows, hidden),
-            &mut MatMut::new(h.as_view_mut(), rows, hidden),
             None,
             &RmsNormOptions::new(eps),
         )
     };
-    assert!(matches!(
+    assert_matches!(
         call(&mut y, &mut h, 0.0, hidden),
         Err(Error::InvalidArgument { what: "eps", .. })
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         call(&mut y, &mut h, f32::NAN, hidden),
         Err(Error::InvalidArgument { .. })
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         call(&mut y, &mut h, 1e-6, hidden - 1),
         Err(Error::ShapeMismatch { .. })
-    ));
+    );
     for v in download(&s, &y).into_iter().chain(download(&s, &h)) {
         assert!(v.to_f64().is_nan(), "a rejected call wrote an output");
     }
     // Zero rows: nothing to do.
     k.rmsnorm(
         &s,
-        &Mat::new(x.as_view(), 0, hidden),
+        Placement::Norm {
+            x: &Mat::new(x.as_view(), 0, hidden),
+            y: &mut MatMut::new(y.as_view_mut(), 0, hidden),
+        },
         &Mat::new(w.as_view(), 1, hidden),
-        &mut MatMut::new(y.as_view_mut(), 0, hidden),
         None,
         &RmsNormOptions::new(1e-6),
     )
@@ -1186,15 +1173,19 @@ fn rejected_and_empty_calls_write_nothing() {
     let mut ws = s.clone_htod(&vec![0.0f32; 1]).unwrap();
     k.rmsnorm_backward(
         &s,
-        &Mat::new(x.as_view(), 0, hidden),
-        &Mat::new(r.as_view(), 0, hidden),
-        &Mat::new(w.as_view(), 1, hidden),
-        &Mat::new(rstd.as_view(), 0, 1),
-        None,
-        &mut MatMut::new(dx.as_view_mut(), 0, hidden),
+        GradPlacement::Separate {
+            dy: &Mat::new(x.as_view(), 0, hidden),
+            dres: None,
+            dx: &mut MatMut::new(dx.as_view_mut(), 0, hidden),
+        },
+        SavedForward {
+            h: &Mat::new(r.as_view(), 0, hidden),
+            rstd: &Mat::new(rstd.as_view(), 0, 1),
+            weight: &Mat::new(w.as_view(), 1, hidden),
+        },
         &mut MatMut::new(dw.as_view_mut(), 1, hidden),
         &mut ws,
-        false,
+        &RmsNormOptions::new(1e-6),
     )
     .unwrap();
     assert!(download(&s, &dw).iter().all(|v| v.to_f64() == 0.0));
@@ -1206,7 +1197,7 @@ fn rejected_and_empty_calls_write_nothing() {
 // ------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BwdPlacement {
+enum BwdPlace {
     /// `dx` in its own buffer, no incoming residual gradient.
     Separate,
     /// `dx` in its own buffer, plus an incoming residual gradient.
@@ -1219,17 +1210,24 @@ enum BwdPlacement {
     Accumulate,
 }
 
-const BWD_PLACEMENTS: [BwdPlacement; 5] = [
-    BwdPlacement::Separate,
-    BwdPlacement::SeparateDres,
-    BwdPlacement::OverDy,
-    BwdPlacement::OverDyDres,
-    BwdPlacement::Accumulate,
+const BWD_PLACEMENTS: [BwdPlace; 5] = [
+    BwdPlace::Separate,
+    BwdPlace::SeparateDres,
+    BwdPlace::OverDy,
+    BwdPlace::OverDyDres,
+    BwdPlace::Accumulate,
 ];
 
-impl BwdPlacement {
+impl BwdPlace {
     fn has_dres(self) -> bool {
-        !matches!(self, BwdPlacement::Separate | BwdPlacement::OverDy)
+        !matches!(self, BwdPlace::Separate | BwdPlace::OverDy)
+    }
+}
+
+impl Bwd {
+    /// The backward reads only `gemma` of the options.
+    fn opts(&self) -> RmsNormOptions {
+        RmsNormOptions::new(1e-6).with_gemma(self.gemma)
     }
 }
 
@@ -1237,7 +1235,7 @@ impl BwdPlacement {
 struct Bwd {
     rows: usize,
     hidden: usize,
-    placement: BwdPlacement,
+    placement: BwdPlace,
     layout: Layout,
     gemma: bool,
     w_f32: bool,
@@ -1331,59 +1329,42 @@ fn run_backward<T: Element, W: Element>(
             rstd: ls.desc(s, &d_s),
             dres: c.placement.has_dres().then_some(dr),
             dx: match c.placement {
-                BwdPlacement::OverDy | BwdPlacement::OverDyDres => dy,
-                BwdPlacement::Accumulate => dr,
+                BwdPlace::OverDy | BwdPlace::OverDyDres => dy,
+                BwdPlace::Accumulate => dr,
                 _ => ldx.desc(s, &d_dx),
             },
             dw: ldw.desc(s, &d_dw),
             workspace: MatDesc::contiguous(ws_addr, ws_len, DType::F32, 1, ws_len),
         };
-        plan_rmsnorm_backward(T::DTYPE, &t, c.gemma)
+        plan_rmsnorm_backward(&t, &c.opts())
             .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
     };
 
     let (h, w, rstd) = (lh.mat(&d_h), lw.mat(&d_w), ls.mat(&d_s));
+    let saved = SavedForward {
+        h: &h,
+        rstd: &rstd,
+        weight: &w,
+    };
+    let (mut dw, opts) = (ldw.mat_mut(&mut d_dw), c.opts());
+    let mut run = |grads: GradPlacement<'_, '_, T>| {
+        k.rmsnorm_backward(s, grads, saved, &mut dw, &mut d_ws, &opts)
+    };
+    let dres = c.placement.has_dres().then(|| ldr.mat(&d_dr));
     let result = match c.placement {
-        BwdPlacement::Separate | BwdPlacement::SeparateDres => {
-            let dr = ldr.mat(&d_dr);
-            k.rmsnorm_backward(
-                s,
-                &ldy.mat(&d_dy),
-                &h,
-                &w,
-                &rstd,
-                c.placement.has_dres().then_some(&dr),
-                &mut ldx.mat_mut(&mut d_dx),
-                &mut ldw.mat_mut(&mut d_dw),
-                &mut d_ws,
-                c.gemma,
-            )
-        }
-        BwdPlacement::OverDy | BwdPlacement::OverDyDres => {
-            let dr = ldr.mat(&d_dr);
-            k.rmsnorm_backward_dx_over_dy(
-                s,
-                &mut ldy.mat_mut(&mut d_dy),
-                &h,
-                &w,
-                &rstd,
-                c.placement.has_dres().then_some(&dr),
-                &mut ldw.mat_mut(&mut d_dw),
-                &mut d_ws,
-                c.gemma,
-            )
-        }
-        BwdPlacement::Accumulate => k.rmsnorm_backward_accumulate(
-            s,
-            &ldy.mat(&d_dy),
-            &h,
-            &w,
-            &rstd,
-            &mut ldr.mat_mut(&mut d_dr),
-            &mut ldw.mat_mut(&mut d_dw),
-            &mut d_ws,
-            c.gemma,
-        ),
+        BwdPlace::Separate | BwdPlace::SeparateDres => run(GradPlacement::Separate {
+            dy: &ldy.mat(&d_dy),
+            dres: dres.as_ref(),
+            dx: &mut ldx.mat_mut(&mut d_dx),
+        }),
+        BwdPlace::OverDy | BwdPlace::OverDyDres => run(GradPlacement::DxOverDy {
+            dy: &mut ldy.mat_mut(&mut d_dy),
+            dres: dres.as_ref(),
+        }),
+        BwdPlace::Accumulate => run(GradPlacement::Accumulate {
+            dy: &ldy.mat(&d_dy),
+            dres: &mut ldr.mat_mut(&mut d_dr),
+        }),
     };
     result.unwrap_or_else(|e| panic!("{what}: {e}"));
 
@@ -1391,8 +1372,8 @@ fn run_backward<T: Element, W: Element>(
     let b_dr = download(s, &d_dr);
     let b_dx = download(s, &d_dx);
     let b_dw = download(s, &d_dw);
-    let over_dy = matches!(c.placement, BwdPlacement::OverDy | BwdPlacement::OverDyDres);
-    let accumulate = c.placement == BwdPlacement::Accumulate;
+    let over_dy = matches!(c.placement, BwdPlace::OverDy | BwdPlace::OverDyDres);
+    let accumulate = c.placement == BwdPlace::Accumulate;
     let separate = !over_dy && !accumulate;
     assert_untouched(&format!("{what}: dy"), &ldy, &b_dy, over_dy);
     assert_untouched(&format!("{what}: dres"), &ldr, &b_dr, accumulate);
@@ -1623,7 +1604,7 @@ fn backward_is_deterministic_bitwise() {
             let c = Bwd {
                 rows,
                 hidden,
-                placement: BwdPlacement::SeparateDres,
+                placement: BwdPlace::SeparateDres,
                 layout: Layout::Dense,
                 gemma,
                 w_f32: false,

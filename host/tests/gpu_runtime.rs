@@ -54,7 +54,7 @@ fn zero_fill_rejects_a_partial_word() {
     };
     let mut buf = s.clone_htod(&vec![7u8; 33]).unwrap();
     let e = k.zero_fill(&s, &mut buf).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert_matches!(e, Error::InvalidArgument { .. });
     assert!(s.clone_dtoh(&buf).unwrap().iter().all(|&b| b == 7));
 }
 

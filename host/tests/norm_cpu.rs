@@ -7,6 +7,9 @@
 // Element loops over rows read best with explicit indices.
 #![allow(clippy::needless_range_loop)]
 
+mod common;
+
+use common::assert_matches;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
     NormBwdVariant, NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward,
@@ -77,7 +80,7 @@ fn opts() -> RmsNormOptions {
 fn fwd(
     t: &RmsNormFwdDescs,
 ) -> Result<ferrofuse::Launch<ferrofuse_common::RmsNormFwdParams>, Error> {
-    plan_rmsnorm_forward(t.x.dtype, t, &opts(), &limits())
+    plan_rmsnorm_forward(t, &opts(), &limits())
 }
 
 /// 132 multiprocessors, two blocks of each kernel per multiprocessor.
@@ -86,7 +89,7 @@ fn limits() -> GridLimits {
 }
 
 fn bwd(t: &RmsNormBwdDescs) -> Result<ferrofuse::norm::RmsNormBwdPlan, Error> {
-    plan_rmsnorm_backward(t.dy.dtype, t, false)
+    plan_rmsnorm_backward(t, &opts())
 }
 
 fn rng(seed: u64) -> StdRng {
@@ -559,13 +562,13 @@ fn backward_geometry_and_workspace() {
                 if slots * hidden + coef > 0 {
                     let mut short = t;
                     short.workspace.len -= 1;
-                    assert!(matches!(
+                    assert_matches!(
                         bwd(&short),
                         Err(Error::BufferTooSmall {
                             tensor: "workspace",
                             ..
                         })
-                    ));
+                    );
                 }
             }
         }
@@ -621,22 +624,22 @@ fn vector_kernel_only_when_every_operand_allows_it() {
         assert_eq!(mode(&t), VecMode::V16);
         // Backward: the workspace must be 16-byte aligned too.
         let b = bwd_descs(dtype, 7, hidden, true);
-        assert!(matches!(
+        assert_matches!(
             bwd(&b).unwrap().rows.kernel,
             KernelId::RmsNormBwd(_, VecMode::V16, _)
-        ));
+        );
         let mut b2 = b;
         b2.workspace.addr += 4;
-        assert!(matches!(
+        assert_matches!(
             bwd(&b2).unwrap().rows.kernel,
             KernelId::RmsNormBwd(_, VecMode::Scalar, _)
-        ));
+        );
         let mut b3 = b;
         b3.dres.as_mut().unwrap().addr += size;
-        assert!(matches!(
+        assert_matches!(
             bwd(&b3).unwrap().rows.kernel,
             KernelId::RmsNormBwd(_, VecMode::Scalar, _)
-        ));
+        );
     }
 }
 
@@ -663,7 +666,7 @@ fn params_carry_the_operands_and_flags() {
     let flags = |o: RmsNormOptions, w: DType| {
         let mut t = fwd_descs(DType::BF16, 7, 896, true);
         t.weight.dtype = w;
-        plan_rmsnorm_forward(DType::BF16, &t, &o, &limits())
+        plan_rmsnorm_forward(&t, &o, &limits())
             .unwrap()
             .params
             .flags
@@ -691,7 +694,7 @@ fn params_carry_the_operands_and_flags() {
     let mut b32 = b;
     b32.weight.dtype = DType::F32;
     b32.dw.dtype = DType::F32;
-    let plan = plan_rmsnorm_backward(DType::F16, &b32, true).unwrap();
+    let plan = plan_rmsnorm_backward(&b32, &opts().with_gemma(true)).unwrap();
     assert_eq!(plan.rows.params.flags, RMSNORM_GEMMA | RMSNORM_W_F32);
     assert_eq!(plan.dw.kernel, KernelId::RmsNormDw(DType::F32));
     let p = bwd(&b).unwrap().rows.params;
@@ -734,15 +737,14 @@ fn eps_must_be_finite_and_positive() {
         f32::INFINITY,
         f32::NEG_INFINITY,
     ] {
-        let e = plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps), &limits())
-            .unwrap_err();
+        let e = plan_rmsnorm_forward(&t, &RmsNormOptions::new(eps), &limits()).unwrap_err();
         assert!(
             matches!(e, Error::InvalidArgument { what: "eps", .. }),
             "eps {eps}: {e}"
         );
     }
     for eps in [f32::MIN_POSITIVE / 2.0, 1e-12, 1e-6, 1.0, 1e30] {
-        plan_rmsnorm_forward(DType::BF16, &t, &RmsNormOptions::new(eps), &limits()).unwrap();
+        plan_rmsnorm_forward(&t, &RmsNormOptions::new(eps), &limits()).unwrap();
     }
 }
 
@@ -753,120 +755,125 @@ fn forward_rejects_bad_descriptions() {
     let err = |f: &dyn Fn(&mut RmsNormFwdDescs)| {
         let mut t = base;
         f(&mut t);
-        plan_rmsnorm_forward(d, &t, &opts(), &limits()).unwrap_err()
+        plan_rmsnorm_forward(&t, &opts(), &limits()).unwrap_err()
     };
     // Dtypes.
-    assert!(matches!(
+    // The storage dtype is x's: another operand of the old one mismatches.
+    assert_matches!(
         err(&|t| t.x.dtype = DType::F16),
-        Error::DTypeMismatch { tensor: "x", .. }
-    ));
-    assert!(matches!(
+        Error::DTypeMismatch {
+            tensor: "y",
+            expected: DType::F16,
+            got: DType::BF16
+        }
+    );
+    assert_matches!(
         err(&|t| t.y.dtype = DType::F32),
         Error::DTypeMismatch { tensor: "y", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.residual.as_mut().unwrap().dtype = DType::F16),
         Error::DTypeMismatch {
             tensor: "residual",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.h.as_mut().unwrap().dtype = DType::F16),
         Error::DTypeMismatch { tensor: "h", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.weight.dtype = DType::F16),
         Error::DTypeMismatch {
             tensor: "weight",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd.as_mut().unwrap().dtype = DType::BF16),
         Error::DTypeMismatch { tensor: "rstd", .. }
-    ));
+    );
     // Shapes.
-    assert!(matches!(
+    assert_matches!(
         err(&|t| t.y = mat(3, d, 4, 65)),
         Error::ShapeMismatch { tensor: "y", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.residual = Some(mat(1, d, 5, 64))),
         Error::ShapeMismatch {
             tensor: "residual",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.h = Some(mat(4, d, 3, 64))),
         Error::ShapeMismatch { tensor: "h", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.weight = mat(2, d, 1, 63)),
         Error::ShapeMismatch {
             tensor: "weight",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.weight = mat(2, d, 2, 64)),
         Error::ShapeMismatch {
             tensor: "weight",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd = Some(mat(5, DType::F32, 5, 1))),
         Error::ShapeMismatch { tensor: "rstd", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd = Some(mat(5, DType::F32, 4, 2))),
         Error::ShapeMismatch { tensor: "rstd", .. }
-    ));
+    );
     // Layout.
-    assert!(matches!(
+    assert_matches!(
         err(&|t| t.x.col_stride = 2),
         Error::NonUnitLastStride {
             tensor: "x",
             stride: 2
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.y.row_stride = 63),
         Error::RowStrideTooSmall { tensor: "y", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.h.as_mut().unwrap().len = 4 * 64 - 1),
         Error::BufferTooSmall { tensor: "h", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.weight.len = 63),
         Error::BufferTooSmall {
             tensor: "weight",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd.as_mut().unwrap().len = 3),
         Error::BufferTooSmall { tensor: "rstd", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.x.addr += 1),
         Error::Misaligned { tensor: "x", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.residual.as_mut().unwrap().addr += 1),
         Error::Misaligned {
             tensor: "residual",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd.as_mut().unwrap().addr += 2),
         Error::Misaligned { tensor: "rstd", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| {
             t.weight.dtype = DType::F32;
             t.weight.addr += 2;
@@ -875,22 +882,22 @@ fn forward_rejects_bad_descriptions() {
             tensor: "weight",
             ..
         }
-    ));
+    );
     // Residual and h come together.
-    assert!(matches!(
+    assert_matches!(
         err(&|t| t.h = None),
         Error::InvalidArgument { what: "h", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.residual = None),
         Error::InvalidArgument { what: "h", .. }
-    ));
+    );
     // More rows than a grid can have.
     let mut t = fwd_descs(DType::F32, 1, 1, false);
     t.x = MatDesc::contiguous(addr(0), 1 << 35, DType::F32, 1 << 35, 1);
     t.y = MatDesc::contiguous(addr(3), 1 << 35, DType::F32, 1 << 35, 1);
     t.rstd = None;
-    assert!(matches!(fwd(&t), Err(Error::TooLarge { what: "rows", .. })));
+    assert_matches!(fwd(&t), Err(Error::TooLarge { what: "rows", .. }));
 }
 
 #[test]
@@ -1047,81 +1054,86 @@ fn backward_rejects_bad_descriptions_and_aliasing() {
     let err = |f: &dyn Fn(&mut RmsNormBwdDescs)| {
         let mut t = base;
         f(&mut t);
-        plan_rmsnorm_backward(d, &t, false).unwrap_err()
+        plan_rmsnorm_backward(&t, &opts()).unwrap_err()
     };
-    assert!(matches!(
+    // The storage dtype is dy's: another operand of the old one mismatches.
+    assert_matches!(
         err(&|t| t.dy.dtype = DType::F16),
-        Error::DTypeMismatch { tensor: "dy", .. }
-    ));
-    assert!(matches!(
+        Error::DTypeMismatch {
+            tensor: "h",
+            expected: DType::F16,
+            got: DType::BF16
+        }
+    );
+    assert_matches!(
         err(&|t| t.h.dtype = DType::F16),
         Error::DTypeMismatch { tensor: "h", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dx.dtype = DType::F16),
         Error::DTypeMismatch { tensor: "dx", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dres.as_mut().unwrap().dtype = DType::F16),
         Error::DTypeMismatch { tensor: "dres", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.weight.dtype = DType::F16),
         Error::DTypeMismatch {
             tensor: "weight",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dw.dtype = DType::F32),
         Error::DTypeMismatch { tensor: "dw", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd.dtype = DType::BF16),
         Error::DTypeMismatch { tensor: "rstd", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.workspace.dtype = DType::F16),
         Error::DTypeMismatch {
             tensor: "workspace",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.h = mat(1, d, rows, hidden + 1)),
         Error::ShapeMismatch { tensor: "h", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dx = mat(5, d, rows + 1, hidden)),
         Error::ShapeMismatch { tensor: "dx", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dres = Some(mat(4, d, 1, hidden))),
         Error::ShapeMismatch { tensor: "dres", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dw = mat(6, d, 1, hidden - 1)),
         Error::ShapeMismatch { tensor: "dw", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.rstd = mat(3, DType::F32, rows - 1, 1)),
         Error::ShapeMismatch { tensor: "rstd", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dy.addr += 1),
         Error::Misaligned { tensor: "dy", .. }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.workspace.addr += 2),
         Error::Misaligned {
             tensor: "workspace",
             ..
         }
-    ));
-    assert!(matches!(
+    );
+    assert_matches!(
         err(&|t| t.dx.col_stride = 3),
         Error::NonUnitLastStride { tensor: "dx", .. }
-    ));
+    );
 
     let ok = |t: &RmsNormBwdDescs| bwd(t).map(|_| ()).unwrap();
     let alias = |t: &RmsNormBwdDescs| match bwd(t) {

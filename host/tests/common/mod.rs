@@ -1,6 +1,19 @@
 //! Helpers shared by the test files: GPU discovery that skips cleanly without a driver,
-//! random inputs, poisoned outputs and tolerance checks that report the worst element.
-#![allow(dead_code)]
+//! random inputs, poisoned outputs, tolerance checks that report the worst element, and
+//! `assert_matches!` for rejected calls.
+#![allow(dead_code, unused_imports, unused_macros)]
+
+/// Asserts that `value` matches `pattern`; on failure prints the value that came back (the
+/// error a rejected call returned, or its `Ok`).
+macro_rules! assert_matches {
+    ($value:expr, $pattern:pat $(,)?) => {
+        match $value {
+            $pattern => {}
+            ref other => panic!("expected {}, got {:?}", stringify!($pattern), other),
+        }
+    };
+}
+pub(crate) use assert_matches;
 
 use std::io::Write;
 use std::sync::{Arc, Once};
