@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use common::{assert_matches, gpu, poison, quick};
+use common::{assert_matches, download, gpu, poison, quick, ulp_at, ulps};
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
@@ -191,10 +191,6 @@ impl<T: Element> Laid<T> {
     }
 }
 
-fn download<T: Element>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Vec<T> {
-    s.clone_dtoh(d).expect("download")
-}
-
 fn same<T: Element>(a: T, b: T) -> bool {
     bits(a) == bits(b)
 }
@@ -273,48 +269,6 @@ fn fresh_seed() -> u64 {
 // ------------------------------------------------------------------------------------------
 // Error measures.
 // ------------------------------------------------------------------------------------------
-
-/// `v` (a value of `dtype`, or an f64 that the conversion rounds to one) as a position on the
-/// number line of `dtype`: adjacent values differ by 1, +0 and -0 are both 0.
-fn ordinal(dtype: DType, v: f64) -> i64 {
-    let (b, sign) = match dtype {
-        DType::F32 => ((v as f32).to_bits() as i64, 1i64 << 31),
-        DType::F16 => (f16::from_f64(v).to_bits() as i64, 1 << 15),
-        DType::BF16 => (bf16::from_f64(v).to_bits() as i64, 1 << 15),
-    };
-    if b & sign != 0 { -(b & (sign - 1)) } else { b }
-}
-
-/// Units in the last place of `dtype` between `got` and `want` rounded to `dtype`.
-fn ulps(dtype: DType, got: f64, want: f64) -> u64 {
-    if got.is_nan() || want.is_nan() {
-        return if got.is_nan() && want.is_nan() {
-            0
-        } else {
-            u64::MAX
-        };
-    }
-    ordinal(dtype, got).abs_diff(ordinal(dtype, want))
-}
-
-/// The gap between adjacent values of `dtype` at `v`'s magnitude.
-fn ulp_at(dtype: DType, v: f64) -> f64 {
-    let mant = match dtype {
-        DType::F32 => 23,
-        DType::F16 => 10,
-        DType::BF16 => 7,
-    };
-    let min_exp = match dtype {
-        DType::F32 | DType::BF16 => -126,
-        DType::F16 => -14,
-    };
-    let e = if v == 0.0 {
-        min_exp
-    } else {
-        (v.abs().log2().floor() as i32).max(min_exp)
-    };
-    2f64.powi(e - mant)
-}
 
 fn rel_err(got: f64, want: f64) -> f64 {
     if got == want {

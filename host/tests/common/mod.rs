@@ -15,10 +15,12 @@ macro_rules! assert_matches {
 }
 pub(crate) use assert_matches;
 
+use std::collections::BTreeMap;
 use std::io::Write;
-use std::sync::{Arc, Once};
+use std::sync::{Arc, Mutex, Once};
 
-use ferrofuse::cudarc::driver::CudaStream;
+use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
+use ferrofuse::half::{bf16, f16};
 use ferrofuse::{DType, Element, Error, Kernels};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -94,44 +96,121 @@ pub fn poison<T: Element>() -> T {
     T::from_f64(f64::NAN)
 }
 
-/// (atol, rtol) for comparing a `dtype` result with the f64 reference (the seeds' table).
-pub fn tolerance(dtype: DType) -> (f64, f64) {
-    match dtype {
-        DType::F32 => (1e-5, 1e-5),
-        DType::F16 | DType::BF16 => (1e-2, 1e-2),
-    }
+/// `v` (a value of `dtype`, or an f64 that the conversion rounds to one) as a position on the
+/// number line of `dtype`: adjacent values differ by 1, +0 and -0 are both 0.
+pub fn ordinal(dtype: DType, v: f64) -> i64 {
+    let (b, sign) = match dtype {
+        DType::F32 => ((v as f32).to_bits() as i64, 1i64 << 31),
+        DType::F16 => (f16::from_f64(v).to_bits() as i64, 1 << 15),
+        DType::BF16 => (bf16::from_f64(v).to_bits() as i64, 1 << 15),
+    };
+    if b & sign != 0 { -(b & (sign - 1)) } else { b }
 }
 
-/// Worst `|got - want| / (atol + rtol |want|)` and where; > 1 fails. NaN in `got` where
-/// `want` is finite counts as infinitely bad.
-pub fn worst_error(got: &[f64], want: &[f64], atol: f64, rtol: f64) -> (f64, usize) {
-    assert_eq!(got.len(), want.len());
-    let mut worst = (0.0f64, 0usize);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        let e = if g == w || (g.is_nan() && w.is_nan()) {
-            0.0
-        } else if !g.is_finite() || !w.is_finite() {
-            f64::INFINITY
+/// Units in the last place of `dtype` between `got` and `want` rounded to `dtype`.
+pub fn ulps(dtype: DType, got: f64, want: f64) -> u64 {
+    if got.is_nan() || want.is_nan() {
+        return if got.is_nan() && want.is_nan() {
+            0
         } else {
-            (g - w).abs() / (atol + rtol * w.abs())
+            u64::MAX
         };
-        if e > worst.0 || (e.is_infinite() && worst.0.is_finite()) {
-            worst = (e, i);
+    }
+    ordinal(dtype, got).abs_diff(ordinal(dtype, want))
+}
+
+/// The gap between adjacent values of `dtype` at `v`'s magnitude.
+pub fn ulp_at(dtype: DType, v: f64) -> f64 {
+    let mant = match dtype {
+        DType::F32 => 23,
+        DType::F16 => 10,
+        DType::BF16 => 7,
+    };
+    let min_exp = match dtype {
+        DType::F32 | DType::BF16 => -126,
+        DType::F16 => -14,
+    };
+    let e = if v == 0.0 {
+        min_exp
+    } else {
+        (v.abs().log2().floor() as i32).max(min_exp)
+    };
+    2f64.powi(e - mant)
+}
+
+/// `|got - want|` in units in the last place of `dtype`, the unit taken at `max(|want|,
+/// floor)`: a floor bounds the unit from below where the exact value comes from cancelling
+/// terms of size `floor` (0 for plain ulps). `want` is exact, so a correctly rounded `got` is
+/// up to 0.5 away. NaN matches only NaN, an infinity only itself.
+pub fn ulp_error(dtype: DType, got: f64, want: f64, floor: f64) -> f64 {
+    if got == want || (got.is_nan() && want.is_nan()) {
+        return 0.0;
+    }
+    if !got.is_finite() || !want.is_finite() {
+        return f64::INFINITY;
+    }
+    (got - want).abs() / ulp_at(dtype, want.abs().max(floor))
+}
+
+/// Asserts every element of `got` is within `max_ulps` of `want` (see [`ulp_error`], with
+/// `floor(i)` for element `i`), naming the worst one; returns the worst error.
+pub fn assert_ulps(
+    what: &str,
+    dtype: DType,
+    got: &[f64],
+    want: &[f64],
+    floor: impl Fn(usize) -> f64,
+    max_ulps: f64,
+) -> f64 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let (mut worst, mut at) = (0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let e = ulp_error(dtype, g, w, floor(i));
+        if e > worst || (e.is_nan() && !worst.is_nan()) {
+            (worst, at) = (e, i);
         }
     }
+    assert!(
+        worst <= max_ulps,
+        "{what}: element {at} is {} but the reference is {} ({worst:.2} ulps of {}, at most \
+         {max_ulps} allowed)",
+        got[at],
+        want[at],
+        dtype.name()
+    );
     worst
 }
 
-/// Asserts `got` is within (atol, rtol) of `want`, naming the worst element.
-pub fn assert_close(what: &str, got: &[f64], want: &[f64], atol: f64, rtol: f64) {
-    let (err, i) = worst_error(got, want, atol, rtol);
-    assert!(
-        err <= 1.0,
-        "{what}: element {i} is {} but the reference is {} (atol {atol}, rtol {rtol}; {:.2}x the tolerance)",
-        got[i],
-        want[i],
-        err
-    );
+/// The worst errors a test saw, by quantity, printed when it ends.
+#[derive(Default)]
+pub struct WorstErrors(Mutex<BTreeMap<String, f64>>);
+
+impl WorstErrors {
+    pub fn record(&self, quantity: String, error: f64) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let e = m.entry(quantity).or_insert(0.0);
+        *e = e.max(error);
+    }
+
+    /// One line per quantity whose name starts with `prefix`, written past the test
+    /// harness's output capture (see [`print_loaded_ptx`]) so the measured errors show in
+    /// every run.
+    pub fn report(&self, prefix: &str) {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        for (quantity, error) in m.iter().filter(|(q, _)| q.starts_with(prefix)) {
+            out.push_str(&format!("{quantity}: worst {error:.3} ulps\n"));
+        }
+        let _ = std::io::stderr().write_all(out.as_bytes());
+    }
+}
+
+pub fn upload<T: Element>(s: &Arc<CudaStream>, v: &[T]) -> CudaSlice<T> {
+    s.clone_htod(v).expect("upload")
+}
+
+pub fn download<T: Element>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Vec<T> {
+    s.clone_dtoh(d).expect("download")
 }
 
 pub fn to_f64<T: Element>(v: &[T]) -> Vec<f64> {
