@@ -159,7 +159,7 @@ impl MatDesc {
             .checked_mul(self.row_stride)
             .and_then(|n| n.checked_add(self.cols))
             .ok_or(Error::TooLarge {
-                what: "rows * row_stride",
+                what: "rows at this row stride (the extent overflows)",
                 value: self.rows,
             })?;
         if needed > self.len {
