@@ -1,10 +1,11 @@
 //! What the benchmark measures: model shapes, ops, the configurations a selection expands to,
 //! and the minimal byte count of each (each input read once, each output written once).
 //!
-//! Plain `std` on purpose: `cargo xtask bench` includes this file (`#[path]`) to label its
-//! tables and plots with model names, without depending on the GPU crates.
+//! Plain `std`: the report labels its tables and charts with the model names from here.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::str::FromStr;
 
 /// A model whose MLP and norm shapes the benchmark uses (from its Hugging Face `config.json`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +85,48 @@ pub const NORM_EPS: f64 = 1e-6;
 /// By default the CUDA-graph mode runs for shapes up to this many rows: where launch latency
 /// and the tail matter. Larger shapes are measured per call only.
 pub const GRAPH_MAX_ROWS: usize = 1024;
+
+/// A shape given by hand (`--shapes 7x18944`) instead of the models': `rows` tokens of `cols`
+/// columns, which are `I` for the gated ops and `H` for the norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl FromStr for Shape {
+    type Err = String;
+
+    /// `ROWSxCOLS`, both at least 1, e.g. `16x14336`.
+    fn from_str(s: &str) -> Result<Shape, String> {
+        let bad =
+            |why: String| format!("bad shape {s:?}: {why}; expected ROWSxCOLS, e.g. 16x14336");
+        let (rows, cols) = s
+            .split_once('x')
+            .ok_or_else(|| bad("no 'x' between rows and cols".into()))?;
+        let number = |text: &str, what: &str| match text.trim().parse::<usize>() {
+            Ok(0) => Err(bad(format!("{what} must be at least 1"))),
+            Ok(n) => Ok(n),
+            Err(_) => Err(bad(format!("{what} {text:?} is not a whole number"))),
+        };
+        let shape = Shape {
+            rows: number(rows, "rows")?,
+            cols: number(cols, "cols")?,
+        };
+        // The byte counts are u64: the largest is under 32 bytes per element (f32 backward).
+        let elements = (shape.rows as u64).checked_mul(shape.cols as u64);
+        if elements.and_then(|n| n.checked_mul(32)).is_none() {
+            return Err(bad("too many elements".into()));
+        }
+        Ok(shape)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}", self.rows, self.cols)
+    }
+}
 
 /// The gated unit's activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -336,6 +379,9 @@ pub struct Selection {
     pub models: Vec<String>,
     /// Token counts; empty: [`TOKENS`].
     pub tokens: Vec<usize>,
+    /// Shapes given by hand, instead of the models' at the token counts (so not together with
+    /// `models` or `tokens`): the gated ops with SiLU, the norm as plain RMSNorm.
+    pub shapes: Vec<Shape>,
     /// Op families by name (`gated`, `add_rmsnorm`) or exact op names; empty: both families.
     pub ops: Vec<String>,
     /// Gated layouts; empty: both.
@@ -356,6 +402,7 @@ impl Default for Selection {
         Self {
             models: Vec::new(),
             tokens: Vec::new(),
+            shapes: Vec::new(),
             ops: Vec::new(),
             layouts: Vec::new(),
             dtypes: Vec::new(),
@@ -376,11 +423,23 @@ impl fmt::Display for Selection {
                 v.join(",")
             }
         };
+        if self.shapes.is_empty() {
+            write!(
+                f,
+                "models {}, tokens {}",
+                list(self.models.clone()),
+                list(self.tokens.iter().map(|t| t.to_string()).collect()),
+            )?;
+        } else {
+            write!(
+                f,
+                "shapes {}",
+                list(self.shapes.iter().map(|s| s.to_string()).collect())
+            )?;
+        }
         write!(
             f,
-            "models {}, tokens {}, ops {}, dtypes {}",
-            list(self.models.clone()),
-            list(self.tokens.iter().map(|t| t.to_string()).collect()),
+            ", ops {}, dtypes {}",
             list(self.ops.clone()),
             list(self.dtypes.iter().map(|d| d.name().to_string()).collect()),
         )
@@ -427,17 +486,12 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
     if sel.tokens.contains(&0) {
         return Err("token counts must be at least 1".into());
     }
-    let models: Vec<&Model> = MODELS
-        .iter()
-        .filter(|m| sel.models.is_empty() || sel.models.iter().any(|k| k == m.key))
-        .collect();
-    let mut rows_sorted = if sel.tokens.is_empty() {
-        TOKENS.to_vec()
-    } else {
-        sel.tokens.clone()
-    };
-    rows_sorted.sort_unstable();
-    rows_sorted.dedup();
+    if !sel.shapes.is_empty() && !(sel.models.is_empty() && sel.tokens.is_empty()) {
+        return Err(
+            "--shapes gives the rows and cols itself: it does not combine with --models or --tokens"
+                .into(),
+        );
+    }
     let dtypes: &[Dtype] = if sel.dtypes.is_empty() {
         &[Dtype::Bf16]
     } else {
@@ -454,26 +508,46 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
         &sel.modes
     };
 
-    let mut shapes: Vec<(Op, Variant, usize)> = Vec::new();
+    // What to measure, before ops and layouts: (activation, norm, I, H, rows) per model, or
+    // per shape given by hand.
+    let sources: Vec<(Act, NormKind, usize, usize, Vec<usize>)> = if sel.shapes.is_empty() {
+        let tokens = if sel.tokens.is_empty() {
+            TOKENS.to_vec()
+        } else {
+            sel.tokens.clone()
+        };
+        MODELS
+            .iter()
+            .filter(|m| sel.models.is_empty() || sel.models.iter().any(|k| k == m.key))
+            .map(|m| (m.act, m.norm, m.intermediate, m.hidden, tokens.clone()))
+            .collect()
+    } else {
+        sel.shapes
+            .iter()
+            .map(|s| (Act::Silu, NormKind::Rms, s.cols, s.cols, vec![s.rows]))
+            .collect()
+    };
+    // (op, variant, cols) -> the rows to measure it at; the map orders and dedups both.
+    let mut shapes: BTreeMap<(Op, Variant, usize), BTreeSet<usize>> = BTreeMap::new();
     for op in Op::ALL.into_iter().filter(|&op| op_selected(sel, op)) {
-        for m in &models {
+        for (act, kind, intermediate, hidden, rows) in &sources {
             if op.is_gated() {
                 for &layout in layouts {
-                    let variant = Variant::Gated { act: m.act, layout };
-                    shapes.push((op, variant, m.intermediate));
+                    let variant = Variant::Gated { act: *act, layout };
+                    let key = (op, variant, *intermediate);
+                    shapes.entry(key).or_default().extend(rows);
                 }
             } else {
-                shapes.push((op, Variant::Norm { kind: m.norm }, m.hidden));
+                let key = (op, Variant::Norm { kind: *kind }, *hidden);
+                shapes.entry(key).or_default().extend(rows);
             }
         }
     }
-    shapes.sort();
-    shapes.dedup();
 
     let mut configs = Vec::new();
-    for &(op, variant, cols) in &shapes {
+    for ((op, variant, cols), all_rows) in shapes {
         for &dtype in dtypes {
-            for &rows in &rows_sorted {
+            for &rows in &all_rows {
                 let modes: Vec<Mode> = modes
                     .iter()
                     .copied()
@@ -603,6 +677,99 @@ mod tests {
             },
         ] {
             assert!(plan(&sel).is_err());
+        }
+    }
+
+    #[test]
+    fn parses_shapes() {
+        let shape = |s: &str| s.parse::<Shape>();
+        assert_eq!(
+            shape("7x18944"),
+            Ok(Shape {
+                rows: 7,
+                cols: 18944
+            })
+        );
+        assert_eq!(shape(" 3000 x 11001 ").unwrap().to_string(), "3000x11001");
+        for (text, says) in [
+            ("", "no 'x' between rows and cols"),
+            ("7", "no 'x' between rows and cols"),
+            ("7*18944", "no 'x' between rows and cols"),
+            ("x18944", "rows \"\" is not a whole number"),
+            ("7x", "cols \"\" is not a whole number"),
+            ("-7x18944", "rows \"-7\" is not a whole number"),
+            ("7x18944x2", "cols \"18944x2\" is not a whole number"),
+            ("7.5x18944", "rows \"7.5\" is not a whole number"),
+            ("0x18944", "rows must be at least 1"),
+            ("7x0", "cols must be at least 1"),
+            ("4294967296x4294967296", "too many elements"),
+        ] {
+            let err = shape(text).unwrap_err();
+            assert!(err.contains(says), "{text:?}: {err}");
+            assert!(err.contains("expected ROWSxCOLS"), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn shapes_by_hand_replace_the_models() {
+        let sel = Selection {
+            shapes: vec!["7x18944".parse().unwrap(), "3000x11001".parse().unwrap()],
+            ..Selection::default()
+        };
+        let configs = plan(&sel).unwrap();
+        // Per shape: gated SiLU in both layouts (cols = I) and plain RMSNorm (cols = H).
+        let got: Vec<(Op, String, usize, usize)> = configs
+            .iter()
+            .map(|c| (c.op, c.variant.name(), c.rows, c.cols))
+            .collect();
+        let want = [
+            (Op::GatedFwd, "silu_split", 3000, 11001),
+            (Op::GatedFwd, "silu_split", 7, 18944),
+            (Op::GatedFwd, "silu_interleaved", 3000, 11001),
+            (Op::GatedFwd, "silu_interleaved", 7, 18944),
+            (Op::AddRmsNormFwd, "rms", 3000, 11001),
+            (Op::AddRmsNormFwd, "rms", 7, 18944),
+        ];
+        let want: Vec<(Op, String, usize, usize)> = want
+            .iter()
+            .map(|&(op, v, r, c)| (op, v.to_string(), r, c))
+            .collect();
+        assert_eq!(got, want);
+        // Graph mode only up to graph_max_rows, as for the models.
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.modes.contains(&Mode::Graph) == (c.rows == 7))
+        );
+        // The other filters apply.
+        let norm_only = Selection {
+            ops: vec!["add_rmsnorm".into()],
+            dtypes: vec![Dtype::F32],
+            ..sel.clone()
+        };
+        let configs = plan(&norm_only).unwrap();
+        assert_eq!(configs.len(), 2);
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.dtype == Dtype::F32 && !c.op.is_gated())
+        );
+        // A shape fixes its rows: --models and --tokens would say something else.
+        for sel in [
+            Selection {
+                models: vec!["llama3-8b".into()],
+                ..sel.clone()
+            },
+            Selection {
+                tokens: vec![16],
+                ..sel.clone()
+            },
+        ] {
+            let err = plan(&sel).unwrap_err();
+            assert!(
+                err.contains("does not combine with --models or --tokens"),
+                "{err}"
+            );
         }
     }
 

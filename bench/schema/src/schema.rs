@@ -1,8 +1,6 @@
-//! The JSON the benchmark writes and reads: the results report (the issue's schema, shared with
-//! `bench/peers.py` and `cargo xtask bench`) and the plan (the configurations, handed to
-//! `peers.py` so the peers measure exactly the same shapes with the same byte counts).
-//!
-//! Uses `serde` only: `cargo xtask bench` includes this file (`#[path]`).
+//! The JSON the benchmark writes and reads: the results report (written by `ferrofuse-bench`
+//! and `bench/peers.py`, read by `ferrofuse-report`) and the plan (the configurations, handed
+//! to `peers.py` so the peers measure exactly the same shapes with the same byte counts).
 //!
 //! ```json
 //! {"gpu": "NVIDIA H200", "driver": "580.95.05 (CUDA 13.0)", "date": "2026-11-29T12:00:00Z",
@@ -12,12 +10,13 @@
 //!               "gbs": 444.0, "pct_of_ceiling": 10.5}],
 //!  "methods": [{"tool": "ferrofuse-bench 0.1.0", ...}]}
 //! ```
-//! `methods` is optional (absent in the issue's schema): how each source measured.
+//! `methods` and `device` are optional (absent in the first files): how each source measured,
+//! and on which CUDA device.
 
 use serde::{Deserialize, Serialize};
 
-/// Exit code of `ferrofuse-bench` and `cargo xtask bench` when there is no CUDA driver or no
-/// device (and, for the xtask, nothing to merge): `EX_UNAVAILABLE` from sysexits.h.
+/// Exit code of `ferrofuse-bench` (and so of `cargo xtask bench` and `run.sh bench`) when
+/// there is no CUDA driver or no device: `EX_UNAVAILABLE` from sysexits.h.
 pub const EXIT_NO_GPU: u8 = 69;
 
 /// What identifies a measurement: (op, variant, dtype, rows, cols, mode); see [`Record::key`].
@@ -46,8 +45,8 @@ pub struct Report {
     pub commit: String,
     /// Device-to-device copy bandwidth measured in the same run (bytes read + written).
     pub copy_ceiling_gbs: f64,
-    /// The CUDA device ordinal the run used (an addition to the issue's schema, for hosts
-    /// with several GPUs; absent in files written before it existed).
+    /// The CUDA device ordinal the run used (for hosts with several GPUs; absent in files
+    /// written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<usize>,
     pub results: Vec<Record>,
