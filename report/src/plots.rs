@@ -307,13 +307,11 @@ fn draw(chart: &Chart, rgb: &mut [u8]) -> Result<(), Box<dyn Error>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::merge::merge;
-    use crate::sample::sample;
+    use crate::sample::merged;
 
     #[test]
     fn charts_of_a_sample() {
-        let (ours, peers) = sample();
-        let (m, _) = merge(vec![ours, peers]).unwrap();
+        let m = merged();
         let charts = charts(&m);
         let names: Vec<&str> = charts.iter().map(|(n, _)| n.as_str()).collect();
         // per_call and graph charts of one shape; the launch floor and the copy are no charts.
@@ -346,8 +344,7 @@ mod tests {
 
     #[test]
     fn writes_pngs_that_show_the_series() {
-        let (ours, peers) = sample();
-        let (m, _) = merge(vec![ours, peers]).unwrap();
+        let m = merged();
         let dir = std::env::temp_dir().join(format!("ferrofuse-plots-{}", std::process::id()));
         assert_eq!(write_plots(&m, &dir).unwrap(), 2);
         let file =

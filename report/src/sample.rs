@@ -94,3 +94,9 @@ pub fn sample() -> (Report, Report) {
     ));
     (report(4240.0, ours), report(4100.0, peers))
 }
+
+/// The two files merged, as the report shows them.
+pub fn merged() -> Report {
+    let (ours, peers) = sample();
+    crate::merge::merge(vec![ours, peers]).unwrap().0
+}

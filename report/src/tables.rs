@@ -376,12 +376,11 @@ fn render_targets(report: &Report, markdown: bool) -> String {
 mod tests {
     use super::*;
     use crate::merge::merge;
-    use crate::sample::sample;
+    use crate::sample::{merged, sample};
 
     #[test]
     fn tables_show_ratios_and_flag_slower_shapes() {
-        let (ours, peers) = sample();
-        let (m, _) = merge(vec![ours, peers]).unwrap();
+        let m = merged();
         let text = render_tables(&m, false);
         assert!(text.contains("== gated_fwd"));
         assert!(text.contains(
