@@ -19,7 +19,7 @@ Implementations:
   norm as Hugging Face writes it; backward as autograd would run it).
 - torch_compile: torch.compile(the eager function, dynamic=False), compiled once per shape
   (the dynamo cache is reset per shape, so no recompile limit turns it back into eager).
-- triton: the straightforward kernels a competent user writes (the seeds): one program per
+- triton: the straightforward kernels a competent user writes: one program per
   1024-element tile for the gated activation (the interleaved layout through the row stride),
   one program per row for the add+RMSNorm forward, a fixed grid of programs over runs of rows
   for its backward (Liger-Kernel's design).

@@ -1,5 +1,6 @@
-"""Probe: how fast can a kernel with the same traffic go at the mid sizes where issue 4's
-graph-mode target (1.10x the best peer) is missed? (bench/TUNING.md, "Floors at the mid sizes").
+"""Probe: how fast can a kernel with the same traffic go at the mid sizes where the graph-mode
+target set for this work (1.10x the best peer) is missed? (bench/TUNING.md, "Floors at the
+mid sizes").
 
 CUDA-graph replay with peers.py's method (do_bench_cudagraph, median), on the shapes given:
 - gated (split, bf16): the Triton peer (SiLU) and the same kernel computing `a * b` (no

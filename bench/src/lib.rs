@@ -1,15 +1,17 @@
-//! The ferrofuse benchmark (issue 4): what it measures ([`shapes`]), how it times
-//! ([`stats`], [`gpu`]), each op on the GPU ([`ops`]), and the JSON it writes ([`schema`]).
+//! The ferrofuse benchmark: what it measures ([`shapes`]), how it times ([`stats`], [`gpu`]),
+//! each op on the GPU ([`ops`]), and the JSON it writes ([`schema`]).
 //!
 //! The binary `ferrofuse-bench` runs on the GPU machine (shipped prebuilt in a gpu-bundle);
 //! `bench/peers.py` measures torch eager, torch.compile and Triton on the same plan with the
-//! same method; `cargo xtask bench` merges, tabulates and plots.
+//! same method; `ferrofuse-report` (`report/`) merges, tabulates and plots.
 
 pub mod gpu;
 pub mod ops;
-pub mod schema;
-pub mod shapes;
 pub mod stats;
+
+// Shared with the report, which must not link the GPU crates; re-exported so that the modules
+// here name them as before (`crate::shapes`).
+pub use ferrofuse_bench_schema::{schema, shapes};
 
 use schema::{Method, Plan, PlanConfig};
 use shapes::{Config, NORM_EPS, Variant};
@@ -90,7 +92,7 @@ mod tests {
     fn default_run_fits_the_device_budget() {
         let configs = plan(&Selection::default()).unwrap();
         let (ours, peers) = estimated_seconds(&configs, &gpu::Budgets::default());
-        // The issue's budget: the whole default run well under 8 minutes.
+        // The device budget set for this work: the whole default run well under 8 minutes.
         assert!(ours + peers < 6.5 * 60.0, "{ours} + {peers}");
         assert!(ours > 10.0);
     }

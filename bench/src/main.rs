@@ -1,6 +1,7 @@
-//! `ferrofuse-bench`: times the ferrofuse kernels on the GPU with the method of issue 4 and
-//! writes the results as JSON. Runs with no arguments (every built-in model shape, bf16,
-//! forward, both modes where they apply); flags select a subset.
+//! `ferrofuse-bench`: times the ferrofuse kernels on the GPU with Triton's `do_bench` method
+//! (bench/README.md) and writes the results as JSON. Runs with no arguments (every built-in
+//! model shape, bf16, forward, both modes where they apply); flags select a subset or give
+//! shapes by hand (`--shapes 7x18944`).
 //!
 //! Exit codes: 0 all measured; 1 a configuration failed (a launch error or a wrong result; the
 //! others are still measured and written); 2 bad arguments; 69 no CUDA driver or no device
@@ -17,7 +18,7 @@ use ferrofuse_bench::gpu::{Budgets, Harness, L2_FLUSH_BYTES, device_info};
 use ferrofuse_bench::schema::{
     IMPL_FERROFUSE, Method, OP_COPY, OP_EMPTY, Record, Report, gbs, pct_of,
 };
-use ferrofuse_bench::shapes::{Config, Dtype, Layout, Mode, Op, Selection, plan};
+use ferrofuse_bench::shapes::{Config, Dtype, Layout, Mode, Op, Selection, Shape, plan};
 use ferrofuse_bench::{COMMIT, EXIT_NO_GPU, ops, plan_json, stats};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -29,7 +30,7 @@ use indicatif::{ProgressBar, ProgressStyle};
     after_help = "Exit codes: 0 ok, 1 a configuration failed, 2 usage, 69 no CUDA driver/device."
 )]
 struct Args {
-    /// Write the results here (the issue's JSON schema).
+    /// Write the results here (JSON, bench/README.md).
     #[arg(long)]
     json: Option<PathBuf>,
     /// Write the plan (configurations, byte counts, method) here for `peers.py --plan`; works
@@ -45,6 +46,11 @@ struct Args {
     /// Token counts (rows); default 1,4,16,64,256,1024,4096,16384.
     #[arg(long, value_delimiter = ',')]
     tokens: Vec<usize>,
+    /// Shapes instead of the models' (not with --models or --tokens): ROWSxCOLS, e.g.
+    /// 7x18944,3000x11001; each op at ROWS tokens, COLS = I for the gated ops (SiLU), H for
+    /// add+RMSNorm (plain RMSNorm).
+    #[arg(long, value_delimiter = ',')]
+    shapes: Vec<Shape>,
     /// Op families (gated, add_rmsnorm) or ops (gated_fwd, gated_bwd, add_rmsnorm_fwd, ...).
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
@@ -81,7 +87,8 @@ struct Args {
     /// CUDA device ordinal (default: $FERROFUSE_DEVICE or 0).
     #[arg(long)]
     device: Option<usize>,
-    /// A quick smoke run: LLaMA-3-8B only, tokens 1, 64, 4096, short budgets.
+    /// A quick smoke run: short budgets, and unless told otherwise LLaMA-3-8B at tokens 1, 64,
+    /// 4096.
     #[arg(long)]
     quick: bool,
     /// Launch without programmatic dependent launch (sm_90+; on by default), to see what it
@@ -109,6 +116,7 @@ fn selection(args: &Args) -> Result<Selection, String> {
     let mut sel = Selection {
         models: args.models.clone(),
         tokens: args.tokens.clone(),
+        shapes: args.shapes.clone(),
         ops: args.ops.clone(),
         layouts,
         dtypes,
@@ -117,7 +125,7 @@ fn selection(args: &Args) -> Result<Selection, String> {
         modes,
         graph_max_rows: args.graph_max_rows,
     };
-    if args.quick {
+    if args.quick && sel.shapes.is_empty() {
         if sel.models.is_empty() {
             sel.models = vec!["llama3-8b".into()];
         }

@@ -1,13 +1,13 @@
 //! `cargo xtask <task>`: the project's commands, one module per task.
 //!
-//! Kept light (clap, serde_json; miniz_oxide for the PNG plots): it must compile fast on a
-//! fresh machine.
+//! Kept light (clap, serde, serde_json): it must compile fast on a fresh machine and in CI.
+//! Anything heavier is a crate of its own that a task runs, as the benchmark report is
+//! (`ferrofuse-report`, `report/`).
 
 mod bench;
 mod build_ptx;
 mod bundle;
 mod ci;
-mod plot;
 mod ptx;
 mod tools;
 
@@ -36,8 +36,9 @@ enum Task {
     GpuBundle(bundle::Args),
     /// Install the tools the tasks need (ptxas from PyPI) into `.tools/`.
     Setup,
-    /// Run the benchmark (GPU here) or report results measured elsewhere (`--merge`): tables,
-    /// JSON, plots. Exits 69 when there is no GPU and nothing to merge.
+    /// Run the benchmark (GPU here) and report it, or report results measured elsewhere
+    /// (`--merge`) with `ferrofuse-report`: tables, JSON, charts. Exits 69 when there is no GPU
+    /// and nothing to merge.
     Bench(bench::Args),
 }
 

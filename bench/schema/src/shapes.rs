@@ -1,0 +1,829 @@
+//! What the benchmark measures: model shapes, ops, the configurations a selection expands to,
+//! and the minimal byte count of each (each input read once, each output written once).
+//!
+//! Plain `std`: the report labels its tables and charts with the model names from here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+
+/// A model whose MLP and norm shapes the benchmark uses (from its Hugging Face `config.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Model {
+    /// Display name.
+    pub name: &'static str,
+    /// Short name for `--models`.
+    pub key: &'static str,
+    /// `hidden_size`: the add+RMSNorm row length.
+    pub hidden: usize,
+    /// `intermediate_size`: the gated activation's output width (`I`; the interleaved input is `2I`).
+    pub intermediate: usize,
+    /// `hidden_act` of the gated MLP.
+    pub act: Act,
+    /// Which RMSNorm convention the checkpoint uses.
+    pub norm: NormKind,
+}
+
+pub const MODELS: [Model; 6] = [
+    Model {
+        name: "LLaMA-3-8B",
+        key: "llama3-8b",
+        hidden: 4096,
+        intermediate: 14336,
+        act: Act::Silu,
+        norm: NormKind::Rms,
+    },
+    Model {
+        name: "LLaMA-3-70B",
+        key: "llama3-70b",
+        hidden: 8192,
+        intermediate: 28672,
+        act: Act::Silu,
+        norm: NormKind::Rms,
+    },
+    Model {
+        name: "Qwen2-7B",
+        key: "qwen2-7b",
+        hidden: 3584,
+        intermediate: 18944,
+        act: Act::Silu,
+        norm: NormKind::Rms,
+    },
+    Model {
+        name: "Mistral-7B",
+        key: "mistral-7b",
+        hidden: 4096,
+        intermediate: 14336,
+        act: Act::Silu,
+        norm: NormKind::Rms,
+    },
+    Model {
+        name: "Gemma-2-9B",
+        key: "gemma2-9b",
+        hidden: 3584,
+        intermediate: 14336,
+        act: Act::GeluTanh,
+        norm: NormKind::Gemma,
+    },
+    Model {
+        name: "LLaMA-2-7B",
+        key: "llama2-7b",
+        hidden: 4096,
+        intermediate: 11008,
+        act: Act::Silu,
+        norm: NormKind::Rms,
+    },
+];
+
+/// Token counts (rows) measured by default: decode (1, 4) to long prefill (16384).
+pub const TOKENS: [usize; 8] = [1, 4, 16, 64, 256, 1024, 4096, 16384];
+
+/// RMSNorm epsilon used for every norm shape (LLaMA-3 uses 1e-5, Gemma-2 1e-6; the value does
+/// not change the traffic or the work).
+pub const NORM_EPS: f64 = 1e-6;
+
+/// By default the CUDA-graph mode runs for shapes up to this many rows: where launch latency
+/// and the tail matter. Larger shapes are measured per call only.
+pub const GRAPH_MAX_ROWS: usize = 1024;
+
+/// A shape given by hand (`--shapes 7x18944`) instead of the models': `rows` tokens of `cols`
+/// columns, which are `I` for the gated ops and `H` for the norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl FromStr for Shape {
+    type Err = String;
+
+    /// `ROWSxCOLS`, both at least 1, e.g. `16x14336`.
+    fn from_str(s: &str) -> Result<Shape, String> {
+        let bad =
+            |why: String| format!("bad shape {s:?}: {why}; expected ROWSxCOLS, e.g. 16x14336");
+        let (rows, cols) = s
+            .split_once('x')
+            .ok_or_else(|| bad("no 'x' between rows and cols".into()))?;
+        let number = |text: &str, what: &str| match text.trim().parse::<usize>() {
+            Ok(0) => Err(bad(format!("{what} must be at least 1"))),
+            Ok(n) => Ok(n),
+            Err(_) => Err(bad(format!("{what} {text:?} is not a whole number"))),
+        };
+        let shape = Shape {
+            rows: number(rows, "rows")?,
+            cols: number(cols, "cols")?,
+        };
+        // The byte counts are u64: the largest is under 32 bytes per element (f32 backward).
+        let elements = (shape.rows as u64).checked_mul(shape.cols as u64);
+        if elements.and_then(|n| n.checked_mul(32)).is_none() {
+            return Err(bad("too many elements".into()));
+        }
+        Ok(shape)
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}", self.rows, self.cols)
+    }
+}
+
+/// The gated unit's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Act {
+    /// `silu` (SwiGLU): LLaMA, Mistral, Qwen.
+    Silu,
+    /// `gelu_pytorch_tanh` (GeGLU, tanh approximation): Gemma.
+    GeluTanh,
+}
+
+impl Act {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Act::Silu => "silu",
+            Act::GeluTanh => "gelu_tanh",
+        }
+    }
+}
+
+/// Where the gated unit's two inputs live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Layout {
+    /// `a` and `b` are separate `[rows, I]` matrices.
+    Split,
+    /// One `[rows, 2I]` matrix `[gate | up]` (the output of a fused gate/up GEMM).
+    Interleaved,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 2] = [Layout::Split, Layout::Interleaved];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Layout::Split => "split",
+            Layout::Interleaved => "interleaved",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Layout> {
+        Layout::ALL.into_iter().find(|l| l.name() == s)
+    }
+}
+
+/// RMSNorm convention: `y = h * rstd * w` or Gemma's `y = h * rstd * (1 + w)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NormKind {
+    Rms,
+    Gemma,
+}
+
+impl NormKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            NormKind::Rms => "rms",
+            NormKind::Gemma => "gemma_rms",
+        }
+    }
+}
+
+/// Storage dtype of every operand (the norm weight included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dtype {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl Dtype {
+    pub const ALL: [Dtype; 3] = [Dtype::Bf16, Dtype::F16, Dtype::F32];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+        }
+    }
+
+    pub const fn size(self) -> u64 {
+        match self {
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Dtype> {
+        Dtype::ALL.into_iter().find(|d| d.name() == s)
+    }
+}
+
+/// An op family. Each measured configuration is one op at one shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Op {
+    /// `y = act(a) * b`.
+    GatedFwd,
+    /// `da = dy * b * act'(a)`, `db = dy * act(a)`.
+    GatedBwd,
+    /// `h = x + residual`, `y = rmsnorm(h) * w`.
+    AddRmsNormFwd,
+    /// `dx = d(rmsnorm)/dh * dy`, `dw = sum over rows of dy * h * rstd`.
+    AddRmsNormBwd,
+}
+
+impl Op {
+    pub const ALL: [Op; 4] = [
+        Op::GatedFwd,
+        Op::GatedBwd,
+        Op::AddRmsNormFwd,
+        Op::AddRmsNormBwd,
+    ];
+
+    /// The `op` field of a result.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Op::GatedFwd => "gated_fwd",
+            Op::GatedBwd => "gated_bwd",
+            Op::AddRmsNormFwd => "add_rmsnorm_fwd",
+            Op::AddRmsNormBwd => "add_rmsnorm_bwd",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|o| o.name() == s)
+    }
+
+    pub const fn is_backward(self) -> bool {
+        matches!(self, Op::GatedBwd | Op::AddRmsNormBwd)
+    }
+
+    pub const fn is_gated(self) -> bool {
+        matches!(self, Op::GatedFwd | Op::GatedBwd)
+    }
+
+    /// The minimal traffic, as printed by the benchmark (`s` = dtype size in bytes).
+    pub const fn bytes_formula(self) -> &'static str {
+        match self {
+            Op::GatedFwd => "read a, b; write y: 3 * rows * I * s",
+            Op::GatedBwd => "read a, b, dy; write da, db: 5 * rows * I * s",
+            Op::AddRmsNormFwd => "read x, residual, w; write h, y: (4 * rows * H + H) * s",
+            Op::AddRmsNormBwd => {
+                "read dy, h, w, rstd (f32); write dx, dw: (3 * rows * H + 2 * H) * s + 4 * rows"
+            }
+        }
+    }
+}
+
+/// What distinguishes shapes of one op beyond rows and cols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Variant {
+    Gated { act: Act, layout: Layout },
+    Norm { kind: NormKind },
+}
+
+impl Variant {
+    /// The `variant` field of a result: `silu_split`, `gelu_tanh_interleaved`, `rms`, `gemma_rms`.
+    pub fn name(self) -> String {
+        match self {
+            Variant::Gated { act, layout } => format!("{}_{}", act.name(), layout.name()),
+            Variant::Norm { kind } => kind.name().to_string(),
+        }
+    }
+}
+
+/// Timing method: L2 flushed before each timed call, or CUDA-graph replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    PerCall,
+    Graph,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 2] = [Mode::PerCall, Mode::Graph];
+
+    /// The `mode` field of a result.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::PerCall => "per_call",
+            Mode::Graph => "graph",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// One op at one shape and dtype, with the modes it is timed in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Config {
+    pub op: Op,
+    pub variant: Variant,
+    pub dtype: Dtype,
+    /// Tokens.
+    pub rows: usize,
+    /// `I` for the gated ops (the output width), `H` for the norm.
+    pub cols: usize,
+    pub modes: Vec<Mode>,
+}
+
+impl Config {
+    /// Minimal bytes moved: each input read once, each output written once (see
+    /// [`Op::bytes_formula`]).
+    pub fn bytes(&self) -> u64 {
+        let (r, c, s) = (self.rows as u64, self.cols as u64, self.dtype.size());
+        match self.op {
+            Op::GatedFwd => 3 * r * c * s,
+            Op::GatedBwd => 5 * r * c * s,
+            Op::AddRmsNormFwd => (4 * r * c + c) * s,
+            Op::AddRmsNormBwd => (3 * r * c + 2 * c) * s + 4 * r,
+        }
+    }
+
+    /// `op variant dtype rows x cols`, for progress messages.
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} {} {}x{}",
+            self.op.name(),
+            self.variant.name(),
+            self.dtype.name(),
+            self.rows,
+            self.cols
+        )
+    }
+
+    /// Models whose config has this shape.
+    pub fn models(&self) -> Vec<&'static str> {
+        models_for(self.op, &self.variant.name(), self.cols)
+    }
+}
+
+/// Models whose shape is `(op, variant, cols)`, by the names results carry.
+pub fn models_for(op: Op, variant: &str, cols: usize) -> Vec<&'static str> {
+    MODELS
+        .iter()
+        .filter(|m| {
+            if op.is_gated() {
+                m.intermediate == cols && variant.starts_with(m.act.name())
+            } else {
+                m.hidden == cols && m.norm.name() == variant
+            }
+        })
+        .map(|m| m.name)
+        .collect()
+}
+
+/// Which configurations to run; every field empty or default means "the default run".
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    /// Model keys (`llama3-8b`, ...); empty: all.
+    pub models: Vec<String>,
+    /// Token counts; empty: [`TOKENS`].
+    pub tokens: Vec<usize>,
+    /// Shapes given by hand, instead of the models' at the token counts (so not together with
+    /// `models` or `tokens`): the gated ops with SiLU, the norm as plain RMSNorm.
+    pub shapes: Vec<Shape>,
+    /// Op families by name (`gated`, `add_rmsnorm`) or exact op names; empty: both families.
+    pub ops: Vec<String>,
+    /// Gated layouts; empty: both.
+    pub layouts: Vec<Layout>,
+    /// Dtypes; empty: bf16 only.
+    pub dtypes: Vec<Dtype>,
+    /// Also run the backward ops.
+    pub backward: bool,
+    /// Only the backward ops (implies `backward`).
+    pub backward_only: bool,
+    /// Modes; empty: both (graph only up to `graph_max_rows`).
+    pub modes: Vec<Mode>,
+    pub graph_max_rows: usize,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Self {
+            models: Vec::new(),
+            tokens: Vec::new(),
+            shapes: Vec::new(),
+            ops: Vec::new(),
+            layouts: Vec::new(),
+            dtypes: Vec::new(),
+            backward: false,
+            backward_only: false,
+            modes: Vec::new(),
+            graph_max_rows: GRAPH_MAX_ROWS,
+        }
+    }
+}
+
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |v: Vec<String>| {
+            if v.is_empty() {
+                "all".to_string()
+            } else {
+                v.join(",")
+            }
+        };
+        if self.shapes.is_empty() {
+            write!(
+                f,
+                "models {}, tokens {}",
+                list(self.models.clone()),
+                list(self.tokens.iter().map(|t| t.to_string()).collect()),
+            )?;
+        } else {
+            write!(
+                f,
+                "shapes {}",
+                list(self.shapes.iter().map(|s| s.to_string()).collect())
+            )?;
+        }
+        write!(
+            f,
+            ", ops {}, dtypes {}",
+            list(self.ops.clone()),
+            list(self.dtypes.iter().map(|d| d.name().to_string()).collect()),
+        )
+    }
+}
+
+fn op_selected(sel: &Selection, op: Op) -> bool {
+    if op.is_backward() && !(sel.backward || sel.backward_only) {
+        return false;
+    }
+    if !op.is_backward() && sel.backward_only {
+        return false;
+    }
+    if sel.ops.is_empty() {
+        return true;
+    }
+    let family = if op.is_gated() {
+        "gated"
+    } else {
+        "add_rmsnorm"
+    };
+    sel.ops.iter().any(|s| s == family || s == op.name())
+}
+
+/// Expands a selection into configurations: one per distinct (op, variant, dtype, rows, cols),
+/// so models that share a shape (LLaMA-3-8B and Mistral-7B) are measured once. Ordered by op,
+/// variant and cols, then dtype in the order given, then rows.
+pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
+    for key in &sel.models {
+        if !MODELS.iter().any(|m| m.key == key.as_str()) {
+            let keys: Vec<&str> = MODELS.iter().map(|m| m.key).collect();
+            return Err(format!("unknown model {key:?}: one of {}", keys.join(", ")));
+        }
+    }
+    for op in &sel.ops {
+        let known = ["gated", "add_rmsnorm"].contains(&op.as_str()) || Op::parse(op).is_some();
+        if !known {
+            return Err(format!(
+                "unknown op {op:?}: gated, add_rmsnorm, or one of {}",
+                Op::ALL.map(|o| o.name()).join(", ")
+            ));
+        }
+    }
+    if sel.tokens.contains(&0) {
+        return Err("token counts must be at least 1".into());
+    }
+    if !sel.shapes.is_empty() && !(sel.models.is_empty() && sel.tokens.is_empty()) {
+        return Err(
+            "--shapes gives the rows and cols itself: it does not combine with --models or --tokens"
+                .into(),
+        );
+    }
+    let dtypes: &[Dtype] = if sel.dtypes.is_empty() {
+        &[Dtype::Bf16]
+    } else {
+        &sel.dtypes
+    };
+    let layouts: &[Layout] = if sel.layouts.is_empty() {
+        &Layout::ALL
+    } else {
+        &sel.layouts
+    };
+    let modes: &[Mode] = if sel.modes.is_empty() {
+        &Mode::ALL
+    } else {
+        &sel.modes
+    };
+
+    // What to measure, before ops and layouts: (activation, norm, I, H, rows) per model, or
+    // per shape given by hand.
+    let sources: Vec<(Act, NormKind, usize, usize, Vec<usize>)> = if sel.shapes.is_empty() {
+        let tokens = if sel.tokens.is_empty() {
+            TOKENS.to_vec()
+        } else {
+            sel.tokens.clone()
+        };
+        MODELS
+            .iter()
+            .filter(|m| sel.models.is_empty() || sel.models.iter().any(|k| k == m.key))
+            .map(|m| (m.act, m.norm, m.intermediate, m.hidden, tokens.clone()))
+            .collect()
+    } else {
+        sel.shapes
+            .iter()
+            .map(|s| (Act::Silu, NormKind::Rms, s.cols, s.cols, vec![s.rows]))
+            .collect()
+    };
+    // (op, variant, cols) -> the rows to measure it at; the map orders and dedups both.
+    let mut shapes: BTreeMap<(Op, Variant, usize), BTreeSet<usize>> = BTreeMap::new();
+    for op in Op::ALL.into_iter().filter(|&op| op_selected(sel, op)) {
+        for (act, kind, intermediate, hidden, rows) in &sources {
+            if op.is_gated() {
+                for &layout in layouts {
+                    let variant = Variant::Gated { act: *act, layout };
+                    let key = (op, variant, *intermediate);
+                    shapes.entry(key).or_default().extend(rows);
+                }
+            } else {
+                let key = (op, Variant::Norm { kind: *kind }, *hidden);
+                shapes.entry(key).or_default().extend(rows);
+            }
+        }
+    }
+
+    let mut configs = Vec::new();
+    for ((op, variant, cols), all_rows) in shapes {
+        for &dtype in dtypes {
+            for &rows in &all_rows {
+                let modes: Vec<Mode> = modes
+                    .iter()
+                    .copied()
+                    .filter(|&m| m == Mode::PerCall || rows <= sel.graph_max_rows)
+                    .collect();
+                if modes.is_empty() {
+                    continue;
+                }
+                configs.push(Config {
+                    op,
+                    variant,
+                    dtype,
+                    rows,
+                    cols,
+                    modes,
+                });
+            }
+        }
+    }
+    Ok(configs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_plan_covers_every_model_shape_once() {
+        let configs = plan(&Selection::default()).unwrap();
+        // Gated: silu at 11008, 14336, 18944, 28672 and gelu_tanh at 14336, two layouts each;
+        // norm: rms at 3584, 4096, 8192 and gemma_rms at 3584. Eight token counts, bf16.
+        assert_eq!(configs.len(), (5 * 2 + 4) * 8);
+        assert!(configs.iter().all(|c| c.dtype == Dtype::Bf16));
+        assert!(configs.iter().all(|c| !c.op.is_backward()));
+        let mut keys: Vec<_> = configs
+            .iter()
+            .map(|c| (c.op, c.variant, c.rows, c.cols))
+            .collect();
+        keys.dedup();
+        assert_eq!(keys.len(), configs.len(), "a shape appears twice");
+        for m in &MODELS {
+            for t in TOKENS {
+                assert!(configs.iter().any(|c| c.op == Op::GatedFwd
+                    && c.cols == m.intermediate
+                    && c.rows == t
+                    && c.variant
+                        == Variant::Gated {
+                            act: m.act,
+                            layout: Layout::Interleaved
+                        }));
+                assert!(configs.iter().any(|c| c.op == Op::AddRmsNormFwd
+                    && c.cols == m.hidden
+                    && c.rows == t
+                    && c.variant == Variant::Norm { kind: m.norm }));
+            }
+        }
+    }
+
+    #[test]
+    fn graph_mode_only_for_small_shapes() {
+        let configs = plan(&Selection::default()).unwrap();
+        for c in &configs {
+            assert_eq!(c.modes.contains(&Mode::Graph), c.rows <= GRAPH_MAX_ROWS);
+            assert!(c.modes.contains(&Mode::PerCall));
+        }
+        let sel = Selection {
+            modes: vec![Mode::Graph],
+            ..Selection::default()
+        };
+        let configs = plan(&sel).unwrap();
+        assert!(configs.iter().all(|c| c.rows <= GRAPH_MAX_ROWS));
+        assert!(configs.iter().all(|c| c.modes == vec![Mode::Graph]));
+    }
+
+    #[test]
+    fn subset_selection() {
+        let sel = Selection {
+            models: vec!["gemma2-9b".into()],
+            tokens: vec![16, 1],
+            ops: vec!["gated".into()],
+            layouts: vec![Layout::Split],
+            dtypes: vec![Dtype::F32, Dtype::F16],
+            backward: true,
+            ..Selection::default()
+        };
+        let configs = plan(&sel).unwrap();
+        // fwd + bwd, one variant, two dtypes, two token counts.
+        assert_eq!(configs.len(), 2 * 2 * 2);
+        assert!(configs.iter().all(|c| c.cols == 14336
+            && c.variant
+                == Variant::Gated {
+                    act: Act::GeluTanh,
+                    layout: Layout::Split
+                }));
+        assert_eq!(configs[0].rows, 1, "rows sorted");
+        let only_bwd = Selection {
+            backward_only: true,
+            ..sel.clone()
+        };
+        assert!(plan(&only_bwd).unwrap().iter().all(|c| c.op.is_backward()));
+        let exact = Selection {
+            ops: vec!["add_rmsnorm_fwd".into()],
+            ..Selection::default()
+        };
+        assert!(
+            plan(&exact)
+                .unwrap()
+                .iter()
+                .all(|c| c.op == Op::AddRmsNormFwd)
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_names() {
+        for sel in [
+            Selection {
+                models: vec!["gpt-5".into()],
+                ..Selection::default()
+            },
+            Selection {
+                ops: vec!["softmax".into()],
+                ..Selection::default()
+            },
+            Selection {
+                tokens: vec![0],
+                ..Selection::default()
+            },
+        ] {
+            assert!(plan(&sel).is_err());
+        }
+    }
+
+    #[test]
+    fn parses_shapes() {
+        let shape = |s: &str| s.parse::<Shape>();
+        assert_eq!(
+            shape("7x18944"),
+            Ok(Shape {
+                rows: 7,
+                cols: 18944
+            })
+        );
+        assert_eq!(shape(" 3000 x 11001 ").unwrap().to_string(), "3000x11001");
+        for (text, says) in [
+            ("", "no 'x' between rows and cols"),
+            ("7", "no 'x' between rows and cols"),
+            ("7*18944", "no 'x' between rows and cols"),
+            ("x18944", "rows \"\" is not a whole number"),
+            ("7x", "cols \"\" is not a whole number"),
+            ("-7x18944", "rows \"-7\" is not a whole number"),
+            ("7x18944x2", "cols \"18944x2\" is not a whole number"),
+            ("7.5x18944", "rows \"7.5\" is not a whole number"),
+            ("0x18944", "rows must be at least 1"),
+            ("7x0", "cols must be at least 1"),
+            ("4294967296x4294967296", "too many elements"),
+        ] {
+            let err = shape(text).unwrap_err();
+            assert!(err.contains(says), "{text:?}: {err}");
+            assert!(err.contains("expected ROWSxCOLS"), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn shapes_by_hand_replace_the_models() {
+        let sel = Selection {
+            shapes: vec!["7x18944".parse().unwrap(), "3000x11001".parse().unwrap()],
+            ..Selection::default()
+        };
+        let configs = plan(&sel).unwrap();
+        // Per shape: gated SiLU in both layouts (cols = I) and plain RMSNorm (cols = H).
+        let got: Vec<(Op, String, usize, usize)> = configs
+            .iter()
+            .map(|c| (c.op, c.variant.name(), c.rows, c.cols))
+            .collect();
+        let want = [
+            (Op::GatedFwd, "silu_split", 3000, 11001),
+            (Op::GatedFwd, "silu_split", 7, 18944),
+            (Op::GatedFwd, "silu_interleaved", 3000, 11001),
+            (Op::GatedFwd, "silu_interleaved", 7, 18944),
+            (Op::AddRmsNormFwd, "rms", 3000, 11001),
+            (Op::AddRmsNormFwd, "rms", 7, 18944),
+        ];
+        let want: Vec<(Op, String, usize, usize)> = want
+            .iter()
+            .map(|&(op, v, r, c)| (op, v.to_string(), r, c))
+            .collect();
+        assert_eq!(got, want);
+        // Graph mode only up to graph_max_rows, as for the models.
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.modes.contains(&Mode::Graph) == (c.rows == 7))
+        );
+        // The other filters apply.
+        let norm_only = Selection {
+            ops: vec!["add_rmsnorm".into()],
+            dtypes: vec![Dtype::F32],
+            ..sel.clone()
+        };
+        let configs = plan(&norm_only).unwrap();
+        assert_eq!(configs.len(), 2);
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.dtype == Dtype::F32 && !c.op.is_gated())
+        );
+        // A shape fixes its rows: --models and --tokens would say something else.
+        for sel in [
+            Selection {
+                models: vec!["llama3-8b".into()],
+                ..sel.clone()
+            },
+            Selection {
+                tokens: vec![16],
+                ..sel.clone()
+            },
+        ] {
+            let err = plan(&sel).unwrap_err();
+            assert!(
+                err.contains("does not combine with --models or --tokens"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn byte_counts_are_the_minimal_traffic() {
+        let c = |op, variant, dtype, rows, cols| Config {
+            op,
+            variant,
+            dtype,
+            rows,
+            cols,
+            modes: vec![Mode::PerCall],
+        };
+        let silu = Variant::Gated {
+            act: Act::Silu,
+            layout: Layout::Interleaved,
+        };
+        let rms = Variant::Norm {
+            kind: NormKind::Rms,
+        };
+        // The anchors' numbers: 8192 x 14336 bf16 SiLU-mul moves 3 * 8192 * 14336 * 2 bytes.
+        assert_eq!(
+            c(Op::GatedFwd, silu, Dtype::Bf16, 8192, 14336).bytes(),
+            704_643_072
+        );
+        assert_eq!(c(Op::GatedBwd, silu, Dtype::F32, 2, 10).bytes(), 400);
+        // (4 * rows * H + H) * 2 for bf16 add+RMSNorm.
+        assert_eq!(
+            c(Op::AddRmsNormFwd, rms, Dtype::Bf16, 8192, 4096).bytes(),
+            (4 * 8192 * 4096 + 4096) * 2
+        );
+        assert_eq!(
+            c(Op::AddRmsNormBwd, rms, Dtype::F16, 3, 8).bytes(),
+            (3 * 3 * 8 + 16) * 2 + 12
+        );
+    }
+
+    #[test]
+    fn models_share_shapes() {
+        assert_eq!(
+            models_for(Op::GatedFwd, "silu_split", 14336),
+            ["LLaMA-3-8B", "Mistral-7B"]
+        );
+        assert_eq!(
+            models_for(Op::GatedFwd, "gelu_tanh_interleaved", 14336),
+            ["Gemma-2-9B"]
+        );
+        assert_eq!(
+            models_for(Op::AddRmsNormFwd, "rms", 4096),
+            ["LLaMA-3-8B", "Mistral-7B", "LLaMA-2-7B"]
+        );
+        assert_eq!(
+            models_for(Op::AddRmsNormBwd, "gemma_rms", 3584),
+            ["Gemma-2-9B"]
+        );
+    }
+}
