@@ -12,8 +12,11 @@ use crate::{
 use VecMode::{Scalar, V16};
 
 /// How a kernel touches memory: 16-byte vectors (every pointer 16-byte aligned, every row
-/// stride and the row length multiples of the vector) or one element at a time.
+/// stride and the row length multiples of the vector) or one element at a time. The host picks
+/// it per call; each entry is compiled for one (`_v16` / `_scalar` in its name), the kernel
+/// bodies taking it as a const parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(target_arch = "nvptx64", derive(core::marker::ConstParamTy))]
 pub enum VecMode {
     V16 = 0,
     Scalar = 1,

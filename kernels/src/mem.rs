@@ -6,8 +6,18 @@
 //!
 //! Loads are plain coherent `ld.global` (not `.nc`): outputs may alias inputs (in-place calls),
 //! and the non-coherent path is only defined for data that is read-only for the whole kernel.
+//!
+//! # Memory paths
+//! Every entry is compiled for one [`VecMode`] (`_v16` / `_scalar` in its name), which the kernel
+//! bodies take as a const parameter `M`: on `V16` one access moves a 16-byte vector (the host
+//! checked that every pointer is 16-byte aligned and every row stride and row length a multiple
+//! of the vector), on `Scalar` one element. [`access_width`] and [`Elem::load_access`] give one
+//! access of either path; the norm's chunks (always 16 bytes of elements, masked per element on
+//! `Scalar`) are built on the same primitives in `norm`.
 
 use core::arch::asm;
+
+pub use ferrofuse_common::VecMode;
 
 /// Loads 16 bytes from `p` (16-byte aligned, global).
 #[inline(always)]
@@ -237,6 +247,49 @@ pub trait Elem {
     unsafe fn store_if(p: u64, v: f32, pred: bool);
     fn unpack(w: [u32; 4]) -> [f32; 8];
     fn pack(v: &[f32; 8]) -> [u32; 4];
+
+    /// The raw bits of one access of path `M` at `p` ([`access_width`] elements), widened to
+    /// f32 lanes by [`Elem::widen_access`] only when used: a batch of loads in flight then
+    /// costs half the registers for 16-bit dtypes.
+    ///
+    /// # Safety
+    /// `p` is a global address of [`access_width`] elements, aligned for `M`.
+    #[inline(always)]
+    unsafe fn load_access<const M: VecMode>(p: u64) -> [u32; 4] {
+        match M {
+            // SAFETY: the caller's contract.
+            VecMode::V16 => unsafe { ld_v4(p) },
+            // SAFETY: the caller's contract.
+            VecMode::Scalar => [unsafe { Self::load_bits(p) }, 0, 0, 0],
+        }
+    }
+
+    /// The f32 lanes of one access of path `M`.
+    #[inline(always)]
+    fn widen_access<const M: VecMode>(raw: [u32; 4]) -> [f32; 8] {
+        match M {
+            VecMode::V16 => Self::unpack(raw),
+            VecMode::Scalar => {
+                let mut v = [0.0; 8];
+                v[0] = Self::widen(raw[0]);
+                v
+            }
+        }
+    }
+
+    /// Stores one access of path `M` at `p`, rounding to nearest even.
+    ///
+    /// # Safety
+    /// As for [`Elem::load_access`].
+    #[inline(always)]
+    unsafe fn store_access<const M: VecMode>(p: u64, v: &[f32; 8]) {
+        match M {
+            // SAFETY: the caller's contract.
+            VecMode::V16 => unsafe { st_v4(p, Self::pack(v)) },
+            // SAFETY: the caller's contract.
+            VecMode::Scalar => unsafe { Self::store(p, v[0]) },
+        }
+    }
 }
 
 pub struct F32;
@@ -354,6 +407,15 @@ impl Elem for Bf16 {
             w[i] = pack_bf16x2(v[2 * i], v[2 * i + 1]);
         }
         w
+    }
+}
+
+/// Elements in one access of memory path `M` (see [`VecMode`]): a 16-byte vector of
+/// `E::LANES` on `V16`, one element on `Scalar`.
+pub const fn access_width<E: Elem, const M: VecMode>() -> u64 {
+    match M {
+        VecMode::V16 => E::LANES as u64,
+        VecMode::Scalar => 1,
     }
 }
 

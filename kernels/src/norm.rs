@@ -49,8 +49,8 @@ use ferrofuse_common::{
 };
 
 use crate::mem::{
-    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_f32_if, ld_v4_if, prefetch_l2,
-    rsqrt_approx, st_v4_if,
+    Bf16, Elem, F16, F32, VecMode, div_full, grid, grid_dependency_sync, ld_f32_if, ld_v4_if,
+    prefetch_l2, rsqrt_approx, st_v4_if,
 };
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
@@ -58,21 +58,6 @@ use crate::reduce::{row_sum, smem_f32, sync_block};
 const MAX_CHUNKS: usize = 8;
 /// f32 slots per reduction buffer in shared memory (one per warp of a block of <= 1024).
 const SLOTS_PER_BUFFER: u32 = 32;
-
-/// How a chunk moves between memory and registers.
-trait Path {
-    /// One 16-byte access per chunk (every address 16-byte aligned, `L` divides `hidden`
-    /// and every row stride; the host checks) rather than `L` masked scalar accesses.
-    const VEC: bool;
-}
-struct Vec16;
-struct Scalar;
-impl Path for Vec16 {
-    const VEC: bool = true;
-}
-impl Path for Scalar {
-    const VEC: bool = false;
-}
 
 /// The address of element 0 of row `row` of the matrix at `base` (row stride `stride`
 /// elements), for kernels that compute it once per row and operand: with one row per block
@@ -93,7 +78,7 @@ fn row_addr<E: Elem>(base: u64, stride: u64, row: u64) -> u64 {
 /// When `ok`: `row` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the
 /// matrix's extent and alignment for the path.
 #[inline(always)]
-unsafe fn load_chunk<E: Elem, P: Path>(
+unsafe fn load_chunk<E: Elem, const M: VecMode>(
     base: u64,
     stride: u64,
     row: u64,
@@ -103,7 +88,7 @@ unsafe fn load_chunk<E: Elem, P: Path>(
 ) -> [f32; 8] {
     let lanes = E::LANES as u64;
     let first = row * stride + c * lanes;
-    if P::VEC {
+    if M == VecMode::V16 {
         // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
         E::unpack(unsafe { ld_v4_if(base + first * E::BYTES, ok) })
     } else {
@@ -127,7 +112,7 @@ unsafe fn load_chunk<E: Elem, P: Path>(
 /// # Safety
 /// As for [`load_chunk`].
 #[inline(always)]
-unsafe fn store_chunk<E: Elem, P: Path>(
+unsafe fn store_chunk<E: Elem, const M: VecMode>(
     base: u64,
     stride: u64,
     row: u64,
@@ -138,7 +123,7 @@ unsafe fn store_chunk<E: Elem, P: Path>(
 ) {
     let lanes = E::LANES as u64;
     let first = row * stride + c * lanes;
-    if P::VEC {
+    if M == VecMode::V16 {
         // SAFETY: as in `load_chunk`.
         unsafe { st_v4_if(base + first * E::BYTES, E::pack(v), ok) }
     } else {
@@ -156,7 +141,7 @@ unsafe fn store_chunk<E: Elem, P: Path>(
 /// # Safety
 /// When `ok`, the elements exist; on the vector path `base + first * 4` is 16-byte aligned.
 #[inline(always)]
-unsafe fn load_f32s<P: Path>(
+unsafe fn load_f32s<const M: VecMode>(
     base: u64,
     first: u64,
     col0: u64,
@@ -165,7 +150,7 @@ unsafe fn load_f32s<P: Path>(
     ok: bool,
 ) -> [f32; 8] {
     let mut v = [0.0f32; 8];
-    if P::VEC {
+    if M == VecMode::V16 {
         // SAFETY: caller's contract. `F32::unpack` fills lanes 0-3 and leaves 4-7 zero.
         v = F32::unpack(unsafe { ld_v4_if(base + first * 4, ok) });
         if lanes == 8 {
@@ -193,7 +178,7 @@ unsafe fn load_f32s<P: Path>(
 /// # Safety
 /// As for [`load_f32s`].
 #[inline(always)]
-unsafe fn store_f32s<P: Path>(
+unsafe fn store_f32s<const M: VecMode>(
     base: u64,
     first: u64,
     col0: u64,
@@ -202,7 +187,7 @@ unsafe fn store_f32s<P: Path>(
     ok: bool,
     v: &[f32; 8],
 ) {
-    if P::VEC {
+    if M == VecMode::V16 {
         // SAFETY: caller's contract. `F32::pack` takes lanes 0-3.
         unsafe { st_v4_if(base + first * 4, F32::pack(v), ok) };
         if lanes == 8 {
@@ -233,7 +218,7 @@ unsafe fn store_f32s<P: Path>(
 /// `w` holds `hidden` elements of its dtype, aligned for the path (host-checked).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn load_w<E: Elem, P: Path>(
+unsafe fn load_w<E: Elem, const M: VecMode>(
     w: u64,
     first: u64,
     tpr: u64,
@@ -251,13 +236,13 @@ unsafe fn load_w<E: Elem, P: Path>(
             let c = first + j as u64 * tpr;
             // SAFETY: when c < nchunks, chunk c is inside w; it starts at element c*L, 16-byte
             // aligned on the vector path because L*4 is a multiple of 16.
-            v[j] = unsafe { load_f32s::<P>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
+            v[j] = unsafe { load_f32s::<M>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
         });
     } else {
         unroll!(j < k => {
             let c = first + j as u64 * tpr;
             // SAFETY: as above; the weight is row 0 of a one-row matrix.
-            v[j] = unsafe { load_chunk::<E, P>(w, 0, 0, c, hidden, ok && c < nchunks) };
+            v[j] = unsafe { load_chunk::<E, M>(w, 0, 0, c, hidden, ok && c < nchunks) };
         });
     }
     if gemma {
@@ -358,17 +343,19 @@ fn prefetch_first(base: u64) {
 /// The host's plan: params checked (extents, alignment for `P`, aliasing), launched with the
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
-unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &RmsNormFwdParams) {
+unsafe fn fwd_regs<E: Elem, const M: VecMode, const EPT: usize, const W_FIRST: bool>(
+    p: &RmsNormFwdParams,
+) {
     // Rows of more than 128 threads (H > 2048, every model's) fill a block alone: the row is
     // the block index, its addresses are uniform and no thread divides by `threads_per_row`.
     // 0.1 µs of a 1.2-2 µs decode-size call in graph replay (bench/TUNING.md). Both forms
     // assign and accumulate elements identically.
     if p.rows_per_block == 1 {
         // SAFETY: the caller's contract.
-        unsafe { fwd_regs_in::<E, P, EPT, W_FIRST, true>(p) }
+        unsafe { fwd_regs_in::<E, M, EPT, W_FIRST, true>(p) }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { fwd_regs_in::<E, P, EPT, W_FIRST, false>(p) }
+        unsafe { fwd_regs_in::<E, M, EPT, W_FIRST, false>(p) }
     }
 }
 
@@ -379,7 +366,7 @@ unsafe fn fwd_regs<E: Elem, P: Path, const EPT: usize, const W_FIRST: bool>(p: &
 #[inline(always)]
 unsafe fn fwd_regs_in<
     E: Elem,
-    P: Path,
+    const M: VecMode,
     const EPT: usize,
     const W_FIRST: bool,
     const ONE_ROW: bool,
@@ -426,10 +413,10 @@ unsafe fn fwd_regs_in<
         let ok = live && inside;
         // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
         unsafe {
-            x[j] = load_chunk::<E, P>(x_row, 0, 0, c as u64, hidden, ok);
-            r[j] = load_chunk::<E, P>(res_row, 0, 0, c as u64, hidden, ok && has_res);
+            x[j] = load_chunk::<E, M>(x_row, 0, 0, c as u64, hidden, ok);
+            r[j] = load_chunk::<E, M>(res_row, 0, 0, c as u64, hidden, ok && has_res);
         }
-        if !P::VEC {
+        if M == VecMode::Scalar {
             // One element per load: holding every chunk's loads would take more than the
             // 128 registers a 512-thread block allows, so combine each chunk at once.
             h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
@@ -439,15 +426,15 @@ unsafe fn fwd_regs_in<
     if W_FIRST {
         // SAFETY: the host checked the weight.
         w_first =
-            unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
+            unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
     }
-    if P::VEC {
+    if M == VecMode::V16 {
         unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
     }
     unroll!(j < k => {
         let (c, inside) = chunk(j);
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
-        unsafe { store_chunk::<E, P>(h_row, 0, 0, c as u64, hidden, live && has_res && inside, &h[j]) };
+        unsafe { store_chunk::<E, M>(h_row, 0, 0, c as u64, hidden, live && has_res && inside, &h[j]) };
     });
     let mut acc = 0.0f32;
     unroll!(j < k => {
@@ -474,27 +461,27 @@ unsafe fn fwd_regs_in<
             let (c, inside) = chunk(j);
             let y = normalize::<E>(&h[j], rstd, &w_first[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(y_row, 0, 0, c as u64, hidden, inside, &y) };
+            unsafe { store_chunk::<E, M>(y_row, 0, 0, c as u64, hidden, inside, &y) };
         });
-    } else if P::VEC && !w_f32 {
+    } else if M == VecMode::V16 && !w_f32 {
         // SAFETY: the host checked the weight.
         let w =
-            unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+            unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
         unroll!(j < k => {
             let (c, inside) = chunk(j);
             let y = normalize::<E>(&h[j], rstd, &w[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(y_row, 0, 0, c as u64, hidden, inside, &y) };
+            unsafe { store_chunk::<E, M>(y_row, 0, 0, c as u64, hidden, inside, &y) };
         });
     } else {
         // One chunk of w at a time (registers, as for x and residual above on the scalar path).
         unroll!(j < k => {
             let (c, inside) = chunk(j);
             // SAFETY: the host checked the weight.
-            let w = unsafe { load_w::<E, P>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
+            let w = unsafe { load_w::<E, M>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
             let y = normalize::<E>(&h[j], rstd, &w[0], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, P>(y_row, 0, 0, c as u64, hidden, inside, &y) };
+            unsafe { store_chunk::<E, M>(y_row, 0, 0, c as u64, hidden, inside, &y) };
         });
     }
 }
@@ -518,7 +505,7 @@ fn add_residual<E: Elem>(x: &[f32; 8], r: &[f32; 8], has_res: bool, hf: bool) ->
 /// # Safety
 /// As for [`fwd_regs`].
 #[inline(always)]
-unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
+unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -550,8 +537,8 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
             unsafe {
-                x[j] = load_chunk::<E, P>(p.x, p.x_stride, row, c, hidden, ok);
-                r[j] = load_chunk::<E, P>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
+                x[j] = load_chunk::<E, M>(p.x, p.x_stride, row, c, hidden, ok);
+                r[j] = load_chunk::<E, M>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
             }
         });
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -559,7 +546,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as above; h may be x or residual, loaded above.
-            unsafe { store_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+            unsafe { store_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
         });
         unroll!(j < k => {
             unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
@@ -590,16 +577,16 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in pass 1.
-            hv[j] = unsafe { load_chunk::<E, P>(src, src_stride, row, c, hidden, c < nchunks) };
+            hv[j] = unsafe { load_chunk::<E, M>(src, src_stride, row, c, hidden, c < nchunks) };
         });
         // SAFETY: the host checked the weight.
         let w =
-            unsafe { load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+            unsafe { load_w::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
             // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
-            unsafe { store_chunk::<E, P>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+            unsafe { store_chunk::<E, M>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
         });
         tile += 1;
     }
@@ -612,7 +599,7 @@ unsafe fn fwd_loop<E: Elem, P: Path>(p: &RmsNormFwdParams) {
 /// # Safety
 /// As for [`fwd_regs`], with [`RmsNormBwdParams`] and the backward geometry.
 #[inline(always)]
-unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
+unsafe fn bwd_regs<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -650,15 +637,15 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: as above, when ok c < nchunks.
             unsafe {
-                h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
-                dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
-                dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+                h[j] = load_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, ok);
+                dy[j] = load_chunk::<E, M>(p.dy, p.dy_stride, row, c, hidden, ok);
+                dres[j] = load_chunk::<E, M>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
             }
         });
         // w is re-read per row (an L1 hit after the first row) rather than held: registers
         // are the limit here. SAFETY: the host checked the weight.
         let w =
-            unsafe { load_w::<E, P>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
+            unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
         // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
         // chunks past the row are all zeros and change nothing.
         let mut acc = 0.0f32;
@@ -684,7 +671,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                 }
             });
             // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-            unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, live && c < nchunks, &dx) };
+            unsafe { store_chunk::<E, M>(p.dx, p.dx_stride, row, c, hidden, live && c < nchunks, &dx) };
         });
         g += step;
         buf ^= 1;
@@ -695,7 +682,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         let c = j as u64 * me.tpr + me.t;
         // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized);
         // row offsets slot*hidden*4 are 16-byte multiples on the vector path (L | hidden).
-        unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+        unsafe { store_f32s::<M>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
 }
 
@@ -706,7 +693,7 @@ unsafe fn bwd_regs<E: Elem, P: Path>(p: &RmsNormBwdParams) {
 /// # Safety
 /// As for [`bwd_regs`]; the workspace also holds one f32 per row after the partials.
 #[inline(always)]
-unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
+unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -749,13 +736,13 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                 let ok = live && c < nchunks;
                 // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
                 unsafe {
-                    h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
-                    dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
+                    h[j] = load_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, ok);
+                    dy[j] = load_chunk::<E, M>(p.dy, p.dy_stride, row, c, hidden, ok);
                 }
             });
             // SAFETY: the host checked the weight.
             let w = unsafe {
-                load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, live)
+                load_w::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, live)
             };
             unroll!(j < k => {
                 unroll!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
@@ -785,7 +772,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         let first = tile * per_tile + me.t;
         // SAFETY: the host checked the weight.
         let w =
-            unsafe { load_w::<E, P>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+            unsafe { load_w::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
         let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
         let mut g = grid::block_x();
         while g < groups {
@@ -806,9 +793,9 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                     let ok = c < nchunks;
                     // SAFETY: row < rows; when ok, c < nchunks.
                     unsafe {
-                        h[j] = load_chunk::<E, P>(p.h, p.h_stride, row, c, hidden, ok);
-                        dy[j] = load_chunk::<E, P>(p.dy, p.dy_stride, row, c, hidden, ok);
-                        dres[j] = load_chunk::<E, P>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+                        h[j] = load_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, ok);
+                        dy[j] = load_chunk::<E, M>(p.dy, p.dy_stride, row, c, hidden, ok);
+                        dres[j] = load_chunk::<E, M>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
                     }
                 });
                 unroll!(j < k => {
@@ -823,7 +810,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
                         dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
                     });
                     // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                    unsafe { store_chunk::<E, P>(p.dx, p.dx_stride, row, c, hidden, c < nchunks, &dx) };
+                    unsafe { store_chunk::<E, M>(p.dx, p.dx_stride, row, c, hidden, c < nchunks, &dx) };
                 });
             }
             g += step;
@@ -831,7 +818,7 @@ unsafe fn bwd_loop<E: Elem, P: Path>(p: &RmsNormBwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in `bwd_regs`.
-            unsafe { store_f32s::<P>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+            unsafe { store_f32s::<M>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
         });
         tile += 1;
     }
@@ -898,14 +885,14 @@ unsafe fn dw_reduce<W: Elem>(p: &RmsNormDwParams) {
 }
 
 macro_rules! norm_entries {
-    ($($e:ty, $p:ty => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident;)*) => {$(
+    ($($e:ty, $m:path => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident;)*) => {$(
         /// RMSNorm forward, 16 elements per thread; see the module docs.
         ///
         /// # Safety
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $f16(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, $p, 16, false>(&p) }
+            unsafe { fwd_regs::<$e, { $m }, 16, false>(&p) }
         }
 
         /// RMSNorm forward, 32 elements per thread; see the module docs.
@@ -914,7 +901,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $f32(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, $p, 32, false>(&p) }
+            unsafe { fwd_regs::<$e, { $m }, 32, false>(&p) }
         }
 
         /// RMSNorm forward, looped over tiles; see the module docs.
@@ -923,7 +910,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $floop(p: RmsNormFwdParams) {
-            unsafe { fwd_loop::<$e, $p>(&p) }
+            unsafe { fwd_loop::<$e, { $m }>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials, 16 elements per thread.
@@ -932,7 +919,7 @@ macro_rules! norm_entries {
         /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $b16(p: RmsNormBwdParams) {
-            unsafe { bwd_regs::<$e, $p>(&p) }
+            unsafe { bwd_regs::<$e, { $m }>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials, looped over tiles.
@@ -941,24 +928,24 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bloop(p: RmsNormBwdParams) {
-            unsafe { bwd_loop::<$e, $p>(&p) }
+            unsafe { bwd_loop::<$e, { $m }>(&p) }
         }
     )*};
 }
 
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 norm_entries! {
-    F32, Vec16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
+    F32, VecMode::V16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
         rmsnorm_bwd_f32_v16_e16, rmsnorm_bwd_f32_v16_loop;
-    F32, Scalar => rmsnorm_fwd_f32_scalar_e16, rmsnorm_fwd_f32_scalar_e32, rmsnorm_fwd_f32_scalar_loop,
+    F32, VecMode::Scalar => rmsnorm_fwd_f32_scalar_e16, rmsnorm_fwd_f32_scalar_e32, rmsnorm_fwd_f32_scalar_loop,
         rmsnorm_bwd_f32_scalar_e16, rmsnorm_bwd_f32_scalar_loop;
-    F16, Vec16 => rmsnorm_fwd_f16_v16_e16, rmsnorm_fwd_f16_v16_e32, rmsnorm_fwd_f16_v16_loop,
+    F16, VecMode::V16 => rmsnorm_fwd_f16_v16_e16, rmsnorm_fwd_f16_v16_e32, rmsnorm_fwd_f16_v16_loop,
         rmsnorm_bwd_f16_v16_e16, rmsnorm_bwd_f16_v16_loop;
-    F16, Scalar => rmsnorm_fwd_f16_scalar_e16, rmsnorm_fwd_f16_scalar_e32, rmsnorm_fwd_f16_scalar_loop,
+    F16, VecMode::Scalar => rmsnorm_fwd_f16_scalar_e16, rmsnorm_fwd_f16_scalar_e32, rmsnorm_fwd_f16_scalar_loop,
         rmsnorm_bwd_f16_scalar_e16, rmsnorm_bwd_f16_scalar_loop;
-    Bf16, Vec16 => rmsnorm_fwd_bf16_v16_e16, rmsnorm_fwd_bf16_v16_e32, rmsnorm_fwd_bf16_v16_loop,
+    Bf16, VecMode::V16 => rmsnorm_fwd_bf16_v16_e16, rmsnorm_fwd_bf16_v16_e32, rmsnorm_fwd_bf16_v16_loop,
         rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop;
-    Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
+    Bf16, VecMode::Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
         rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop;
 }
 
@@ -971,7 +958,7 @@ macro_rules! w_first_entries {
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, Vec16, 16, true>(&p) }
+            unsafe { fwd_regs::<$e, { VecMode::V16 }, 16, true>(&p) }
         }
     )*};
 }
