@@ -59,38 +59,61 @@ const MAX_CHUNKS: usize = 8;
 /// f32 slots per reduction buffer in shared memory (one per warp of a block of <= 1024).
 const SLOTS_PER_BUFFER: u32 = 32;
 
-/// The address of element 0 of row `row` of the matrix at `base` (row stride `stride`
-/// elements), for kernels that compute it once per row and operand: with one row per block
-/// it is the same for every thread, and ptxas keeps it in uniform registers.
-#[inline(always)]
-fn row_addr<E: Elem>(base: u64, stride: u64, row: u64) -> u64 {
-    base + row * stride * E::BYTES
+/// One row of a matrix, as every chunk access takes it: row `index` of the matrix at `base`,
+/// whose rows are `stride` elements apart. Chunk `c` of it starts at element
+/// `index * stride + c * L`.
+#[derive(Clone, Copy)]
+struct Row {
+    base: u64,
+    stride: u64,
+    index: u64,
 }
 
-/// Chunk `c` of row `row` of the matrix at `base` (row stride `stride` elements) as f32
-/// lanes, or zeros when `!ok`; on the scalar path, lanes at columns `>= hidden` are not read
-/// and stay 0. On the vector path the access is predicated, not branched around: a thread's
-/// loads of one phase then issue back to back and wait together (see `mem::ld_v4_if`).
-/// Callers load all the chunks of a phase before they use any of them. A caller that has the
-/// row's address already (see [`row_addr`]) passes it as `base` with `row` = 0.
+impl Row {
+    /// Row `index` of the matrix at `base`; every chunk address folds in the row's offset.
+    #[inline(always)]
+    fn of(base: u64, stride: u64, index: u64) -> Self {
+        Row {
+            base,
+            stride,
+            index,
+        }
+    }
+
+    /// The same row with its address computed once, here, rather than in every chunk address:
+    /// with one row per block it is the same for every thread, and ptxas keeps it in uniform
+    /// registers.
+    #[inline(always)]
+    fn hoisted<E: Elem>(base: u64, stride: u64, index: u64) -> Self {
+        Row {
+            base: base + index * stride * E::BYTES,
+            stride: 0,
+            index: 0,
+        }
+    }
+}
+
+/// Chunk `c` of the row `at` as f32 lanes, or zeros when `!ok`; on the scalar path, lanes at
+/// columns `>= hidden` are not read and stay 0. On the vector path the access is predicated,
+/// not branched around: a thread's loads of one phase then issue back to back and wait
+/// together (see `mem::ld_v4_if`). Callers load all the chunks of a phase before they use any
+/// of them.
 ///
 /// # Safety
-/// When `ok`: `row` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the
+/// When `ok`: `at` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the
 /// matrix's extent and alignment for the path.
 #[inline(always)]
 unsafe fn load_chunk<E: Elem, const M: VecMode>(
-    base: u64,
-    stride: u64,
-    row: u64,
+    at: Row,
     c: u64,
     hidden: u64,
     ok: bool,
 ) -> [f32; 8] {
     let lanes = E::LANES as u64;
-    let first = row * stride + c * lanes;
+    let first = at.index * at.stride + c * lanes;
     if M == VecMode::V16 {
         // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
-        E::unpack(unsafe { ld_v4_if(base + first * E::BYTES, ok) })
+        E::unpack(unsafe { ld_v4_if(at.base + first * E::BYTES, ok) })
     } else {
         // Branches, not predicated loads, on this path: they keep ptxas from hoisting every
         // element load of a thread (up to 64 for f32 rows of 32 per thread) above the first
@@ -99,38 +122,36 @@ unsafe fn load_chunk<E: Elem, const M: VecMode>(
         unroll!(l < E::LANES => {
             if ok && c * lanes + (l as u64) < hidden {
                 // SAFETY: column c*L + l < hidden of a row inside the matrix.
-                v[l] = unsafe { E::load(base + (first + l as u64) * E::BYTES) };
+                v[l] = unsafe { E::load(at.base + (first + l as u64) * E::BYTES) };
             }
         });
         v
     }
 }
 
-/// Stores chunk `c` of row `row` when `ok` (rounding to nearest even in the storage dtype);
+/// Stores chunk `c` of the row `at` when `ok` (rounding to nearest even in the storage dtype);
 /// on the scalar path, lanes at columns `>= hidden` are not written.
 ///
 /// # Safety
 /// As for [`load_chunk`].
 #[inline(always)]
 unsafe fn store_chunk<E: Elem, const M: VecMode>(
-    base: u64,
-    stride: u64,
-    row: u64,
+    at: Row,
     c: u64,
     hidden: u64,
     ok: bool,
     v: &[f32; 8],
 ) {
     let lanes = E::LANES as u64;
-    let first = row * stride + c * lanes;
+    let first = at.index * at.stride + c * lanes;
     if M == VecMode::V16 {
         // SAFETY: as in `load_chunk`.
-        unsafe { st_v4_if(base + first * E::BYTES, E::pack(v), ok) }
+        unsafe { st_v4_if(at.base + first * E::BYTES, E::pack(v), ok) }
     } else {
         unroll!(l < E::LANES => {
             let inside = ok && c * lanes + (l as u64) < hidden;
             // SAFETY: as in `load_chunk`.
-            unsafe { E::store_if(base + (first + l as u64) * E::BYTES, v[l], inside) };
+            unsafe { E::store_if(at.base + (first + l as u64) * E::BYTES, v[l], inside) };
         });
     }
 }
@@ -242,7 +263,7 @@ unsafe fn load_w<E: Elem, const M: VecMode>(
         unroll!(j < k => {
             let c = first + j as u64 * tpr;
             // SAFETY: as above; the weight is row 0 of a one-row matrix.
-            v[j] = unsafe { load_chunk::<E, M>(w, 0, 0, c, hidden, ok && c < nchunks) };
+            v[j] = unsafe { load_chunk::<E, M>(Row::of(w, 0, 0), c, hidden, ok && c < nchunks) };
         });
     }
     if gemma {
@@ -396,10 +417,10 @@ unsafe fn fwd_regs_in<
     // After the parameter reads, the geometry, the row addresses and a prefetch that reads
     // the pointers' line of the constant bank, before the first global access (mem.rs).
     prefetch_first(p.x);
-    let x_row = row_addr::<E>(p.x, p.x_stride, row);
-    let res_row = row_addr::<E>(p.residual, p.residual_stride, row);
-    let h_row = row_addr::<E>(p.h, p.h_stride, row);
-    let y_row = row_addr::<E>(p.y, p.y_stride, row);
+    let x_row = Row::hoisted::<E>(p.x, p.x_stride, row);
+    let res_row = Row::hoisted::<E>(p.residual, p.residual_stride, row);
+    let h_row = Row::hoisted::<E>(p.h, p.h_stride, row);
+    let y_row = Row::hoisted::<E>(p.y, p.y_stride, row);
     grid_dependency_sync();
 
     // All loads of x and residual first, so they are in flight together (predicated, no
@@ -413,8 +434,8 @@ unsafe fn fwd_regs_in<
         let ok = live && inside;
         // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
         unsafe {
-            x[j] = load_chunk::<E, M>(x_row, 0, 0, c as u64, hidden, ok);
-            r[j] = load_chunk::<E, M>(res_row, 0, 0, c as u64, hidden, ok && has_res);
+            x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
+            r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
         }
         if M == VecMode::Scalar {
             // One element per load: holding every chunk's loads would take more than the
@@ -434,7 +455,7 @@ unsafe fn fwd_regs_in<
     unroll!(j < k => {
         let (c, inside) = chunk(j);
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
-        unsafe { store_chunk::<E, M>(h_row, 0, 0, c as u64, hidden, live && has_res && inside, &h[j]) };
+        unsafe { store_chunk::<E, M>(h_row, c as u64, hidden, live && has_res && inside, &h[j]) };
     });
     let mut acc = 0.0f32;
     unroll!(j < k => {
@@ -461,7 +482,7 @@ unsafe fn fwd_regs_in<
             let (c, inside) = chunk(j);
             let y = normalize::<E>(&h[j], rstd, &w_first[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, 0, 0, c as u64, hidden, inside, &y) };
+            unsafe { store_chunk::<E, M>(y_row, c as u64, hidden, inside, &y) };
         });
     } else if M == VecMode::V16 && !w_f32 {
         // SAFETY: the host checked the weight.
@@ -471,7 +492,7 @@ unsafe fn fwd_regs_in<
             let (c, inside) = chunk(j);
             let y = normalize::<E>(&h[j], rstd, &w[j], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, 0, 0, c as u64, hidden, inside, &y) };
+            unsafe { store_chunk::<E, M>(y_row, c as u64, hidden, inside, &y) };
         });
     } else {
         // One chunk of w at a time (registers, as for x and residual above on the scalar path).
@@ -481,7 +502,7 @@ unsafe fn fwd_regs_in<
             let w = unsafe { load_w::<E, M>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
             let y = normalize::<E>(&h[j], rstd, &w[0], hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, 0, 0, c as u64, hidden, inside, &y) };
+            unsafe { store_chunk::<E, M>(y_row, c as u64, hidden, inside, &y) };
         });
     }
 }
@@ -528,6 +549,10 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
     // Pass 1: h = x + residual, stored; sum of squares in the fixed order (tile, chunk, lane).
     let mut acc = 0.0f32;
     let mut tile = 0u64;
+    let x_row = Row::of(p.x, p.x_stride, row);
+    let res_row = Row::of(p.residual, p.residual_stride, row);
+    let h_row = Row::of(p.h, p.h_stride, row);
+    let y_row = Row::of(p.y, p.y_stride, row);
     while tile < tiles {
         let first = tile * per_tile + me.t;
         let mut x = [[0.0f32; 8]; MAX_CHUNKS];
@@ -537,8 +562,8 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
             unsafe {
-                x[j] = load_chunk::<E, M>(p.x, p.x_stride, row, c, hidden, ok);
-                r[j] = load_chunk::<E, M>(p.residual, p.residual_stride, row, c, hidden, ok && has_res);
+                x[j] = load_chunk::<E, M>(x_row, c, hidden, ok);
+                r[j] = load_chunk::<E, M>(res_row, c, hidden, ok && has_res);
             }
         });
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -546,7 +571,7 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as above; h may be x or residual, loaded above.
-            unsafe { store_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+            unsafe { store_chunk::<E, M>(h_row, c, hidden, live && has_res && c < nchunks, &h[j]) };
         });
         unroll!(j < k => {
             unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
@@ -565,11 +590,7 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
     }
     // Pass 2: read back h as stored (x when there is no residual), normalise, store y. Every
     // chunk read here was written (pass 1) by this same thread.
-    let (src, src_stride) = if has_res {
-        (p.h, p.h_stride)
-    } else {
-        (p.x, p.x_stride)
-    };
+    let src_row = if has_res { h_row } else { x_row };
     let mut tile = 0u64;
     while tile < tiles {
         let first = tile * per_tile + me.t;
@@ -577,7 +598,7 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in pass 1.
-            hv[j] = unsafe { load_chunk::<E, M>(src, src_stride, row, c, hidden, c < nchunks) };
+            hv[j] = unsafe { load_chunk::<E, M>(src_row, c, hidden, c < nchunks) };
         });
         // SAFETY: the host checked the weight.
         let w =
@@ -586,7 +607,7 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
             let c = first + j as u64 * me.tpr;
             let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
             // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
-            unsafe { store_chunk::<E, M>(p.y, p.y_stride, row, c, hidden, c < nchunks, &y) };
+            unsafe { store_chunk::<E, M>(y_row, c, hidden, c < nchunks, &y) };
         });
         tile += 1;
     }
@@ -627,6 +648,10 @@ unsafe fn bwd_regs<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
     while g < groups {
         let row = g * rpb.get() + me.r_local;
         let live = row < p.rows;
+        let h_row = Row::of(p.h, p.h_stride, row);
+        let dy_row = Row::of(p.dy, p.dy_stride, row);
+        let dres_row = Row::of(p.dres, p.dres_stride, row);
+        let dx_row = Row::of(p.dx, p.dx_stride, row);
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
         let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
@@ -637,9 +662,9 @@ unsafe fn bwd_regs<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: as above, when ok c < nchunks.
             unsafe {
-                h[j] = load_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, ok);
-                dy[j] = load_chunk::<E, M>(p.dy, p.dy_stride, row, c, hidden, ok);
-                dres[j] = load_chunk::<E, M>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+                h[j] = load_chunk::<E, M>(h_row, c, hidden, ok);
+                dy[j] = load_chunk::<E, M>(dy_row, c, hidden, ok);
+                dres[j] = load_chunk::<E, M>(dres_row, c, hidden, ok && has_dres);
             }
         });
         // w is re-read per row (an L1 hit after the first row) rather than held: registers
@@ -671,7 +696,7 @@ unsafe fn bwd_regs<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
                 }
             });
             // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-            unsafe { store_chunk::<E, M>(p.dx, p.dx_stride, row, c, hidden, live && c < nchunks, &dx) };
+            unsafe { store_chunk::<E, M>(dx_row, c, hidden, live && c < nchunks, &dx) };
         });
         g += step;
         buf ^= 1;
@@ -727,6 +752,8 @@ unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
         let live = row < p.rows;
         let mut acc = 0.0f32;
         let mut tile = 0u64;
+        let h_row = Row::of(p.h, p.h_stride, row);
+        let dy_row = Row::of(p.dy, p.dy_stride, row);
         while tile < tiles {
             let first = tile * per_tile + me.t;
             let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -736,8 +763,8 @@ unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
                 let ok = live && c < nchunks;
                 // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
                 unsafe {
-                    h[j] = load_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, ok);
-                    dy[j] = load_chunk::<E, M>(p.dy, p.dy_stride, row, c, hidden, ok);
+                    h[j] = load_chunk::<E, M>(h_row, c, hidden, ok);
+                    dy[j] = load_chunk::<E, M>(dy_row, c, hidden, ok);
                 }
             });
             // SAFETY: the host checked the weight.
@@ -778,6 +805,10 @@ unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
         while g < groups {
             let row = g * rpb.get() + me.r_local;
             if row < p.rows {
+                let h_row = Row::of(p.h, p.h_stride, row);
+                let dy_row = Row::of(p.dy, p.dy_stride, row);
+                let dres_row = Row::of(p.dres, p.dres_stride, row);
+                let dx_row = Row::of(p.dx, p.dx_stride, row);
                 let mut h = [[0.0f32; 8]; MAX_CHUNKS];
                 let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
                 let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
@@ -793,9 +824,9 @@ unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
                     let ok = c < nchunks;
                     // SAFETY: row < rows; when ok, c < nchunks.
                     unsafe {
-                        h[j] = load_chunk::<E, M>(p.h, p.h_stride, row, c, hidden, ok);
-                        dy[j] = load_chunk::<E, M>(p.dy, p.dy_stride, row, c, hidden, ok);
-                        dres[j] = load_chunk::<E, M>(p.dres, p.dres_stride, row, c, hidden, ok && has_dres);
+                        h[j] = load_chunk::<E, M>(h_row, c, hidden, ok);
+                        dy[j] = load_chunk::<E, M>(dy_row, c, hidden, ok);
+                        dres[j] = load_chunk::<E, M>(dres_row, c, hidden, ok && has_dres);
                     }
                 });
                 unroll!(j < k => {
@@ -810,7 +841,7 @@ unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
                         dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
                     });
                     // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                    unsafe { store_chunk::<E, M>(p.dx, p.dx_stride, row, c, hidden, c < nchunks, &dx) };
+                    unsafe { store_chunk::<E, M>(dx_row, c, hidden, c < nchunks, &dx) };
                 });
             }
             g += step;
