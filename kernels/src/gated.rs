@@ -13,8 +13,9 @@
 //! be the grid the host planned (`host/src/gated.rs::grid_for`): the kernel counts accesses by
 //! the launched thread count but moves its row/column cursor by the walk's step, which the
 //! host computed for that `G`; another grid would desynchronise the two. Usually one access
-//! per thread, so a thread holds one 16-byte vector per operand, needs ~32 registers, and a
-//! full multiprocessor keeps 2048 threads' loads in flight. The row and column of the first
+//! per thread, so a thread holds one 16-byte vector per operand, fits in 32 registers (the
+//! budget `cargo xtask ptx` checks), and a full multiprocessor keeps 2048 threads' loads in
+//! flight. The row and column of the first
 //! access come from a host-precomputed multiply-high, later ones by adding the grid step: no
 //! division in the kernel ([`GridWalk`]).
 //!

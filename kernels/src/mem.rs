@@ -464,8 +464,8 @@ pub unsafe fn prefetch_l2(p: u64) {
 /// visible. Every kernel launched that way calls this before touching global memory. The norm
 /// kernels call it after the work that needs none (parameter reads, index math, a prefetch
 /// that reads the pointers): an early-placed block then has its parameters in the constant
-/// cache when the wait ends, 0.1-0.2 µs per call in graph replay (bench/TUNING.md). On archs
-/// without `griddepcontrol` it is empty and the host launches normally.
+/// cache when the wait ends. On archs without `griddepcontrol` it is empty and the host
+/// launches normally.
 #[inline(always)]
 pub fn grid_dependency_wait() {
     #[cfg(ferrofuse_pdl)]
@@ -492,7 +492,7 @@ pub fn launch_dependents() {
 /// Both halves, at the start of every kernel launched with programmatic dependent launch:
 /// wait for the previous grid, then let the next one launch. In this order the next grid is
 /// scheduled while this one works, but no chain of grids launches ahead (triggering before
-/// waiting let each early grid trigger the next, and cost 0.7 µs per small launch; see
+/// waiting let each early grid trigger the next, which made small launches slower; see
 /// bench/TUNING.md).
 #[inline(always)]
 pub fn grid_dependency_sync() {

@@ -282,9 +282,8 @@ fn round_to<E: Elem>(v: &[f32; 8]) -> [f32; 8] {
 /// `1 / sqrt(sum / hidden + eps)`: eps inside the square root. Computed with `div.full`
 /// (within 2 ulp) and `rsqrt.approx` (relative error below 2^-22.9); Triton's `/` and
 /// `tl.sqrt` are approximate by default too. The IEEE forms (`div.rn`, `sqrt.rn`, `rcp.rn`)
-/// each put a range check and a slow-path subroutine on the row's critical path, 0.13-0.18 µs
-/// of a 1.5-2.2 µs decode-size call (bench/TUNING.md). The result is still one fixed function
-/// of the row's sum.
+/// each put a range check and a slow-path subroutine on the row's critical path. The result
+/// is still one fixed function of the row's sum.
 #[inline(always)]
 fn rstd_of(sum_sq: f32, hidden: u64, eps: f32) -> f32 {
     rsqrt_approx(div_full(sum_sq, hidden as f32) + eps)
@@ -343,6 +342,39 @@ impl Me {
     }
 }
 
+/// When a register-resident forward ([`fwd_regs`]) loads the weight. The rest of the kernel
+/// is the same for all three: `y = (h * rstd) * w` is one body (`store_y` there) whatever the
+/// weight's source.
+#[derive(Clone, Copy)]
+enum WeightLoad {
+    /// With `x` and `residual`, every chunk's, held through the reduction: one L2 round trip
+    /// less on the row's path, at the cost of registers (and so of rows in flight). The
+    /// `_wfirst` entries, which the host launches for grids of one wave.
+    WithInputs,
+    /// After the reduction (the weight is L2-resident after the first rows), every chunk's at
+    /// once: the vector path with the weight in the storage dtype.
+    AfterReduction,
+    /// After the reduction, one chunk's at a time, just before its use: the scalar path (one
+    /// load per element) and an f32 weight (two 16-byte loads per chunk), where holding every
+    /// chunk's weight would set the kernel's register peak.
+    PerChunk,
+}
+
+impl WeightLoad {
+    /// The strategy of an entry: `W_FIRST` (the `_wfirst` entries), otherwise by memory path
+    /// and weight dtype.
+    #[inline(always)]
+    fn of<const M: VecMode, const W_FIRST: bool>(w_f32: bool) -> Self {
+        if W_FIRST {
+            WeightLoad::WithInputs
+        } else if M == VecMode::V16 && !w_f32 {
+            WeightLoad::AfterReduction
+        } else {
+            WeightLoad::PerChunk
+        }
+    }
+}
+
 /// Thread 0 of the block prefetches the line at `base` (the first element of a launched
 /// call's first operand) into L2. Its use is the read of `base` itself: the pointers' line of
 /// the constant bank is then fetched before `grid_dependency_sync`, not missed after it.
@@ -356,21 +388,19 @@ fn prefetch_first(base: u64) {
 }
 
 /// Forward, whole row in registers: `EPT` elements per thread (16 or 32). `W_FIRST` loads the
-/// weight with `x` and `residual` instead of after the reduction: one L2 round trip less on
-/// the row's path, for grids of one wave (small batches); it holds the weight through the
-/// reduction, which costs registers, so larger grids use the other form.
+/// weight with `x` and `residual` ([`WeightLoad::WithInputs`]) instead of after the reduction.
 ///
 /// # Safety
-/// The host's plan: params checked (extents, alignment for `P`, aliasing), launched with the
+/// The host's plan: params checked (extents, alignment for `M`, aliasing), launched with the
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
 unsafe fn fwd_regs<E: Elem, const M: VecMode, const EPT: usize, const W_FIRST: bool>(
     p: &RmsNormFwdParams,
 ) {
     // Rows of more than 128 threads (H > 2048, every model's) fill a block alone: the row is
-    // the block index, its addresses are uniform and no thread divides by `threads_per_row`.
-    // 0.1 µs of a 1.2-2 µs decode-size call in graph replay (bench/TUNING.md). Both forms
-    // assign and accumulate elements identically.
+    // the block index, its addresses are uniform and no thread divides by `threads_per_row`
+    // (a shorter path to the first load). Both forms assign and accumulate elements
+    // identically.
     if p.rows_per_block == 1 {
         // SAFETY: the caller's contract.
         unsafe { fwd_regs_in::<E, M, EPT, W_FIRST, true>(p) }
@@ -414,6 +444,7 @@ unsafe fn fwd_regs_in<
     let hf = p.flags & RMSNORM_HF != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let wl = WeightLoad::of::<M, W_FIRST>(w_f32);
     // After the parameter reads, the geometry, the row addresses and a prefetch that reads
     // the pointers' line of the constant bank, before the first global access (mem.rs).
     prefetch_first(p.x);
@@ -444,7 +475,7 @@ unsafe fn fwd_regs_in<
         }
     });
     let mut w_first = [[0.0f32; 8]; MAX_CHUNKS];
-    if W_FIRST {
+    if matches!(wl, WeightLoad::WithInputs) {
         // SAFETY: the host checked the weight.
         w_first =
             unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
@@ -472,37 +503,30 @@ unsafe fn fwd_regs_in<
         // SAFETY: row < rows; the host checked the rstd vector.
         unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
     }
-    // Unless `W_FIRST` loaded it with the inputs, the weight is loaded only now (it is
-    // L2-resident after the first rows): holding it through the loads and the reduction cost
-    // registers, and so rows in flight. All chunks at once on the vector path, except for an
-    // f32 weight (two loads per chunk): holding those set the kernel's register peak (52 -> 46
-    // registers for bf16 rows of 4096).
-    if W_FIRST {
-        unroll!(j < k => {
-            let (c, inside) = chunk(j);
-            let y = normalize::<E>(&h[j], rstd, &w_first[j], hf);
+    // y = (h * rstd) * w for chunk `j`, stored; `$w` is the weight of its chunk `c`, from
+    // wherever the strategy loaded it.
+    macro_rules! store_y {
+        ($j:ident, |$c:ident| $w:expr) => {{
+            let ($c, inside) = chunk($j);
+            let w: &[f32; 8] = $w;
+            let y = normalize::<E>(&h[$j], rstd, w, hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, c as u64, hidden, inside, &y) };
-        });
-    } else if M == VecMode::V16 && !w_f32 {
+            unsafe { store_chunk::<E, M>(y_row, $c as u64, hidden, inside, &y) };
+        }};
+    }
+    if matches!(wl, WeightLoad::WithInputs) {
+        unroll!(j < k => { store_y!(j, |_c| &w_first[j]) });
+    } else if matches!(wl, WeightLoad::AfterReduction) {
         // SAFETY: the host checked the weight.
         let w =
             unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
-        unroll!(j < k => {
-            let (c, inside) = chunk(j);
-            let y = normalize::<E>(&h[j], rstd, &w[j], hf);
-            // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, c as u64, hidden, inside, &y) };
-        });
+        unroll!(j < k => { store_y!(j, |_c| &w[j]) });
     } else {
-        // One chunk of w at a time (registers, as for x and residual above on the scalar path).
+        // SAFETY (the loads of w): the host checked the weight.
         unroll!(j < k => {
-            let (c, inside) = chunk(j);
-            // SAFETY: the host checked the weight.
-            let w = unsafe { load_w::<E, M>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
-            let y = normalize::<E>(&h[j], rstd, &w[0], hf);
-            // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, c as u64, hidden, inside, &y) };
+            store_y!(j, |c| &unsafe {
+                load_w::<E, M>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true)
+            }[0])
         });
     }
 }
