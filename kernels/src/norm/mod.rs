@@ -169,8 +169,10 @@ unsafe fn store_chunk<E: Elem, const M: VecMode>(
     }
 }
 
-/// `lanes` (4 or 8) f32s of an f32 array at `base`, from element `first`, which holds
-/// column `col0`, or zeros when `!ok`; on the scalar path only columns `< hidden` are read.
+/// The f32 form of [`load_chunk`], for the f32 rows read with the storage dtype's chunks (an
+/// f32 weight, the `dw` workspace): `lanes` (that dtype's `L`, 4 or 8) f32s of the array at
+/// `base` from element `first`, which is column `col0`, or zeros when `!ok`; on the scalar
+/// path only columns `< hidden` are read.
 ///
 /// # Safety
 /// When `ok`, the elements exist; on the vector path `base + first * 4` is 16-byte aligned.
