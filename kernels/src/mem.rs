@@ -11,9 +11,9 @@
 //! Every entry is compiled for one [`VecMode`] (`_v16` / `_scalar` in its name), which the kernel
 //! bodies take as a const parameter `M`: on `V16` one access moves a 16-byte vector (the host
 //! checked that every pointer is 16-byte aligned and every row stride and row length a multiple
-//! of the vector), on `Scalar` one element. [`access_width`] and [`Elem::load_access`] give one
-//! access of either path; the norm's chunks (always 16 bytes of elements, masked per element on
-//! `Scalar`) are built on the same primitives in `norm`.
+//! of the vector), on `Scalar` one element. [`access_width`] and [`Elem::load_access`] are one
+//! access of either path (the gated kernels); the norm's chunks, `LANES` elements on both
+//! paths and masked per element on `Scalar`, are in `norm`.
 
 use core::arch::asm;
 
