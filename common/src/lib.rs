@@ -3,14 +3,15 @@
 //! This crate has no dependencies and builds on stable Rust for the host (inside `ferrofuse`),
 //! and `no_std` on nightly for `nvptx64-nvidia-cuda` (inside the kernels): the nightly features
 //! it needs there are enabled for that target only. It holds:
-//! - [`DType`] and [`Activation`], the descriptors the host validates and the kernels obey;
+//! - [`DType`], [`Activation`] and [`VecMode`], the descriptors the host validates and the
+//!   kernels obey;
 //! - the `#[repr(C)]` parameter structs each kernel entry takes by value ([`GatedFwdParams`], ...);
 //! - the table of kernel entry names ([`kernel_names`]), checked against the PTX when it is built;
 //! - the f32 activation math ([`act`]), run by the kernels and measured against f64 on the CPU.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(core_intrinsics, asm_experimental_arch),
+    feature(core_intrinsics, asm_experimental_arch, adt_const_params),
     allow(internal_features)
 )]
 // Published coefficients are kept as printed; rounding them to f32 is the compiler's job.

@@ -2,14 +2,21 @@
 //! build in `cargo xtask ptx` and the host's tests compare the `.entry` list against it), and
 //! the host looks each one up once per context by [`KernelId::index`].
 
+use crate::DType::{BF16, F16, F32};
+use crate::NormBwdVariant as Bwd;
+use crate::NormFwdVariant as Fwd;
 use crate::{
     DType, GATED_THREADS, NormBwdVariant, NormFwdVariant, RMSNORM_BWD_MAX_THREADS_PER_ROW,
     RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW, ZERO_FILL_THREADS,
 };
+use VecMode::{Scalar, V16};
 
 /// How a kernel touches memory: 16-byte vectors (every pointer 16-byte aligned, every row
-/// stride and the row length multiples of the vector) or one element at a time.
+/// stride and the row length multiples of the vector) or one element at a time. The host picks
+/// it per call; each entry is compiled for one (`_v16` / `_scalar` in its name), the kernel
+/// bodies taking it as a const parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(target_arch = "nvptx64", derive(core::marker::ConstParamTy))]
 pub enum VecMode {
     V16 = 0,
     Scalar = 1,
@@ -31,36 +38,106 @@ pub enum KernelId {
     /// Writes zeros over a buffer; the benchmark flushes the L2 with it (see `zero_fill`).
     ZeroFill,
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
-    /// It keeps the last index: add new families before it.
     Empty,
 }
 
-const fn dtype_index(d: DType) -> usize {
-    d as usize
+/// Defines the table below: one line per PTX entry, `name = value`, in index order.
+///
+/// From that one list it generates [`KernelId::index`] (the line's position, the discriminant
+/// of a private enum of the names), [`KernelId::name`] (the name as written, which is the
+/// kernel's `fn` name in the kernels crate), [`KernelId::ALL`] and [`KernelId::COUNT`]. A
+/// kernel missing from the list fails to compile (the `match`es are exhaustive), and so does
+/// one listed twice (a repeated name or an unreachable pattern).
+macro_rules! kernel_table {
+    ($($name:ident = $variant:ident $(($($($arg:ident)::+),+))?,)+) => {
+        /// One variant per kernel, in table order: its discriminant is the kernel's index.
+        #[allow(non_camel_case_types)]
+        enum Position {
+            $($name,)+
+        }
+
+        impl KernelId {
+            /// Number of kernel entry points.
+            pub const COUNT: usize = [$(Position::$name),+].len();
+
+            /// Every kernel, in index order.
+            pub const ALL: [KernelId; Self::COUNT] =
+                [$(KernelId::$variant $(($($($arg)::+),+))?),+];
+
+            /// Dense index in `0..COUNT`.
+            #[deny(unreachable_patterns)]
+            pub const fn index(self) -> usize {
+                match self {
+                    $(KernelId::$variant $(($($($arg)::+),+))? => Position::$name as usize,)+
+                }
+            }
+
+            /// The PTX `.entry` name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(KernelId::$variant $(($($($arg)::+),+))? => stringify!($name),)+
+                }
+            }
+        }
+    };
+}
+
+// A new kernel is one more line (anywhere: indices follow the list) and, for a new family, a
+// `KernelId` variant.
+kernel_table! {
+    gated_fwd_f32_v16 = GatedFwd(F32, V16),
+    gated_fwd_f32_scalar = GatedFwd(F32, Scalar),
+    gated_fwd_f16_v16 = GatedFwd(F16, V16),
+    gated_fwd_f16_scalar = GatedFwd(F16, Scalar),
+    gated_fwd_bf16_v16 = GatedFwd(BF16, V16),
+    gated_fwd_bf16_scalar = GatedFwd(BF16, Scalar),
+    gated_bwd_f32_v16 = GatedBwd(F32, V16),
+    gated_bwd_f32_scalar = GatedBwd(F32, Scalar),
+    gated_bwd_f16_v16 = GatedBwd(F16, V16),
+    gated_bwd_f16_scalar = GatedBwd(F16, Scalar),
+    gated_bwd_bf16_v16 = GatedBwd(BF16, V16),
+    gated_bwd_bf16_scalar = GatedBwd(BF16, Scalar),
+    rmsnorm_fwd_f32_v16_e16 = RmsNormFwd(F32, V16, Fwd::E16),
+    rmsnorm_fwd_f32_v16_e32 = RmsNormFwd(F32, V16, Fwd::E32),
+    rmsnorm_fwd_f32_v16_loop = RmsNormFwd(F32, V16, Fwd::Loop),
+    rmsnorm_fwd_f32_scalar_e16 = RmsNormFwd(F32, Scalar, Fwd::E16),
+    rmsnorm_fwd_f32_scalar_e32 = RmsNormFwd(F32, Scalar, Fwd::E32),
+    rmsnorm_fwd_f32_scalar_loop = RmsNormFwd(F32, Scalar, Fwd::Loop),
+    rmsnorm_fwd_f16_v16_e16 = RmsNormFwd(F16, V16, Fwd::E16),
+    rmsnorm_fwd_f16_v16_e32 = RmsNormFwd(F16, V16, Fwd::E32),
+    rmsnorm_fwd_f16_v16_loop = RmsNormFwd(F16, V16, Fwd::Loop),
+    rmsnorm_fwd_f16_scalar_e16 = RmsNormFwd(F16, Scalar, Fwd::E16),
+    rmsnorm_fwd_f16_scalar_e32 = RmsNormFwd(F16, Scalar, Fwd::E32),
+    rmsnorm_fwd_f16_scalar_loop = RmsNormFwd(F16, Scalar, Fwd::Loop),
+    rmsnorm_fwd_bf16_v16_e16 = RmsNormFwd(BF16, V16, Fwd::E16),
+    rmsnorm_fwd_bf16_v16_e32 = RmsNormFwd(BF16, V16, Fwd::E32),
+    rmsnorm_fwd_bf16_v16_loop = RmsNormFwd(BF16, V16, Fwd::Loop),
+    rmsnorm_fwd_bf16_scalar_e16 = RmsNormFwd(BF16, Scalar, Fwd::E16),
+    rmsnorm_fwd_bf16_scalar_e32 = RmsNormFwd(BF16, Scalar, Fwd::E32),
+    rmsnorm_fwd_bf16_scalar_loop = RmsNormFwd(BF16, Scalar, Fwd::Loop),
+    rmsnorm_bwd_f32_v16_e16 = RmsNormBwd(F32, V16, Bwd::E16),
+    rmsnorm_bwd_f32_v16_loop = RmsNormBwd(F32, V16, Bwd::Loop),
+    rmsnorm_bwd_f32_scalar_e16 = RmsNormBwd(F32, Scalar, Bwd::E16),
+    rmsnorm_bwd_f32_scalar_loop = RmsNormBwd(F32, Scalar, Bwd::Loop),
+    rmsnorm_bwd_f16_v16_e16 = RmsNormBwd(F16, V16, Bwd::E16),
+    rmsnorm_bwd_f16_v16_loop = RmsNormBwd(F16, V16, Bwd::Loop),
+    rmsnorm_bwd_f16_scalar_e16 = RmsNormBwd(F16, Scalar, Bwd::E16),
+    rmsnorm_bwd_f16_scalar_loop = RmsNormBwd(F16, Scalar, Bwd::Loop),
+    rmsnorm_bwd_bf16_v16_e16 = RmsNormBwd(BF16, V16, Bwd::E16),
+    rmsnorm_bwd_bf16_v16_loop = RmsNormBwd(BF16, V16, Bwd::Loop),
+    rmsnorm_bwd_bf16_scalar_e16 = RmsNormBwd(BF16, Scalar, Bwd::E16),
+    rmsnorm_bwd_bf16_scalar_loop = RmsNormBwd(BF16, Scalar, Bwd::Loop),
+    rmsnorm_dw_f32 = RmsNormDw(F32),
+    rmsnorm_dw_f16 = RmsNormDw(F16),
+    rmsnorm_dw_bf16 = RmsNormDw(BF16),
+    rmsnorm_fwd_f32_v16_e16_wfirst = RmsNormFwdWFirst(F32),
+    rmsnorm_fwd_f16_v16_e16_wfirst = RmsNormFwdWFirst(F16),
+    rmsnorm_fwd_bf16_v16_e16_wfirst = RmsNormFwdWFirst(BF16),
+    zero_fill = ZeroFill,
+    empty_kernel = Empty,
 }
 
 impl KernelId {
-    /// Number of kernel entry points.
-    pub const COUNT: usize = 50;
-
-    /// Dense index in `0..COUNT`.
-    pub const fn index(self) -> usize {
-        match self {
-            KernelId::GatedFwd(d, v) => dtype_index(d) * 2 + v as usize,
-            KernelId::GatedBwd(d, v) => 6 + dtype_index(d) * 2 + v as usize,
-            KernelId::RmsNormFwd(d, v, n) => {
-                12 + (dtype_index(d) * 2 + v as usize) * 3 + n as usize
-            }
-            KernelId::RmsNormBwd(d, v, n) => {
-                30 + (dtype_index(d) * 2 + v as usize) * 2 + n as usize
-            }
-            KernelId::RmsNormDw(d) => 42 + dtype_index(d),
-            KernelId::RmsNormFwdWFirst(d) => 45 + dtype_index(d),
-            KernelId::ZeroFill => Self::COUNT - 2,
-            KernelId::Empty => Self::COUNT - 1,
-        }
-    }
-
     /// Whether the entry executes `griddepcontrol.wait` before its first global access on sm_90
     /// builds, so the host may launch it with programmatic dependent launch. A kernel that
     /// does not must never be launched that way: it could read its inputs before the previous
@@ -102,107 +179,6 @@ impl KernelId {
             _ => None,
         }
     }
-
-    /// The PTX `.entry` name.
-    pub const fn name(self) -> &'static str {
-        use DType::*;
-        use KernelId::*;
-        use VecMode::*;
-        match self {
-            GatedFwd(F32, V16) => "gated_fwd_f32_v16",
-            GatedFwd(F32, Scalar) => "gated_fwd_f32_scalar",
-            GatedFwd(F16, V16) => "gated_fwd_f16_v16",
-            GatedFwd(F16, Scalar) => "gated_fwd_f16_scalar",
-            GatedFwd(BF16, V16) => "gated_fwd_bf16_v16",
-            GatedFwd(BF16, Scalar) => "gated_fwd_bf16_scalar",
-            GatedBwd(F32, V16) => "gated_bwd_f32_v16",
-            GatedBwd(F32, Scalar) => "gated_bwd_f32_scalar",
-            GatedBwd(F16, V16) => "gated_bwd_f16_v16",
-            GatedBwd(F16, Scalar) => "gated_bwd_f16_scalar",
-            GatedBwd(BF16, V16) => "gated_bwd_bf16_v16",
-            GatedBwd(BF16, Scalar) => "gated_bwd_bf16_scalar",
-            RmsNormFwd(F32, V16, NormFwdVariant::E16) => "rmsnorm_fwd_f32_v16_e16",
-            RmsNormFwd(F32, V16, NormFwdVariant::E32) => "rmsnorm_fwd_f32_v16_e32",
-            RmsNormFwd(F32, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_f32_v16_loop",
-            RmsNormFwd(F32, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_f32_scalar_e16",
-            RmsNormFwd(F32, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_f32_scalar_e32",
-            RmsNormFwd(F32, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_f32_scalar_loop",
-            RmsNormFwd(F16, V16, NormFwdVariant::E16) => "rmsnorm_fwd_f16_v16_e16",
-            RmsNormFwd(F16, V16, NormFwdVariant::E32) => "rmsnorm_fwd_f16_v16_e32",
-            RmsNormFwd(F16, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_f16_v16_loop",
-            RmsNormFwd(F16, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_f16_scalar_e16",
-            RmsNormFwd(F16, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_f16_scalar_e32",
-            RmsNormFwd(F16, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_f16_scalar_loop",
-            RmsNormFwd(BF16, V16, NormFwdVariant::E16) => "rmsnorm_fwd_bf16_v16_e16",
-            RmsNormFwd(BF16, V16, NormFwdVariant::E32) => "rmsnorm_fwd_bf16_v16_e32",
-            RmsNormFwd(BF16, V16, NormFwdVariant::Loop) => "rmsnorm_fwd_bf16_v16_loop",
-            RmsNormFwd(BF16, Scalar, NormFwdVariant::E16) => "rmsnorm_fwd_bf16_scalar_e16",
-            RmsNormFwd(BF16, Scalar, NormFwdVariant::E32) => "rmsnorm_fwd_bf16_scalar_e32",
-            RmsNormFwd(BF16, Scalar, NormFwdVariant::Loop) => "rmsnorm_fwd_bf16_scalar_loop",
-            RmsNormFwdWFirst(F32) => "rmsnorm_fwd_f32_v16_e16_wfirst",
-            RmsNormFwdWFirst(F16) => "rmsnorm_fwd_f16_v16_e16_wfirst",
-            RmsNormFwdWFirst(BF16) => "rmsnorm_fwd_bf16_v16_e16_wfirst",
-            RmsNormBwd(F32, V16, NormBwdVariant::E16) => "rmsnorm_bwd_f32_v16_e16",
-            RmsNormBwd(F32, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_f32_v16_loop",
-            RmsNormBwd(F32, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_f32_scalar_e16",
-            RmsNormBwd(F32, Scalar, NormBwdVariant::Loop) => "rmsnorm_bwd_f32_scalar_loop",
-            RmsNormBwd(F16, V16, NormBwdVariant::E16) => "rmsnorm_bwd_f16_v16_e16",
-            RmsNormBwd(F16, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_f16_v16_loop",
-            RmsNormBwd(F16, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_f16_scalar_e16",
-            RmsNormBwd(F16, Scalar, NormBwdVariant::Loop) => "rmsnorm_bwd_f16_scalar_loop",
-            RmsNormBwd(BF16, V16, NormBwdVariant::E16) => "rmsnorm_bwd_bf16_v16_e16",
-            RmsNormBwd(BF16, V16, NormBwdVariant::Loop) => "rmsnorm_bwd_bf16_v16_loop",
-            RmsNormBwd(BF16, Scalar, NormBwdVariant::E16) => "rmsnorm_bwd_bf16_scalar_e16",
-            RmsNormBwd(BF16, Scalar, NormBwdVariant::Loop) => "rmsnorm_bwd_bf16_scalar_loop",
-            RmsNormDw(F32) => "rmsnorm_dw_f32",
-            RmsNormDw(F16) => "rmsnorm_dw_f16",
-            RmsNormDw(BF16) => "rmsnorm_dw_bf16",
-            ZeroFill => "zero_fill",
-            Empty => "empty_kernel",
-        }
-    }
-
-    /// Every kernel, in index order.
-    pub const ALL: [KernelId; Self::COUNT] = {
-        let mut all = [KernelId::GatedFwd(DType::F32, VecMode::V16); Self::COUNT];
-        let mut d = 0;
-        while d < 3 {
-            let dt = DType::ALL[d];
-            let mut v = 0;
-            while v < 2 {
-                let vm = if v == 0 {
-                    VecMode::V16
-                } else {
-                    VecMode::Scalar
-                };
-                let f = KernelId::GatedFwd(dt, vm);
-                all[f.index()] = f;
-                let b = KernelId::GatedBwd(dt, vm);
-                all[b.index()] = b;
-                let mut n = 0;
-                while n < 3 {
-                    let f = KernelId::RmsNormFwd(dt, vm, NormFwdVariant::ALL[n]);
-                    all[f.index()] = f;
-                    n += 1;
-                }
-                let mut n = 0;
-                while n < 2 {
-                    let b = KernelId::RmsNormBwd(dt, vm, NormBwdVariant::ALL[n]);
-                    all[b.index()] = b;
-                    n += 1;
-                }
-                v += 1;
-            }
-            let w = KernelId::RmsNormDw(dt);
-            all[w.index()] = w;
-            let f = KernelId::RmsNormFwdWFirst(dt);
-            all[f.index()] = f;
-            d += 1;
-        }
-        all[KernelId::ZeroFill.index()] = KernelId::ZeroFill;
-        all[KernelId::Empty.index()] = KernelId::Empty;
-        all
-    };
 }
 
 /// Every kernel entry name, in index order.

@@ -133,8 +133,8 @@ pub const RMSNORM_W_F32: u32 = 4;
 /// to 65536 / 512 = 128 registers per thread and still launch.
 pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
 /// Most threads one row (and one block) of the backward gets. Its kernels hold more per
-/// thread (h, the gradient, the dw partial) and ptxas gives them up to ~200 registers; 256
-/// threads launch whatever the count (256 x 255 <= 65536).
+/// thread (h, the gradient, the dw partial), so they may need many registers; 256 threads
+/// launch whatever the count (256 x 255 <= 65536).
 pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 256;
 /// Block size the several-rows-per-block layouts aim at (rows are `threads_per_row` wide).
 pub const RMSNORM_BLOCK_TARGET: u32 = 256;

@@ -13,8 +13,9 @@
 //! be the grid the host planned (`host/src/gated.rs::grid_for`): the kernel counts accesses by
 //! the launched thread count but moves its row/column cursor by the walk's step, which the
 //! host computed for that `G`; another grid would desynchronise the two. Usually one access
-//! per thread, so a thread holds one 16-byte vector per operand, needs ~32 registers, and a
-//! full multiprocessor keeps 2048 threads' loads in flight. The row and column of the first
+//! per thread, so a thread holds one 16-byte vector per operand, fits in 32 registers (the
+//! budget `cargo xtask ptx` checks), and a full multiprocessor keeps 2048 threads' loads in
+//! flight. The row and column of the first
 //! access come from a host-precomputed multiply-high, later ones by adding the grid step: no
 //! division in the kernel ([`GridWalk`]).
 //!
@@ -33,64 +34,12 @@
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 use ferrofuse_common::{Activation, GatedBwdParams, GatedFwdParams, GridWalk};
 
-use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, ld_v4, st_v4};
-
-/// How one access moves `WIDTH` elements between memory and registers. Loads return the raw
-/// bits (`[u32; 4]`, 16 bytes at most), widened to f32 lanes only when used, so a batch of
-/// loads in flight costs half the registers for 16-bit dtypes.
-trait Access {
-    const WIDTH: u64;
-    const BYTES: u64;
-    unsafe fn load(p: u64) -> [u32; 4];
-    fn widen(raw: [u32; 4]) -> [f32; 8];
-    unsafe fn store(p: u64, v: &[f32; 8]);
-}
-
-/// 16-byte vector accesses.
-struct V16<E>(E);
-/// One element per access.
-struct Scalar<E>(E);
-
-impl<E: Elem> Access for V16<E> {
-    const WIDTH: u64 = E::LANES as u64;
-    const BYTES: u64 = E::BYTES;
-    #[inline(always)]
-    unsafe fn load(p: u64) -> [u32; 4] {
-        unsafe { ld_v4(p) }
-    }
-    #[inline(always)]
-    fn widen(raw: [u32; 4]) -> [f32; 8] {
-        E::unpack(raw)
-    }
-    #[inline(always)]
-    unsafe fn store(p: u64, v: &[f32; 8]) {
-        unsafe { st_v4(p, E::pack(v)) }
-    }
-}
-
-impl<E: Elem> Access for Scalar<E> {
-    const WIDTH: u64 = 1;
-    const BYTES: u64 = E::BYTES;
-    #[inline(always)]
-    unsafe fn load(p: u64) -> [u32; 4] {
-        [unsafe { E::load_bits(p) }, 0, 0, 0]
-    }
-    #[inline(always)]
-    fn widen(raw: [u32; 4]) -> [f32; 8] {
-        let mut v = [0.0; 8];
-        v[0] = E::widen(raw[0]);
-        v
-    }
-    #[inline(always)]
-    unsafe fn store(p: u64, v: &[f32; 8]) {
-        unsafe { E::store(p, v[0]) }
-    }
-}
+use crate::mem::{Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync};
 
 /// Byte address of access `(row, col)` (`col` counted in accesses) of a matrix at `base`.
 #[inline(always)]
-fn addr<X: Access>(base: u64, stride: u64, at: Cursor) -> u64 {
-    base + (at.row * stride + at.col * X::WIDTH) * X::BYTES
+fn addr<E: Elem, const M: VecMode>(base: u64, stride: u64, at: Cursor) -> u64 {
+    base + (at.row * stride + at.col * const { access_width::<E, M>() }) * E::BYTES
 }
 
 /// Row and column (in accesses) of one access.
@@ -130,7 +79,7 @@ fn cursor(w: &GridWalk, i: u64) -> Cursor {
 }
 
 #[inline(always)]
-unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
+unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
     grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
@@ -138,26 +87,26 @@ unsafe fn fwd<X: Access, A: GatedAct>(p: &GatedFwdParams) {
     while i < total {
         // SAFETY: the access is inside every matrix: i < total, and `at` is access i's row and
         // column because the walk was built for this grid; the host checked that the
-        // allocations cover rows x cols at these strides and the alignment of X. Both loads
+        // allocations cover rows x cols at these strides and the alignment of M. Both loads
         // precede the store, so y may be exactly b.
         let (a, b) = unsafe {
-            let a = X::load(addr::<X>(p.a, p.a_stride, at));
-            (a, X::load(addr::<X>(p.b, p.b_stride, at)))
+            let a = E::load_access::<M>(addr::<E, M>(p.a, p.a_stride, at));
+            (a, E::load_access::<M>(addr::<E, M>(p.b, p.b_stride, at)))
         };
-        let (a, b) = (X::widen(a), X::widen(b));
+        let (a, b) = (E::widen_access::<M>(a), E::widen_access::<M>(b));
         let mut y = [0.0f32; 8];
-        unroll!(l < X::WIDTH as usize => {
+        unroll!(l < const { access_width::<E, M>() } as usize => {
             y[l] = A::value(a[l]) * b[l];
         });
         // SAFETY: as above.
-        unsafe { X::store(addr::<X>(p.y, p.y_stride, at), &y) };
+        unsafe { E::store_access::<M>(addr::<E, M>(p.y, p.y_stride, at), &y) };
         at = advance(walk, at);
         i += step;
     }
 }
 
 #[inline(always)]
-unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
+unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
     grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
@@ -166,22 +115,30 @@ unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
         // SAFETY: as in `fwd`; all three loads precede both stores, so da/db may be exactly
         // a/b/dy.
         let (a, b, dy) = unsafe {
-            let a = X::load(addr::<X>(p.a, p.a_stride, at));
-            let b = X::load(addr::<X>(p.b, p.b_stride, at));
-            (a, b, X::load(addr::<X>(p.dy, p.dy_stride, at)))
+            let a = E::load_access::<M>(addr::<E, M>(p.a, p.a_stride, at));
+            let b = E::load_access::<M>(addr::<E, M>(p.b, p.b_stride, at));
+            (
+                a,
+                b,
+                E::load_access::<M>(addr::<E, M>(p.dy, p.dy_stride, at)),
+            )
         };
-        let (a, b, dy) = (X::widen(a), X::widen(b), X::widen(dy));
+        let (a, b, dy) = (
+            E::widen_access::<M>(a),
+            E::widen_access::<M>(b),
+            E::widen_access::<M>(dy),
+        );
         let mut da = [0.0f32; 8];
         let mut db = [0.0f32; 8];
-        unroll!(l < X::WIDTH as usize => {
+        unroll!(l < const { access_width::<E, M>() } as usize => {
             let (f, df) = A::value_and_grad(a[l]);
             da[l] = dy[l] * b[l] * df;
             db[l] = dy[l] * f;
         });
         // SAFETY: as above.
         unsafe {
-            X::store(addr::<X>(p.da, p.da_stride, at), &da);
-            X::store(addr::<X>(p.db, p.db_stride, at), &db);
+            E::store_access::<M>(addr::<E, M>(p.da, p.da_stride, at), &da);
+            E::store_access::<M>(addr::<E, M>(p.db, p.db_stride, at), &db);
         }
         at = advance(walk, at);
         i += step;
@@ -191,12 +148,12 @@ unsafe fn bwd<X: Access, A: GatedAct>(p: &GatedBwdParams) {
 /// Dispatches on the activation once per launch (a uniform branch), then runs a body
 /// monomorphized for it.
 macro_rules! dispatch_act {
-    ($body:ident, $x:ty, $p:expr) => {
+    ($body:ident, $e:ty, $m:path, $p:expr) => {
         match Activation::from_u32($p.act) {
-            Some(Activation::Silu) => $body::<$x, Silu>($p),
-            Some(Activation::GeluErf) => $body::<$x, GeluErf>($p),
-            Some(Activation::GeluTanh) => $body::<$x, GeluTanh>($p),
-            Some(Activation::Relu) => $body::<$x, Relu>($p),
+            Some(Activation::Silu) => $body::<$e, { $m }, Silu>($p),
+            Some(Activation::GeluErf) => $body::<$e, { $m }, GeluErf>($p),
+            Some(Activation::GeluTanh) => $body::<$e, { $m }, GeluTanh>($p),
+            Some(Activation::Relu) => $body::<$e, { $m }, Relu>($p),
             // The host only passes valid activations.
             None => {}
         }
@@ -204,14 +161,14 @@ macro_rules! dispatch_act {
 }
 
 macro_rules! entries {
-    ($($fwd:ident, $bwd:ident: $x:ty;)*) => {$(
+    ($($fwd:ident, $bwd:ident: $e:ty, $m:path;)*) => {$(
         /// Gated forward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
         ///
         /// # Safety
         /// The host launcher's checks: valid, aligned, in-bounds tensors; allowed aliasing only.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(p: GatedFwdParams) {
-            unsafe { dispatch_act!(fwd, $x, &p) }
+            unsafe { dispatch_act!(fwd, $e, $m, &p) }
         }
 
         /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
@@ -220,17 +177,17 @@ macro_rules! entries {
         /// As for the forward entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bwd(p: GatedBwdParams) {
-            unsafe { dispatch_act!(bwd, $x, &p) }
+            unsafe { dispatch_act!(bwd, $e, $m, &p) }
         }
     )*};
 }
 
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 entries! {
-    gated_fwd_f32_v16, gated_bwd_f32_v16: V16<F32>;
-    gated_fwd_f32_scalar, gated_bwd_f32_scalar: Scalar<F32>;
-    gated_fwd_f16_v16, gated_bwd_f16_v16: V16<F16>;
-    gated_fwd_f16_scalar, gated_bwd_f16_scalar: Scalar<F16>;
-    gated_fwd_bf16_v16, gated_bwd_bf16_v16: V16<Bf16>;
-    gated_fwd_bf16_scalar, gated_bwd_bf16_scalar: Scalar<Bf16>;
+    gated_fwd_f32_v16, gated_bwd_f32_v16: F32, VecMode::V16;
+    gated_fwd_f32_scalar, gated_bwd_f32_scalar: F32, VecMode::Scalar;
+    gated_fwd_f16_v16, gated_bwd_f16_v16: F16, VecMode::V16;
+    gated_fwd_f16_scalar, gated_bwd_f16_scalar: F16, VecMode::Scalar;
+    gated_fwd_bf16_v16, gated_bwd_bf16_v16: Bf16, VecMode::V16;
+    gated_fwd_bf16_scalar, gated_bwd_bf16_scalar: Bf16, VecMode::Scalar;
 }

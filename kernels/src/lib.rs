@@ -15,6 +15,8 @@
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
 )]
+// An enum as a const parameter: the memory path (`VecMode`) of every kernel body.
+#![cfg_attr(target_arch = "nvptx64", feature(adt_const_params))]
 // norm/reduce: the fma intrinsic, dynamic shared memory, the convergent shuffle intrinsic.
 #![cfg_attr(
     target_arch = "nvptx64",

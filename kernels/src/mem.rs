@@ -6,8 +6,18 @@
 //!
 //! Loads are plain coherent `ld.global` (not `.nc`): outputs may alias inputs (in-place calls),
 //! and the non-coherent path is only defined for data that is read-only for the whole kernel.
+//!
+//! # Memory paths
+//! Every entry is compiled for one [`VecMode`] (`_v16` / `_scalar` in its name), which the kernel
+//! bodies take as a const parameter `M`: on `V16` one access moves a 16-byte vector (the host
+//! checked that every pointer is 16-byte aligned and every row stride and row length a multiple
+//! of the vector), on `Scalar` one element. [`access_width`] and [`Elem::load_access`] are one
+//! access of either path (the gated kernels); the norm's chunks, `LANES` elements on both
+//! paths and masked per element on `Scalar`, are in `norm`.
 
 use core::arch::asm;
+
+pub use ferrofuse_common::VecMode;
 
 /// Loads 16 bytes from `p` (16-byte aligned, global).
 #[inline(always)]
@@ -237,6 +247,49 @@ pub trait Elem {
     unsafe fn store_if(p: u64, v: f32, pred: bool);
     fn unpack(w: [u32; 4]) -> [f32; 8];
     fn pack(v: &[f32; 8]) -> [u32; 4];
+
+    /// The raw bits of one access of path `M` at `p` ([`access_width`] elements), widened to
+    /// f32 lanes by [`Elem::widen_access`] only when used: a batch of loads in flight then
+    /// costs half the registers for 16-bit dtypes.
+    ///
+    /// # Safety
+    /// `p` is a global address of [`access_width`] elements, aligned for `M`.
+    #[inline(always)]
+    unsafe fn load_access<const M: VecMode>(p: u64) -> [u32; 4] {
+        match M {
+            // SAFETY: the caller's contract.
+            VecMode::V16 => unsafe { ld_v4(p) },
+            // SAFETY: the caller's contract.
+            VecMode::Scalar => [unsafe { Self::load_bits(p) }, 0, 0, 0],
+        }
+    }
+
+    /// The f32 lanes of one access of path `M`.
+    #[inline(always)]
+    fn widen_access<const M: VecMode>(raw: [u32; 4]) -> [f32; 8] {
+        match M {
+            VecMode::V16 => Self::unpack(raw),
+            VecMode::Scalar => {
+                let mut v = [0.0; 8];
+                v[0] = Self::widen(raw[0]);
+                v
+            }
+        }
+    }
+
+    /// Stores one access of path `M` at `p`, rounding to nearest even.
+    ///
+    /// # Safety
+    /// As for [`Elem::load_access`].
+    #[inline(always)]
+    unsafe fn store_access<const M: VecMode>(p: u64, v: &[f32; 8]) {
+        match M {
+            // SAFETY: the caller's contract.
+            VecMode::V16 => unsafe { st_v4(p, Self::pack(v)) },
+            // SAFETY: the caller's contract.
+            VecMode::Scalar => unsafe { Self::store(p, v[0]) },
+        }
+    }
 }
 
 pub struct F32;
@@ -357,6 +410,15 @@ impl Elem for Bf16 {
     }
 }
 
+/// Elements in one access of memory path `M` (see [`VecMode`]): a 16-byte vector of
+/// `E::LANES` on `V16`, one element on `Scalar`.
+pub const fn access_width<E: Elem, const M: VecMode>() -> u64 {
+    match M {
+        VecMode::V16 => E::LANES as u64,
+        VecMode::Scalar => 1,
+    }
+}
+
 /// `a / b` as `div.full.f32`: at most 2 ulp from the rounded quotient over the full range,
 /// with no slow-path subroutine (`div.rn` has one).
 #[inline(always)]
@@ -402,8 +464,8 @@ pub unsafe fn prefetch_l2(p: u64) {
 /// visible. Every kernel launched that way calls this before touching global memory. The norm
 /// kernels call it after the work that needs none (parameter reads, index math, a prefetch
 /// that reads the pointers): an early-placed block then has its parameters in the constant
-/// cache when the wait ends, 0.1-0.2 µs per call in graph replay (bench/TUNING.md). On archs
-/// without `griddepcontrol` it is empty and the host launches normally.
+/// cache when the wait ends. On archs without `griddepcontrol` it is empty and the host
+/// launches normally.
 #[inline(always)]
 pub fn grid_dependency_wait() {
     #[cfg(ferrofuse_pdl)]
@@ -430,7 +492,7 @@ pub fn launch_dependents() {
 /// Both halves, at the start of every kernel launched with programmatic dependent launch:
 /// wait for the previous grid, then let the next one launch. In this order the next grid is
 /// scheduled while this one works, but no chain of grids launches ahead (triggering before
-/// waiting let each early grid trigger the next, and cost 0.7 µs per small launch; see
+/// waiting let each early grid trigger the next, which made small launches slower; see
 /// bench/TUNING.md).
 #[inline(always)]
 pub fn grid_dependency_sync() {

@@ -55,8 +55,8 @@ pub fn sync_block() {
 /// of the row's first f32 in shared memory (it uses `slot .. slot + warps`). With more than
 /// one warp it executes one barrier, so all threads of the block must call it (with the same
 /// `warps`), and a caller that reduces again must use other slots the next time (see the
-/// double buffering in `norm.rs`) or the writes of a fast warp could overtake the reads of a
-/// slow one.
+/// double buffering in `norm/backward.rs`) or the writes of a fast warp could overtake the
+/// reads of a slow one.
 ///
 /// # Safety
 /// `slot + warps` f32s must fit in the launch's dynamic shared memory.
