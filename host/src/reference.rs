@@ -15,11 +15,11 @@ use crate::tensor::Element;
 pub fn act(act: Activation, x: f64) -> f64 {
     match act {
         Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::GeluErf => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
-        Activation::GeluTanh => {
-            let k = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
-        }
+        // `1 + erf(x / sqrt 2)` would cancel for negative x (ten percent off at x = -8, even
+        // in f64): `erfc(-x / sqrt 2)` is the same value without the cancellation.
+        Activation::GeluErf => 0.5 * x * libm::erfc(-x / std::f64::consts::SQRT_2),
+        // `(1 + tanh(u)) / 2 = 1 / (1 + e^(-2u))`, again without cancelling for negative x.
+        Activation::GeluTanh => x / (1.0 + (-2.0 * gelu_tanh_u(x)).exp()),
         Activation::Relu => {
             if x <= 0.0 {
                 0.0
@@ -30,6 +30,11 @@ pub fn act(act: Activation, x: f64) -> f64 {
     }
 }
 
+/// GELU-tanh's `u = sqrt(2 / pi) (x + 0.044715 x^3)`.
+fn gelu_tanh_u(x: f64) -> f64 {
+    (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)
+}
+
 /// `act'(x)` in f64 (analytic; checked against finite differences in the tests).
 pub fn act_grad(act: Activation, x: f64) -> f64 {
     match act {
@@ -38,15 +43,15 @@ pub fn act_grad(act: Activation, x: f64) -> f64 {
             s * (1.0 + x * (1.0 - s))
         }
         Activation::GeluErf => {
-            let cdf = 0.5 * (1.0 + libm::erf(x / std::f64::consts::SQRT_2));
+            let cdf = 0.5 * libm::erfc(-x / std::f64::consts::SQRT_2);
             let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
             cdf + x * pdf
         }
         Activation::GeluTanh => {
+            // With s = (1 + tanh(u)) / 2: 1 - tanh(u)^2 = 4 s (1 - s).
             let k = (2.0 / std::f64::consts::PI).sqrt();
-            let u = k * (x + 0.044715 * x * x * x);
-            let t = u.tanh();
-            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x)
+            let s = 1.0 / (1.0 + (-2.0 * gelu_tanh_u(x)).exp());
+            s + 2.0 * x * s * (1.0 - s) * k * (1.0 + 3.0 * 0.044715 * x * x)
         }
         Activation::Relu => {
             if x <= 0.0 {

@@ -141,3 +141,23 @@ fn gelu_forms_are_distinct() {
         "max |gelu_erf - gelu_tanh| = {max}"
     );
 }
+
+#[test]
+fn reference_does_not_cancel_in_the_negative_tail() {
+    // 0.5 x (1 + erf(x / sqrt 2)) loses every digit near x = -8 in f64; the reference must not.
+    // Phi(-8) = 6.220960574271784e-16 (the normal distribution's tail, to 16 digits).
+    let want = -8.0 * 6.220_960_574_271_784e-16;
+    let got = reference::act(Activation::GeluErf, -8.0);
+    assert!(
+        ((got - want) / want).abs() < 1e-12,
+        "gelu_erf(-8) = {got}, want {want}"
+    );
+    // (1 + tanh(u)) / 2 is exactly 0 in f64 here; sigmoid(2u) is not.
+    let u = (2.0 / std::f64::consts::PI).sqrt() * (-8.0 - 0.044715 * 512.0);
+    let want = -8.0 / (1.0 + (-2.0 * u).exp());
+    let got = reference::act(Activation::GeluTanh, -8.0);
+    assert!(
+        want != 0.0 && ((got - want) / want).abs() < 1e-12,
+        "gelu_tanh(-8) = {got}"
+    );
+}
