@@ -12,6 +12,11 @@ pub const ZERO_FILL_THREADS: u32 = 256;
 /// Launch geometry of the gated kernels: threads per block.
 pub const GATED_THREADS: u32 = 128;
 
+/// Accesses a thread of the gated kernels' scalar path (one element per access) keeps in
+/// flight: one 2- or 4-byte access each, so it takes several to keep as many bytes moving as
+/// one 16-byte vector does. The host sizes that path's grid by it.
+pub const GATED_SCALAR_BATCH: usize = 8;
+
 /// How a gated kernel's threads walk the `rows x cols/W` accesses (`W` elements per access):
 /// thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`. The host fills this in from the
 /// grid it launches, so the kernel needs no division: `first_row = mulhi(g, per_row_magic)`

@@ -11,7 +11,8 @@
 //! same `plan_*` validation, which needs no GPU.
 
 use ferrofuse_common::{
-    Activation, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk, KernelId, VecMode,
+    Activation, GATED_SCALAR_BATCH, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk,
+    KernelId, VecMode,
 };
 
 use crate::error::{Error, Result};
@@ -33,16 +34,16 @@ fn check_row_length(cols: usize) -> Result<()> {
 
 /// The grid for `rows x cols` elements moved by `kernel`, and its walk.
 ///
-/// With `R` threads resident on the device: up to `R` accesses, one per thread (a small
-/// tensor spreads over every multiprocessor); up to `4R`, a grid of exactly `R` threads, each
-/// taking `ceil(total / R)` accesses or one fewer (no second wave that is mostly empty);
-/// beyond, one access per thread again, the block scheduler streaming waves (what measured
-/// fastest for large tensors). The middle grid fills every block slot on purpose: under
-/// programmatic dependent launch a grid is placed while the previous one drains, into slots
-/// as they free up, and a smaller grid measured up to 1.2x slower, most likely piled onto the
-/// multiprocessors that freed first (256 x 11008 bf16, graph replay: 3.63 µs with `total / 2`
-/// threads, 2.92 µs with `R`). Threads stay below 2^31 so the kernel's first-row
-/// multiply-high is exact. The measurements behind this are in `bench/TUNING.md`.
+/// With `R` threads resident on the device, on the vector path: up to `R` accesses, one per
+/// thread (a small tensor spreads over every multiprocessor); up to `4R`, a grid of exactly `R`
+/// threads, each taking `ceil(total / R)` accesses or one fewer (no second wave that is mostly
+/// empty); beyond, one access per thread again, the block scheduler streaming waves (what
+/// measured fastest for large tensors). The middle grid fills every block slot on purpose:
+/// under programmatic dependent launch a grid is placed while the previous one drains, into
+/// slots as they free up, and a smaller grid measured slower (`bench/TUNING.md`). The scalar
+/// path moves one element per access and takes [`GATED_SCALAR_BATCH`] of them per thread at a
+/// time, so its grid has a thread per batch, at most one wave (each thread then walks several
+/// batches). Threads stay below 2^31 so the kernel's first-row multiply-high is exact.
 fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
     let (KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode)) = kernel else {
         unreachable!("grid_for sizes gated kernels only");
@@ -55,10 +56,10 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
     let total = rows as u64 * per_row;
     let block = GATED_THREADS as u64;
     let resident = limits.resident_blocks(kernel) as u64 * block;
-    let threads = if total > resident && total <= 4 * resident {
-        resident
-    } else {
-        total.min(1 << 31)
+    let threads = match mode {
+        VecMode::V16 if total > resident && total <= 4 * resident => resident,
+        VecMode::V16 => total.min(1 << 31),
+        VecMode::Scalar => total.div_ceil(GATED_SCALAR_BATCH as u64).min(resident),
     };
     let grid = threads.div_ceil(block);
     (grid as u32, GridWalk::new(per_row, grid * block))

@@ -8,7 +8,7 @@ use common::assert_matches;
 
 use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
 use ferrofuse::{Activation, DType, Error, GridLimits, KernelId, MatDesc, VecMode};
-use ferrofuse_common::GridWalk;
+use ferrofuse_common::{GATED_SCALAR_BATCH, GridWalk};
 
 const SMS: u32 = 132;
 
@@ -61,12 +61,18 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     // 1 x 14336 bf16: 1792 vectors, one per thread, 14 blocks of 128.
     let (a, b, y) = abc(DType::BF16, 1, 14336);
     assert_eq!(fwd(&a, &b, &y).unwrap().grid, 14);
-    // Scalar path: one element per access.
+    // Scalar path: one element per access, a thread per batch of them.
     let (a, b, y) = abc(DType::BF16, 3, 4097);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().grid,
-        (3 * 4097usize).div_ceil(128) as u32
+        (3 * 4097usize).div_ceil(GATED_SCALAR_BATCH * 128) as u32
     );
+    // At most one wave of them: 3000 x 11001 elements, 4.1 M batches, 132 x 2 x 128 threads.
+    let (a, b, y) = abc(DType::BF16, 3000, 11001);
+    let l = fwd(&a, &b, &y).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFwd(DType::BF16, VecMode::Scalar));
+    assert_eq!(l.grid, 264);
+    assert_eq!(l.params.walk, GridWalk::new(11001, 264 * 128));
     let (a, b, y) = abc(DType::F32, 0, 4096);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().grid,

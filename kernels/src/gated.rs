@@ -32,7 +32,7 @@
 //! even in the storage dtype.
 
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
-use ferrofuse_common::{Activation, GatedBwdParams, GatedFwdParams, GridWalk};
+use ferrofuse_common::{Activation, GATED_SCALAR_BATCH, GatedBwdParams, GatedFwdParams, GridWalk};
 
 use crate::mem::{Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync};
 
@@ -78,8 +78,35 @@ fn cursor(w: &GridWalk, i: u64) -> Cursor {
     }
 }
 
+/// See [`GATED_SCALAR_BATCH`].
+const SCALAR_BATCH: usize = GATED_SCALAR_BATCH;
+
+/// The cursors and in-range flags of a thread's next [`SCALAR_BATCH`] accesses, from access
+/// `i` at `at`; advances `at` past them.
+#[inline(always)]
+fn batch(
+    w: &GridWalk,
+    i: u64,
+    step: u64,
+    total: u64,
+    at: &mut Cursor,
+) -> ([Cursor; SCALAR_BATCH], [bool; SCALAR_BATCH]) {
+    let mut ats = [*at; SCALAR_BATCH];
+    let mut ok = [false; SCALAR_BATCH];
+    unroll!(k < SCALAR_BATCH => {
+        ats[k] = *at;
+        ok[k] = i + k as u64 * step < total;
+        *at = advance(w, *at);
+    });
+    (ats, ok)
+}
+
 #[inline(always)]
 unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
+    if M == VecMode::Scalar {
+        // SAFETY: the caller's contract.
+        return unsafe { fwd_scalar::<E, A>(p) };
+    }
     grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
@@ -105,8 +132,41 @@ unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
     }
 }
 
+/// [`fwd`] one element per access, [`SCALAR_BATCH`] accesses per thread at a time: all their
+/// loads first (predicated, back to back), then the math and the stores.
+#[inline(always)]
+unsafe fn fwd_scalar<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
+    const S: VecMode = VecMode::Scalar;
+    grid_dependency_sync();
+    let walk = &p.walk;
+    let (mut i, step, total) = start(p.rows, walk);
+    let mut at = cursor(walk, i);
+    while i < total {
+        let (ats, ok) = batch(walk, i, step, total, &mut at);
+        let mut a = [0u32; SCALAR_BATCH];
+        let mut b = [0u32; SCALAR_BATCH];
+        // SAFETY: where `ok[k]`, access i + k * step is inside every matrix (as in `fwd`);
+        // the others are predicated off. Every load of the batch precedes every store, so y
+        // may be exactly b.
+        unroll!(k < SCALAR_BATCH => {
+            a[k] = unsafe { E::load_bits_if(addr::<E, S>(p.a, p.a_stride, ats[k]), ok[k]) };
+            b[k] = unsafe { E::load_bits_if(addr::<E, S>(p.b, p.b_stride, ats[k]), ok[k]) };
+        });
+        unroll!(k < SCALAR_BATCH => {
+            let y = A::value(E::widen(a[k])) * E::widen(b[k]);
+            // SAFETY: as above.
+            unsafe { E::store_if(addr::<E, S>(p.y, p.y_stride, ats[k]), y, ok[k]) };
+        });
+        i += SCALAR_BATCH as u64 * step;
+    }
+}
+
 #[inline(always)]
 unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
+    if M == VecMode::Scalar {
+        // SAFETY: the caller's contract.
+        return unsafe { bwd_scalar::<E, A>(p) };
+    }
     grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
@@ -142,6 +202,39 @@ unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
         }
         at = advance(walk, at);
         i += step;
+    }
+}
+
+/// [`bwd`] with the batching of [`fwd_scalar`].
+#[inline(always)]
+unsafe fn bwd_scalar<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
+    const S: VecMode = VecMode::Scalar;
+    grid_dependency_sync();
+    let walk = &p.walk;
+    let (mut i, step, total) = start(p.rows, walk);
+    let mut at = cursor(walk, i);
+    while i < total {
+        let (ats, ok) = batch(walk, i, step, total, &mut at);
+        let mut a = [0u32; SCALAR_BATCH];
+        let mut b = [0u32; SCALAR_BATCH];
+        let mut dy = [0u32; SCALAR_BATCH];
+        // SAFETY: as in `fwd_scalar`; all loads of the batch precede its stores, so da/db may
+        // be exactly a/b/dy.
+        unroll!(k < SCALAR_BATCH => {
+            a[k] = unsafe { E::load_bits_if(addr::<E, S>(p.a, p.a_stride, ats[k]), ok[k]) };
+            b[k] = unsafe { E::load_bits_if(addr::<E, S>(p.b, p.b_stride, ats[k]), ok[k]) };
+            dy[k] = unsafe { E::load_bits_if(addr::<E, S>(p.dy, p.dy_stride, ats[k]), ok[k]) };
+        });
+        unroll!(k < SCALAR_BATCH => {
+            let (a, b, dy) = (E::widen(a[k]), E::widen(b[k]), E::widen(dy[k]));
+            let (f, df) = A::value_and_grad(a);
+            // SAFETY: as above.
+            unsafe {
+                E::store_if(addr::<E, S>(p.da, p.da_stride, ats[k]), dy * b * df, ok[k]);
+                E::store_if(addr::<E, S>(p.db, p.db_stride, ats[k]), dy * f, ok[k]);
+            }
+        });
+        i += SCALAR_BATCH as u64 * step;
     }
 }
 

@@ -97,6 +97,19 @@ unsafe fn st_u16_if(p: u64, v: u16, pred: bool) {
     }
 }
 
+/// A u16 from `p` when `pred`, else 0 (predicated, no branch).
+#[inline(always)]
+unsafe fn ld_u16_if(p: u64, pred: bool) -> u16 {
+    let v: u16;
+    // SAFETY: when `pred`, `p` is a valid, 2-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok ld.global.u16 {0}, [{1}]; }}",
+             inout(reg16) 0u16 => v, in(reg64) p, in(reg32) pred as u32,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
 /// An f32 from `p` when `pred`, else 0.0 (predicated, no branch).
 #[inline(always)]
 pub unsafe fn ld_f32_if(p: u64, pred: bool) -> f32 {
@@ -241,6 +254,9 @@ pub trait Elem {
     /// One element's raw bits (zero-extended to 32), for kernels that keep loaded data packed
     /// in registers until it is used; [`Elem::widen`] turns them into f32.
     unsafe fn load_bits(p: u64) -> u32;
+    /// [`Elem::load_bits`] when `pred`, else 0 (predicated, no branch: a thread's batch of
+    /// such loads issues back to back).
+    unsafe fn load_bits_if(p: u64, pred: bool) -> u32;
     fn widen(bits: u32) -> f32;
     unsafe fn store(p: u64, v: f32);
     /// [`Elem::store`] when `pred` (predicated, no branch).
@@ -304,6 +320,10 @@ impl Elem for F32 {
         unsafe { ld_u32(p) }
     }
     #[inline(always)]
+    unsafe fn load_bits_if(p: u64, pred: bool) -> u32 {
+        unsafe { ld_f32_if(p, pred) }.to_bits()
+    }
+    #[inline(always)]
     fn widen(bits: u32) -> f32 {
         f32::from_bits(bits)
     }
@@ -342,6 +362,10 @@ impl Elem for F16 {
         unsafe { ld_u16(p) as u32 }
     }
     #[inline(always)]
+    unsafe fn load_bits_if(p: u64, pred: bool) -> u32 {
+        unsafe { ld_u16_if(p, pred) as u32 }
+    }
+    #[inline(always)]
     fn widen(bits: u32) -> f32 {
         f16_to_f32(bits as u16)
     }
@@ -378,6 +402,10 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u16(p) as u32 }
+    }
+    #[inline(always)]
+    unsafe fn load_bits_if(p: u64, pred: bool) -> u32 {
+        unsafe { ld_u16_if(p, pred) as u32 }
     }
     #[inline(always)]
     fn widen(bits: u32) -> f32 {

@@ -104,15 +104,20 @@ pub fn run(args: &Args) -> Result<(), String> {
             too_many.join(", ")
         ));
     }
-    // The gated forward keeps one 16-byte access per operand in flight per thread and relies
-    // on 2048 resident threads per SM for its loads in flight; 65536 / 2048 = 32 registers.
+    // The gated forward's vector path keeps one 16-byte access per operand in flight per
+    // thread and relies on 2048 resident threads per SM for its loads in flight; 65536 / 2048
+    // = 32 registers. (The scalar path keeps a batch of accesses per thread instead, and its
+    // grid is sized from its measured occupancy.)
     // One body over the budget (its four activations share the entry) costs every activation
     // a third of its occupancy: an FMA Horner form of GELU-erf took the entry to 56.
     let fat: Vec<_> = all
         .iter()
         .filter(|k| {
             k.registers > GATED_FWD_MAX_REGISTERS
-                && matches!(kernel_id(&k.kernel), Some(KernelId::GatedFwd(..)))
+                && matches!(
+                    kernel_id(&k.kernel),
+                    Some(KernelId::GatedFwd(_, VecMode::V16))
+                )
         })
         .map(|k| format!("{} ({}): {}", k.kernel, k.arch, k.registers))
         .collect();
