@@ -11,12 +11,12 @@
 //! same `plan_*` validation, which needs no GPU.
 
 use ferrofuse_common::{
-    Activation, GATED_SCALAR_BATCH, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk,
+    Activation, DType, GATED_SCALAR_BATCH, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk,
     KernelId, VecMode,
 };
 
 use crate::error::{Error, Result};
-use crate::runtime::{GridLimits, Kernels, Launch};
+use crate::runtime::{GridLimits, KernelParams, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_aliasing, check_shape, vec_mode};
 use cudarc::driver::CudaStream;
@@ -65,7 +65,67 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
     (grid as u32, GridWalk::new(per_row, grid * block))
 }
 
-/// Validates a forward call and decides its launch; every operand has `a`'s dtype. `y` may
+/// The launches of one gated call, in stream order: the body and, where the call runs as one
+/// flat range (see [`flat_split`]), the scalar launches of that range's ragged head and tail.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatedPlan<P> {
+    pub head: Option<Launch<P>>,
+    pub body: Launch<P>,
+    pub tail: Option<Launch<P>>,
+}
+
+impl<P> GatedPlan<P> {
+    /// One launch for the whole call.
+    fn single(body: Launch<P>) -> Self {
+        Self {
+            head: None,
+            body,
+            tail: None,
+        }
+    }
+
+    /// The launches in stream order.
+    pub fn launches(&self) -> impl Iterator<Item = &Launch<P>> {
+        self.head.iter().chain([&self.body]).chain(self.tail.iter())
+    }
+}
+
+/// Fewest elements for which a call runs as a flat range: below it the one-launch scalar path
+/// is as fast (the call is latency-bound) and one launch cheaper.
+pub const FLAT_MIN_ELEMENTS: usize = 1 << 16;
+
+/// Whether a call whose rows the vector path cannot take whole (their length, a row stride or
+/// a base address is off the 16-byte grid) still can as one flat range: every operand dense
+/// (its rows back to back), all at the same offset from a 16-byte boundary, and at least
+/// [`FLAT_MIN_ELEMENTS`] elements (and fewer than 2^32). Then the `rows * cols` elements are one array, split into a
+/// scalar head up to the first 16-byte boundary, a vector body and a scalar tail; returns
+/// their lengths. Each element still belongs to one thread of one launch.
+fn flat_split(dtype: DType, mats: &[&MatDesc]) -> Option<(usize, usize, usize)> {
+    let first = mats[0];
+    let (rows, cols) = first.shape();
+    let n = rows * cols;
+    let size = dtype.size_bytes() as u64;
+    let offset = first.addr % 16;
+    let mut operands = [None; 5];
+    for (o, m) in operands.iter_mut().zip(mats) {
+        *o = Some(*m);
+    }
+    // Within the vector kernel's row length (accesses counted in 32 bits).
+    let flat = vec_mode(dtype, cols, &operands[..mats.len()]) == VecMode::Scalar
+        && (FLAT_MIN_ELEMENTS..=u32::MAX as usize).contains(&n)
+        && mats
+            .iter()
+            .all(|m| (m.rows <= 1 || m.row_stride == m.cols) && m.addr % 16 == offset);
+    if !flat {
+        return None;
+    }
+    let head = (((16 - offset) % 16 / size) as usize).min(n);
+    let lanes = dtype.lanes_per_16b();
+    let body = (n - head) / lanes * lanes;
+    Some((head, body, n - head - body))
+}
+
+/// Validates a forward call and decides its launches; every operand has `a`'s dtype. `y` may
 /// equal `b` exactly (in place); every other overlap of `y` with an input is rejected.
 pub fn plan_gated_forward(
     act: Activation,
@@ -73,7 +133,7 @@ pub fn plan_gated_forward(
     b: &MatDesc,
     y: &MatDesc,
     limits: &GridLimits,
-) -> Result<Launch<GatedFwdParams>> {
+) -> Result<GatedPlan<GatedFwdParams>> {
     let dtype = a.dtype;
     a.check("a", dtype)?;
     b.check("b", dtype)?;
@@ -81,11 +141,33 @@ pub fn plan_gated_forward(
     check_shape("b", b, a.shape())?;
     check_shape("y", y, a.shape())?;
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
-    let (rows, cols) = a.shape();
-    check_row_length(cols)?;
+    check_row_length(a.cols)?;
+    let Some((head, body, tail)) = flat_split(dtype, &[a, b, y]) else {
+        return Ok(GatedPlan::single(forward_launch(act, a, b, y, limits)));
+    };
+    let piece = |start: usize, len: usize| {
+        let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
+        forward_launch(act, &a, &b, &y, limits)
+    };
+    Ok(GatedPlan {
+        head: (head > 0).then(|| piece(0, head)),
+        body: piece(head, body),
+        tail: (tail > 0).then(|| piece(head + body, tail)),
+    })
+}
+
+/// The launch of a validated forward call over `a`'s shape.
+fn forward_launch(
+    act: Activation,
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+    limits: &GridLimits,
+) -> Launch<GatedFwdParams> {
+    let (dtype, (rows, cols)) = (a.dtype, a.shape());
     let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]));
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
-    Ok(Launch {
+    Launch {
         kernel,
         grid,
         block: GATED_THREADS,
@@ -103,10 +185,10 @@ pub fn plan_gated_forward(
             act: act as u32,
             _pad: 0,
         },
-    })
+    }
 }
 
-/// Validates a backward call and decides its launch. `da` may equal `a` or `dy`, `db` may
+/// Validates a backward call and decides its launches. `da` may equal `a` or `dy`, `db` may
 /// equal `b` or `dy`; the two gradients must not overlap each other or anything else.
 pub fn plan_gated_backward(
     act: Activation,
@@ -116,7 +198,7 @@ pub fn plan_gated_backward(
     da: &MatDesc,
     db: &MatDesc,
     limits: &GridLimits,
-) -> Result<Launch<GatedBwdParams>> {
+) -> Result<GatedPlan<GatedBwdParams>> {
     let dtype = a.dtype;
     for (name, m) in [("a", a), ("b", b), ("dy", dy), ("da", da), ("db", db)] {
         m.check(name, dtype)?;
@@ -139,8 +221,29 @@ pub fn plan_gated_backward(
         &[("a", Some(a)), ("b", Some(b)), ("dy", Some(dy))],
         &["b", "dy"],
     )?;
-    let (rows, cols) = a.shape();
-    check_row_length(cols)?;
+    check_row_length(a.cols)?;
+    let all = [a, b, dy, da, db];
+    let Some((head, body, tail)) = flat_split(dtype, &all) else {
+        return Ok(GatedPlan::single(backward_launch(act, all, limits)));
+    };
+    let piece = |start: usize, len: usize| {
+        let flat = all.map(|m| m.flat(start, len));
+        backward_launch(act, flat.each_ref(), limits)
+    };
+    Ok(GatedPlan {
+        head: (head > 0).then(|| piece(0, head)),
+        body: piece(head, body),
+        tail: (tail > 0).then(|| piece(head + body, tail)),
+    })
+}
+
+/// The launch of a validated backward call over `a`'s shape; operands `[a, b, dy, da, db]`.
+fn backward_launch(
+    act: Activation,
+    [a, b, dy, da, db]: [&MatDesc; 5],
+    limits: &GridLimits,
+) -> Launch<GatedBwdParams> {
+    let (dtype, (rows, cols)) = (a.dtype, a.shape());
     let kernel = KernelId::GatedBwd(
         dtype,
         vec_mode(
@@ -150,7 +253,7 @@ pub fn plan_gated_backward(
         ),
     );
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
-    Ok(Launch {
+    Launch {
         kernel,
         grid,
         block: GATED_THREADS,
@@ -172,10 +275,27 @@ pub fn plan_gated_backward(
             act: act as u32,
             _pad: 0,
         },
-    })
+    }
 }
 
 impl Kernels {
+    /// Enqueues a plan's launches in order.
+    ///
+    /// # Safety
+    /// As for [`Kernels::launch`]: the plan's checks passed for buffers that stay alive until
+    /// the kernels have run.
+    unsafe fn launch_plan<P: KernelParams>(
+        &self,
+        stream: &CudaStream,
+        plan: &GatedPlan<P>,
+    ) -> Result<()> {
+        for launch in plan.launches() {
+            // SAFETY: the caller's contract; the launches touch disjoint elements.
+            unsafe { self.launch(stream, launch)? };
+        }
+        Ok(())
+    }
+
     /// `y = act(a) * b` with split inputs.
     pub fn gated<T: Element>(
         &self,
@@ -195,7 +315,7 @@ impl Kernels {
         let launch = plan_gated_forward(act, &a, &b, &y, self.limits())?;
         // SAFETY: planned from live views borrowed for this call; y cannot alias a or b (it is
         // borrowed mutably while they are borrowed shared) and the plan checked the rest.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// `y = act(x[:, :I]) * x[:, I:]` for an interleaved `[gate | up]` input of width `2I`.
@@ -212,7 +332,7 @@ impl Kernels {
         let (y, _gy) = y.desc_mut(stream);
         let launch = plan_gated_forward(act, &gate, &up, &y, self.limits())?;
         // SAFETY: as in `gated`.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// `b = act(a) * b`, in place over `b`.
@@ -228,7 +348,7 @@ impl Kernels {
         let (b, _gb) = b.desc_mut(stream);
         let launch = plan_gated_forward(act, &a, &b, &b, self.limits())?;
         // SAFETY: y is exactly b, which the kernel reads before writing, element by element.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// `x[:, I:] = act(x[:, :I]) * x[:, I:]`: the result overwrites the up half of the
@@ -244,7 +364,7 @@ impl Kernels {
         let (gate, up) = x.interleaved_halves()?;
         let launch = plan_gated_forward(act, &gate, &up, &up, self.limits())?;
         // SAFETY: y is exactly the up half; the halves of one row do not overlap.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// `da = dy * b * act'(a)`, `db = dy * act(a)` with split inputs and gradients.
@@ -276,7 +396,7 @@ impl Kernels {
         let (db, _gdb) = db.desc_mut(stream);
         let launch = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// Backward for the interleaved layout: `x = [a | b]` and `dx = [da | db]`, both `[rows, 2I]`.
@@ -299,7 +419,7 @@ impl Kernels {
         let (da, db) = dx.interleaved_halves()?;
         let launch = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`; the halves of dx do not overlap each other.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// Forward on raw device matrices (tensors owned by another framework). `y` may be exactly
@@ -322,7 +442,7 @@ impl Kernels {
         let launch = plan_gated_forward(act, a, b, y, self.limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
         // alignment and aliasing.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 
     /// Backward on raw device matrices; aliasing as in [`plan_gated_backward`].
@@ -343,6 +463,6 @@ impl Kernels {
         self.check_stream(stream)?;
         let launch = plan_gated_backward(act, a, b, dy, da, db, self.limits())?;
         // SAFETY: as in `gated_raw`.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &launch) }
     }
 }

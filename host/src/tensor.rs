@@ -75,6 +75,19 @@ pub struct MatDesc {
 }
 
 impl MatDesc {
+    /// Elements `[start, start + len)` of a dense matrix (rows back to back) as one row.
+    pub fn flat(&self, start: usize, len: usize) -> Self {
+        let size = self.dtype.size_bytes() as u64;
+        Self {
+            addr: self.addr + start as u64 * size,
+            len: self.len - start,
+            rows: 1,
+            cols: len,
+            row_stride: len,
+            ..*self
+        }
+    }
+
     /// A dense row-major matrix filling `rows * cols` elements of its buffer.
     pub fn contiguous(addr: u64, len: usize, dtype: DType, rows: usize, cols: usize) -> Self {
         Self {

@@ -31,12 +31,16 @@ fn abc(dtype: DType, rows: usize, cols: usize) -> (MatDesc, MatDesc, MatDesc) {
     )
 }
 
+/// The forward's plan, expected to be one launch.
 fn fwd(
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
 ) -> Result<ferrofuse::Launch<ferrofuse_common::GatedFwdParams>, Error> {
-    plan_gated_forward(Activation::Silu, a, b, y, &limits())
+    plan_gated_forward(Activation::Silu, a, b, y, &limits()).map(|p| {
+        assert_eq!((p.head, p.tail), (None, None), "one launch expected");
+        p.body
+    })
 }
 
 #[test]
@@ -67,8 +71,10 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
         fwd(&a, &b, &y).unwrap().grid,
         (3 * 4097usize).div_ceil(GATED_SCALAR_BATCH * 128) as u32
     );
-    // At most one wave of them: 3000 x 11001 elements, 4.1 M batches, 132 x 2 x 128 threads.
-    let (a, b, y) = abc(DType::BF16, 3000, 11001);
+    // At most one wave of them: 3000 x 11001 elements in rows 8 apart (not dense, so not one
+    // flat range), 4.1 M batches, 132 x 2 x 128 threads.
+    let (a, b, y) = abc(DType::BF16, 3000, 11009);
+    let (a, b, y) = [a, b, y].map(|m| MatDesc { cols: 11001, ..m }).into();
     let l = fwd(&a, &b, &y).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFwd(DType::BF16, VecMode::Scalar));
     assert_eq!(l.grid, 264);
@@ -406,7 +412,7 @@ fn backward_aliasing_rules() {
     let plan = |da: &MatDesc, db: &MatDesc| {
         plan_gated_backward(Activation::GeluTanh, &a, &b, &dy, da, db, &limits())
     };
-    let l = plan(&da, &db).unwrap();
+    let l = plan(&da, &db).unwrap().body;
     assert_eq!(l.kernel, KernelId::GatedBwd(dt, VecMode::V16));
     assert!(plan(&a, &b).is_ok(), "da over a, db over b");
     assert!(plan(&dy, &b).is_ok(), "da over dy");
@@ -435,7 +441,9 @@ fn backward_aliasing_rules() {
     // Interleaved gradients [da | db] in one buffer do not overlap.
     let dx = mat(BASE + (1 << 30), dt, 8, 128);
     let (dga, dgb) = dx.interleaved_halves().unwrap();
-    let l = plan_gated_backward(Activation::Silu, &a, &b, &dy, &dga, &dgb, &limits()).unwrap();
+    let l = plan_gated_backward(Activation::Silu, &a, &b, &dy, &dga, &dgb, &limits())
+        .unwrap()
+        .body;
     assert_eq!(
         (
             l.params.da_stride,
@@ -567,4 +575,77 @@ fn rows_of_2_pow_32_elements_are_too_large() {
             value: cols
         }
     );
+}
+
+/// Dense operands at one offset from a 16-byte boundary, with rows off the vector grid: one
+/// flat range, a scalar head up to the boundary, a vector body, a scalar tail.
+#[test]
+fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
+    let dt = DType::BF16;
+    let (rows, cols) = (999, 4097); // 4 092 903 elements
+    let n = rows * cols;
+    let (a, b, y) = abc(dt, rows, cols);
+    let p = plan_gated_forward(Activation::Silu, &a, &b, &y, &limits()).unwrap();
+    assert_eq!(p.head, None, "16-byte aligned: no head");
+    assert_eq!(p.body.kernel, KernelId::GatedFwd(dt, VecMode::V16));
+    assert_eq!(
+        (p.body.params.rows, p.body.params.cols),
+        (1, (n / 8 * 8) as u64)
+    );
+    let tail = p.tail.expect("n is not a multiple of 8");
+    assert_eq!(tail.kernel, KernelId::GatedFwd(dt, VecMode::Scalar));
+    assert_eq!((tail.params.rows, tail.params.cols), (1, (n % 8) as u64));
+    assert_eq!(tail.params.y, y.addr + (n / 8 * 8 * 2) as u64);
+    // Every operand one element past a boundary: a head of 7 elements first.
+    let off = |m: MatDesc| MatDesc {
+        addr: m.addr + 2,
+        len: m.len - 1,
+        ..m
+    };
+    let (a, b, y) = (off(mat(a.addr, dt, rows, cols + 1)), off(b), off(y));
+    let (a, b, y) = [a, b, y]
+        .map(|m| MatDesc {
+            len: n,
+            cols,
+            rows,
+            row_stride: cols,
+            ..m
+        })
+        .into();
+    let p = plan_gated_forward(Activation::Silu, &a, &b, &y, &limits()).unwrap();
+    let head = p.head.expect("a head up to the boundary");
+    assert_eq!((head.params.a, head.params.cols), (a.addr, 7));
+    assert_eq!(p.body.params.a, a.addr + 14);
+    assert_eq!(p.body.params.a % 16, 0);
+    let covered: u64 = p.launches().map(|l| l.params.rows * l.params.cols).sum();
+    assert_eq!(covered, n as u64, "every element exactly once");
+    // Operands at different offsets, strided rows, or a small call: one launch as before.
+    let b2 = MatDesc {
+        addr: b.addr + 2,
+        ..b
+    };
+    assert!(
+        plan_gated_forward(Activation::Silu, &a, &b2, &y, &limits())
+            .unwrap()
+            .head
+            .is_none()
+    );
+    let (a, b, y) = abc(dt, 3, 4097);
+    assert!(fwd(&a, &b, &y).is_ok());
+    // The backward splits the same way.
+    let (a, b, dy) = abc(dt, rows, cols);
+    let (da, db, _) = abc(dt, rows, cols);
+    let (da, db) = (
+        MatDesc {
+            addr: da.addr + (3 << 24),
+            ..da
+        },
+        MatDesc {
+            addr: db.addr + (4 << 24),
+            ..db
+        },
+    );
+    let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+    assert_eq!(p.body.kernel, KernelId::GatedBwd(dt, VecMode::V16));
+    assert_eq!(p.tail.map(|t| t.params.cols), Some((n % 8) as u64));
 }

@@ -23,13 +23,16 @@ use rand::rngs::StdRng;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Layout {
     Split,
+    /// Split, every operand a view starting one element into its buffer (off the 16-byte
+    /// grid: the flat range's scalar head runs when the call is large enough).
+    SplitOffset,
     Interleaved,
 }
 
 /// (rows, intermediate): odd and real model sizes, one row to many rows.
 fn shapes() -> Vec<(usize, usize)> {
     if quick() {
-        return vec![(1, 1), (3, 3), (5, 133), (2, 1024), (300, 24)];
+        return vec![(1, 1), (3, 3), (5, 133), (2, 1024), (300, 24), (300, 257)];
     }
     vec![
         (1, 1),
@@ -45,18 +48,20 @@ fn shapes() -> Vec<(usize, usize)> {
         (257, 14336),
         (64, 28672),
         (1024, 4096),
+        (999, 4097),
     ]
 }
 
 /// The most a gated output may be from the f64 reference, in ulps of its dtype (see
 /// `ulp_error`; the backward's `da` measured against a floor of `|dy * b| / 64`, below which
 /// `act'(a)`'s terms cancel). f16/bf16: the f32 result rounded once, at most 0.5 ulp, plus the
-/// f32 math's error, far below a 16-bit ulp. f32: `ex2.approx` on an argument that was itself
-/// rounded (the error grows with |x| in the tails) and `rcp.approx`. Set from the worst errors
-/// the tests report on the H200 over this matrix of shapes and random inputs.
+/// f32 math's error, far below a 16-bit ulp: 1. f32: the error of `exp` grows with its
+/// argument, which is rounded before `ex2.approx` (about 3 roundings of `x^2 / 2 * log2 e`, so
+/// some 170 ulps for |x| <= 8, the inputs here, in GELU-erf's tail); measured on the H200 over
+/// this matrix: 117 ulps at worst (GELU-erf, forward), 65 for `da`: 256.
 fn max_ulps(dtype: DType) -> f64 {
     match dtype {
-        DType::F32 => 64.0,
+        DType::F32 => 256.0,
         DType::F16 | DType::BF16 => 1.0,
     }
 }
@@ -99,6 +104,13 @@ fn measured(test: &'static str, body: impl FnOnce()) {
 /// exercised, and kept 16-byte friendly when the width is, so the vector path runs too.
 fn padded(cols: usize) -> usize {
     cols + 8
+}
+
+/// `v` after one poisoned element, for views that start one element into their buffer.
+fn offset<T: Element>(v: &[T]) -> Vec<T> {
+    let mut out = vec![poison::<T>()];
+    out.extend_from_slice(v);
+    out
 }
 
 /// Interleaves `a` and `b` as `[a | b]` rows of stride `stride`, padding poisoned.
@@ -165,6 +177,33 @@ fn forward_case<T: Element>(
             )
             .unwrap_or_else(|e| panic!("{what}: {e}"));
             to_f64(&download(s, &db))
+        }
+        (Layout::SplitOffset, false) => {
+            let (da, db) = (upload(s, &offset(&a)), upload(s, &offset(&b)));
+            let mut y = upload(s, &vec![poison::<T>(); n + 1]);
+            k.gated(
+                s,
+                act,
+                &Mat::new(da.slice(1..), rows, cols),
+                &Mat::new(db.slice(1..), rows, cols),
+                &mut MatMut::new(y.slice_mut(1..), rows, cols),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let y = to_f64(&download(s, &y));
+            assert!(y[0].is_nan(), "{what}: the element before y was written");
+            y[1..].to_vec()
+        }
+        (Layout::SplitOffset, true) => {
+            let da = upload(s, &offset(&a));
+            let mut db = upload(s, &offset(&b));
+            k.gated_inplace(
+                s,
+                act,
+                &Mat::new(da.slice(1..), rows, cols),
+                &mut MatMut::new(db.slice_mut(1..), rows, cols),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            to_f64(&download(s, &db)[1..])
         }
         (Layout::Interleaved, false) => {
             let xs = padded(2 * cols);
@@ -235,6 +274,29 @@ fn backward_case<T: Element>(
     );
     let ddy = upload(s, &dy);
     let (got_da, got_db) = match layout {
+        Layout::SplitOffset => {
+            let (a_in, b_in, dy_in) = (
+                upload(s, &offset(&a)),
+                upload(s, &offset(&b)),
+                upload(s, &offset(&dy)),
+            );
+            let mut da = upload(s, &vec![poison::<T>(); n + 1]);
+            let mut db = upload(s, &vec![poison::<T>(); n + 1]);
+            k.gated_backward(
+                s,
+                act,
+                &Mat::new(a_in.slice(1..), rows, cols),
+                &Mat::new(b_in.slice(1..), rows, cols),
+                &Mat::new(dy_in.slice(1..), rows, cols),
+                &mut MatMut::new(da.slice_mut(1..), rows, cols),
+                &mut MatMut::new(db.slice_mut(1..), rows, cols),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            (
+                to_f64(&download(s, &da)[1..]),
+                to_f64(&download(s, &db)[1..]),
+            )
+        }
         Layout::Split => {
             let (da_in, db_in) = (upload(s, &a), upload(s, &b));
             let mut da = upload(s, &vec![poison::<T>(); n]);
@@ -341,6 +403,16 @@ fn forward_split_inplace() {
 }
 
 #[test]
+fn forward_split_offset() {
+    forward_all(Layout::SplitOffset, false, "forward_split_offset");
+}
+
+#[test]
+fn forward_split_offset_inplace() {
+    forward_all(Layout::SplitOffset, true, "forward_split_offset_inplace");
+}
+
+#[test]
 fn forward_interleaved() {
     forward_all(Layout::Interleaved, false, "forward_interleaved");
 }
@@ -366,7 +438,9 @@ fn forward_middle_regime() {
         let rows = (resident * 5 / 2 / per_row + 1) as usize;
         let m = MatDesc::contiguous(1 << 40, rows * cols, dtype, rows, cols);
         let n = MatDesc::contiguous(1 << 41, rows * cols, dtype, rows, cols);
-        let plan = plan_gated_forward(Activation::Silu, &m, &m, &n, k.limits()).unwrap();
+        let plan = plan_gated_forward(Activation::Silu, &m, &m, &n, k.limits())
+            .unwrap()
+            .body;
         assert_eq!(plan.kernel, KernelId::GatedFwd(dtype, VecMode::V16));
         let threads = plan.grid as u64 * GATED_THREADS as u64;
         let total = rows as u64 * per_row;
@@ -402,6 +476,20 @@ fn backward_split() {
                 typed!(
                     dtype,
                     backward_case::<T>(k, s, rng, act, Layout::Split, shape)
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn backward_split_offset() {
+    for_each_dtype("backward_split_offset", |k, s, rng, dtype| {
+        for act in Activation::ALL {
+            for shape in shapes() {
+                typed!(
+                    dtype,
+                    backward_case::<T>(k, s, rng, act, Layout::SplitOffset, shape)
                 );
             }
         }
