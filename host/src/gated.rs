@@ -5,6 +5,11 @@
 //! Storage f32/f16/bf16, one dtype for every operand; math in f32 (see
 //! `ferrofuse_common::act`), rounded once at the store.
 //!
+//! Memory paths: 16-byte vectors when every operand's rows are on the 16-byte grid; one flat
+//! range (scalar head, vector body, scalar tail) when the rows are not but every operand is
+//! dense and at the same offset from the grid ([`GatedPlan`]); otherwise one element per
+//! access, several accesses in flight per thread. All compute the same values.
+//!
 //! Safe entry points take inputs as [`Mat`] and outputs as [`MatMut`]; the in-place forms are
 //! their own functions taking the overwritten buffer as `&mut`. The `unsafe` `*_raw` forms take
 //! [`MatDesc`]s for tensors owned elsewhere and check aliasing at run time. Every form runs the

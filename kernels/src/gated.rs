@@ -12,12 +12,13 @@
 //! `g, g + G, g + 2G, ...` (consecutive threads, consecutive addresses: coalesced). `G` must
 //! be the grid the host planned (`host/src/gated.rs::grid_for`): the kernel counts accesses by
 //! the launched thread count but moves its row/column cursor by the walk's step, which the
-//! host computed for that `G`; another grid would desynchronise the two. Usually one access
-//! per thread, so a thread holds one 16-byte vector per operand, fits in 32 registers (the
-//! budget `cargo xtask ptx` checks), and a full multiprocessor keeps 2048 threads' loads in
-//! flight. The row and column of the first
-//! access come from a host-precomputed multiply-high, later ones by adding the grid step: no
-//! division in the kernel ([`GridWalk`]).
+//! host computed for that `G`; another grid would desynchronise the two. On the vector path
+//! usually one access per thread, so a thread holds one 16-byte vector per operand, fits in
+//! 32 registers (the budget `cargo xtask ptx` checks), and a full multiprocessor keeps 2048
+//! threads' loads in flight. The scalar path takes [`GATED_SCALAR_BATCH`] accesses per thread
+//! at a time, all their loads first (predicated), to keep as many bytes in flight. The row and
+//! column of the first access come from a host-precomputed multiply-high, later ones by adding
+//! the grid step: no division in the kernel ([`GridWalk`]).
 //!
 //! # Programmatic dependent launch (sm_90)
 //! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
