@@ -71,7 +71,7 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
 }
 
 /// The launches of one gated call, in stream order: the body and, where the call runs as one
-/// flat range (see [`flat_split`]), the scalar launches of that range's ragged head and tail.
+/// flat range (see the module docs), the scalar launches of that range's ragged head and tail.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GatedPlan<P> {
     pub head: Option<Launch<P>>,
@@ -86,6 +86,19 @@ impl<P> GatedPlan<P> {
             head: None,
             body,
             tail: None,
+        }
+    }
+
+    /// The launches of a flat range of `head + body + tail` elements, `piece(start, len)`
+    /// planning elements `[start, start + len)`.
+    fn flat(
+        (head, body, tail): (usize, usize, usize),
+        piece: impl Fn(usize, usize) -> Launch<P>,
+    ) -> Self {
+        Self {
+            head: (head > 0).then(|| piece(0, head)),
+            body: piece(head, body),
+            tail: (tail > 0).then(|| piece(head + body, tail)),
         }
     }
 
@@ -147,18 +160,13 @@ pub fn plan_gated_forward(
     check_shape("y", y, a.shape())?;
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     check_row_length(a.cols)?;
-    let Some((head, body, tail)) = flat_split(dtype, &[a, b, y]) else {
+    let Some(split) = flat_split(dtype, &[a, b, y]) else {
         return Ok(GatedPlan::single(forward_launch(act, a, b, y, limits)));
     };
-    let piece = |start: usize, len: usize| {
+    Ok(GatedPlan::flat(split, |start, len| {
         let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
         forward_launch(act, &a, &b, &y, limits)
-    };
-    Ok(GatedPlan {
-        head: (head > 0).then(|| piece(0, head)),
-        body: piece(head, body),
-        tail: (tail > 0).then(|| piece(head + body, tail)),
-    })
+    }))
 }
 
 /// The launch of a validated forward call over `a`'s shape.
@@ -228,18 +236,13 @@ pub fn plan_gated_backward(
     )?;
     check_row_length(a.cols)?;
     let all = [a, b, dy, da, db];
-    let Some((head, body, tail)) = flat_split(dtype, &all) else {
+    let Some(split) = flat_split(dtype, &all) else {
         return Ok(GatedPlan::single(backward_launch(act, all, limits)));
     };
-    let piece = |start: usize, len: usize| {
+    Ok(GatedPlan::flat(split, |start, len| {
         let flat = all.map(|m| m.flat(start, len));
         backward_launch(act, flat.each_ref(), limits)
-    };
-    Ok(GatedPlan {
-        head: (head > 0).then(|| piece(0, head)),
-        body: piece(head, body),
-        tail: (tail > 0).then(|| piece(head + body, tail)),
-    })
+    }))
 }
 
 /// The launch of a validated backward call over `a`'s shape; operands `[a, b, dy, da, db]`.

@@ -468,46 +468,29 @@ fn forward_middle_regime() {
     });
 }
 
-#[test]
-fn backward_split() {
-    for_each_dtype("backward_split", |k, s, rng, dtype| {
+fn backward_all(layout: Layout, test: &'static str) {
+    for_each_dtype(test, |k, s, rng, dtype| {
         for act in Activation::ALL {
             for shape in shapes() {
-                typed!(
-                    dtype,
-                    backward_case::<T>(k, s, rng, act, Layout::Split, shape)
-                );
+                typed!(dtype, backward_case::<T>(k, s, rng, act, layout, shape));
             }
         }
     });
+}
+
+#[test]
+fn backward_split() {
+    backward_all(Layout::Split, "backward_split");
 }
 
 #[test]
 fn backward_split_offset() {
-    for_each_dtype("backward_split_offset", |k, s, rng, dtype| {
-        for act in Activation::ALL {
-            for shape in shapes() {
-                typed!(
-                    dtype,
-                    backward_case::<T>(k, s, rng, act, Layout::SplitOffset, shape)
-                );
-            }
-        }
-    });
+    backward_all(Layout::SplitOffset, "backward_split_offset");
 }
 
 #[test]
 fn backward_interleaved() {
-    for_each_dtype("backward_interleaved", |k, s, rng, dtype| {
-        for act in Activation::ALL {
-            for shape in shapes() {
-                typed!(
-                    dtype,
-                    backward_case::<T>(k, s, rng, act, Layout::Interleaved, shape)
-                );
-            }
-        }
-    });
+    backward_all(Layout::Interleaved, "backward_interleaved");
 }
 
 fn addr<T>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> u64 {
