@@ -219,3 +219,141 @@ pub fn rmsnorm_backward(
     }
     (dx, dw)
 }
+
+/// FP8 E4M3 outputs: the conversion and the three scaling schemes, as the GPU kernels are to
+/// compute them (scales and `y / scale` in f32, then one rounding to FP8).
+///
+/// The format is `e4m3fn` (PyTorch's `torch.float8_e4m3fn`, what Hopper's FP8 GEMMs read): 1
+/// sign, 4 exponent bits (bias 7), 3 mantissa bits, no infinities, `0x7f` / `0xff` NaN, largest
+/// finite value 448, smallest subnormal 2^-9.
+pub mod fp8 {
+    /// Largest finite E4M3 value.
+    pub const E4M3_MAX: f64 = 448.0;
+    /// Gap between E4M3 subnormals (and the smallest one), 2^-9.
+    const SUBNORMAL_STEP: f64 = 1.0 / 512.0;
+    /// Smallest normal E4M3 value, 2^-6.
+    const MIN_NORMAL: f64 = 8.0 * SUBNORMAL_STEP;
+
+    /// `x` rounded to the nearest E4M3 value, ties to even, saturating to +-448 (the
+    /// convention of vLLM's FP8 kernels and of `cvt.rn.satfinite.e4m3x2.f32`; a plain
+    /// `.to(torch.float8_e4m3fn)` of a value beyond 464 would give NaN instead). NaN stays NaN;
+    /// the sign of zero is kept.
+    pub fn e4m3_round(x: f64) -> f64 {
+        if x.is_nan() {
+            return x;
+        }
+        let a = x.abs();
+        // Normal values have 3 mantissa bits: the gap is 2^(e - 3) for a in [2^e, 2^(e+1)).
+        let step = if a < MIN_NORMAL {
+            SUBNORMAL_STEP
+        } else {
+            2f64.powi(a.log2().floor() as i32 - 3)
+        };
+        let r = ((a / step).round_ties_even() * step).min(E4M3_MAX);
+        r.copysign(x)
+    }
+
+    /// The byte of [`e4m3_round`]`(x)`.
+    pub fn e4m3_bits(x: f64) -> u8 {
+        let r = e4m3_round(x);
+        if r.is_nan() {
+            return if r.is_sign_negative() { 0xff } else { 0x7f };
+        }
+        let sign = if r.is_sign_negative() { 0x80 } else { 0 };
+        let a = r.abs();
+        let magnitude = if a < MIN_NORMAL {
+            // Subnormal (exponent field 0), or zero.
+            (a / SUBNORMAL_STEP) as u8
+        } else {
+            let e = a.log2().floor() as i32;
+            let mantissa = (a / 2f64.powi(e) * 8.0) as u8 - 8;
+            (((e + 7) as u8) << 3) | mantissa
+        };
+        sign | magnitude
+    }
+
+    /// The value of an E4M3 byte.
+    pub fn e4m3_value(bits: u8) -> f64 {
+        let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
+        let (e, m) = ((bits >> 3) & 0xf, bits & 7);
+        if e == 0xf && m == 7 {
+            return f64::NAN;
+        }
+        let magnitude = if e == 0 {
+            m as f64 * SUBNORMAL_STEP
+        } else {
+            (8 + m) as f64 / 8.0 * 2f64.powi(e as i32 - 7)
+        };
+        sign * magnitude
+    }
+
+    /// How the scale of FP8 outputs is chosen.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    pub enum Scaling {
+        /// One scale for the whole tensor, given by the caller.
+        Static { scale: f32 },
+        /// One scale per row: `max(min(amax, ub) / 448, min_scale)`.
+        PerToken {
+            min_scale: f32,
+            scale_ub: Option<f32>,
+        },
+        /// One scale per `group` consecutive columns of a row, as `PerToken` over the group.
+        PerGroup { group: usize, min_scale: f32 },
+    }
+
+    /// The scale for a row or group whose largest magnitude is `amax`, in f32: `max(amax /
+    /// 448, min_scale)`, `amax` first bounded by `scale_ub`. A row of zeros gets `min_scale`,
+    /// and so quantises to zeros, not NaN.
+    pub fn dynamic_scale(amax: f32, min_scale: f32, scale_ub: Option<f32>) -> f32 {
+        let amax = scale_ub.map_or(amax, |ub| amax.min(ub));
+        (amax / E4M3_MAX as f32).max(min_scale)
+    }
+
+    /// The FP8 byte of `y` under `scale`: `y / scale` in f32, then [`e4m3_bits`].
+    pub fn quantize(y: f32, scale: f32) -> u8 {
+        e4m3_bits((y / scale) as f64)
+    }
+
+    /// Quantises a `rows x cols` row-major f32 result: the FP8 bytes (row-major) and the
+    /// scales, one for `Static`, `rows` for `PerToken`, and `rows x cols / group` row-major for
+    /// `PerGroup` (`cols` a multiple of `group`).
+    pub fn quantize_rows(
+        y: &[f32],
+        rows: usize,
+        cols: usize,
+        scaling: Scaling,
+    ) -> (Vec<u8>, Vec<f32>) {
+        assert_eq!(y.len(), rows * cols);
+        let amax = |v: &[f32]| v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let mut q = Vec::with_capacity(y.len());
+        let mut scales = Vec::new();
+        match scaling {
+            Scaling::Static { scale } => {
+                q.extend(y.iter().map(|&v| quantize(v, scale)));
+                scales.push(scale);
+            }
+            Scaling::PerToken {
+                min_scale,
+                scale_ub,
+            } => {
+                for row in y.chunks(cols.max(1)).take(rows) {
+                    let scale = dynamic_scale(amax(row), min_scale, scale_ub);
+                    q.extend(row.iter().map(|&v| quantize(v, scale)));
+                    scales.push(scale);
+                }
+            }
+            Scaling::PerGroup { group, min_scale } => {
+                assert!(
+                    group > 0 && cols.is_multiple_of(group),
+                    "cols must be a multiple of the group"
+                );
+                for chunk in y.chunks(group) {
+                    let scale = dynamic_scale(amax(chunk), min_scale, None);
+                    q.extend(chunk.iter().map(|&v| quantize(v, scale)));
+                    scales.push(scale);
+                }
+            }
+        }
+        (q, scales)
+    }
+}
