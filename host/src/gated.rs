@@ -115,9 +115,9 @@ pub const FLAT_MIN_ELEMENTS: usize = 1 << 16;
 /// Whether a call whose rows the vector path cannot take whole (their length, a row stride or
 /// a base address is off the 16-byte grid) still can as one flat range: every operand dense
 /// (its rows back to back), all at the same offset from a 16-byte boundary, and at least
-/// [`FLAT_MIN_ELEMENTS`] elements (and fewer than 2^32). Then the `rows * cols` elements are one array, split into a
-/// scalar head up to the first 16-byte boundary, a vector body and a scalar tail; returns
-/// their lengths. Each element still belongs to one thread of one launch.
+/// [`FLAT_MIN_ELEMENTS`] elements (and fewer than 2^32). Then the `rows * cols` elements are
+/// one array, split into a scalar head up to the first 16-byte boundary, a vector body and a
+/// scalar tail; returns their lengths. Each element still belongs to one thread of one launch.
 fn flat_split(dtype: DType, mats: &[&MatDesc]) -> Option<(usize, usize, usize)> {
     let first = mats[0];
     let (rows, cols) = first.shape();
@@ -320,10 +320,10 @@ impl Kernels {
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let launch = plan_gated_forward(act, &a, &b, &y, self.limits())?;
+        let plan = plan_gated_forward(act, &a, &b, &y, self.limits())?;
         // SAFETY: planned from live views borrowed for this call; y cannot alias a or b (it is
         // borrowed mutably while they are borrowed shared) and the plan checked the rest.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// `y = act(x[:, :I]) * x[:, I:]` for an interleaved `[gate | up]` input of width `2I`.
@@ -338,9 +338,9 @@ impl Kernels {
         let (x, _gx) = x.desc(stream);
         let (gate, up) = x.interleaved_halves()?;
         let (y, _gy) = y.desc_mut(stream);
-        let launch = plan_gated_forward(act, &gate, &up, &y, self.limits())?;
+        let plan = plan_gated_forward(act, &gate, &up, &y, self.limits())?;
         // SAFETY: as in `gated`.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// `b = act(a) * b`, in place over `b`.
@@ -354,9 +354,9 @@ impl Kernels {
         self.check_views(stream, &[("a", a.stream()), ("b", b.stream())])?;
         let (a, _ga) = a.desc(stream);
         let (b, _gb) = b.desc_mut(stream);
-        let launch = plan_gated_forward(act, &a, &b, &b, self.limits())?;
+        let plan = plan_gated_forward(act, &a, &b, &b, self.limits())?;
         // SAFETY: y is exactly b, which the kernel reads before writing, element by element.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// `x[:, I:] = act(x[:, :I]) * x[:, I:]`: the result overwrites the up half of the
@@ -370,9 +370,9 @@ impl Kernels {
         self.check_views(stream, &[("x", x.stream())])?;
         let (x, _gx) = x.desc_mut(stream);
         let (gate, up) = x.interleaved_halves()?;
-        let launch = plan_gated_forward(act, &gate, &up, &up, self.limits())?;
+        let plan = plan_gated_forward(act, &gate, &up, &up, self.limits())?;
         // SAFETY: y is exactly the up half; the halves of one row do not overlap.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// `da = dy * b * act'(a)`, `db = dy * act(a)` with split inputs and gradients.
@@ -402,9 +402,9 @@ impl Kernels {
         let (dy, _gdy) = dy.desc(stream);
         let (da, _gda) = da.desc_mut(stream);
         let (db, _gdb) = db.desc_mut(stream);
-        let launch = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
+        let plan = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// Backward for the interleaved layout: `x = [a | b]` and `dx = [da | db]`, both `[rows, 2I]`.
@@ -425,9 +425,9 @@ impl Kernels {
         let (dy, _gdy) = dy.desc(stream);
         let (dx, _gdx) = dx.desc_mut(stream);
         let (da, db) = dx.interleaved_halves()?;
-        let launch = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
+        let plan = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`; the halves of dx do not overlap each other.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// Forward on raw device matrices (tensors owned by another framework). `y` may be exactly
@@ -447,10 +447,10 @@ impl Kernels {
         y: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_forward(act, a, b, y, self.limits())?;
+        let plan = plan_gated_forward(act, a, b, y, self.limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
         // alignment and aliasing.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// Backward on raw device matrices; aliasing as in [`plan_gated_backward`].
@@ -469,8 +469,8 @@ impl Kernels {
         db: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_backward(act, a, b, dy, da, db, self.limits())?;
+        let plan = plan_gated_backward(act, a, b, dy, da, db, self.limits())?;
         // SAFETY: as in `gated_raw`.
-        unsafe { self.launch_plan(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 }
