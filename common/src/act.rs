@@ -4,7 +4,7 @@
 //! are widened right after the load and narrowed only at the store). `exp` is built on `exp2`
 //! (`expf` has no NVPTX lowering): one `ex2.approx.ftz.f32` on nvptx64, `f32::exp2` on the
 //! host.
-//! `tests/act_cpu.rs` measures the host build of each function against f64 (exact `exp2` and
+//! `host/tests/act_cpu.rs` measures the host build of each function against f64 (exact `exp2` and
 //! division there); the GPU's `ex2.approx` / `rcp.approx` forms are covered by the `gpu_*`
 //! tests' tolerances against the same f64 reference.
 //!
