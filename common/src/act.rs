@@ -4,9 +4,9 @@
 //! are widened right after the load and narrowed only at the store). `exp` is built on `exp2`
 //! (`expf` has no NVPTX lowering): one `ex2.approx.ftz.f32` on nvptx64, `f32::exp2` on the
 //! host.
-//! `host/tests/act_cpu.rs` measures the host build of each function against f64 (exact `exp2` and
-//! division there); the GPU's `ex2.approx` / `rcp.approx` forms are covered by the `gpu_*`
-//! tests' tolerances against the same f64 reference.
+//! `host/tests/act_cpu.rs` measures the host build of each function against f64 (exact `exp2`
+//! and division there); the GPU's `ex2.approx` / `rcp.approx` forms are covered by the
+//! `gpu_*` tests' ulp bounds against the same f64 reference.
 //!
 //! Behaviour at the extremes follows `torch.nn.functional` (checked in the tests):
 //! `silu(-inf)`, `gelu(-inf)` are NaN (PyTorch computes `x * 0` there too), `act(+inf) = +inf`,
