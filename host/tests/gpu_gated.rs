@@ -352,7 +352,6 @@ fn backward_case<T: Element>(
     );
 }
 
-/// Runs `f` for every dtype with a fresh seed, printing the seed if it panics.
 /// Runs `f` for every dtype with a fresh seed (printed if it panics), then prints the worst
 /// errors the test measured.
 fn for_each_dtype(test: &'static str, f: impl Fn(&Kernels, &Arc<CudaStream>, &mut StdRng, DType)) {
