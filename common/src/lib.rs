@@ -21,7 +21,7 @@ pub mod act;
 mod names;
 mod params;
 
-pub use names::{KernelId, VecMode, kernel_names};
+pub use names::{KernelId, NormPath, VecMode, kernel_names};
 pub use params::*;
 
 /// Storage type of a tensor. All arithmetic is f32 whatever the storage; see [`act`].

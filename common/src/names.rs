@@ -22,12 +22,43 @@ pub enum VecMode {
     Scalar = 1,
 }
 
+/// How a norm forward kernel touches memory: the two paths of [`VecMode`] and one of its own for
+/// rows off the 16-byte grid. Every path assigns and accumulates a row's elements identically,
+/// so all three compute the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(target_arch = "nvptx64", derive(core::marker::ConstParamTy))]
+pub enum NormPath {
+    /// As [`VecMode::V16`].
+    V16 = 0,
+    /// As [`VecMode::Scalar`].
+    Scalar = 1,
+    /// 16-byte vectors at 16-byte boundaries for rows at any offset, of any length and row
+    /// stride: each thread loads the aligned vectors its elements fall in and the warp moves
+    /// the elements into place with shuffles. Needs a 16-byte aligned weight.
+    Realigned = 2,
+}
+
+impl NormPath {
+    /// The same path as `mode`.
+    pub const fn of(mode: VecMode) -> Self {
+        match mode {
+            VecMode::V16 => NormPath::V16,
+            VecMode::Scalar => NormPath::Scalar,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelId {
     GatedFwd(DType, VecMode),
     GatedBwd(DType, VecMode),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
+    /// Residual-add + RMSNorm forward on the realigned path ([`NormPath::Realigned`]), 16
+    /// elements per thread (`rmsnorm_fwd_{dtype}_realigned_e16`): rows of any row stride and
+    /// offset that the 16-per-thread geometry holds, with a 16-byte aligned weight, while their
+    /// staging fits the default shared memory ([`crate::rmsnorm_realigned_smem_bytes`]).
+    RmsNormFwdRealigned(DType),
     /// Residual-add + RMSNorm forward, 16 elements per thread on the v16 path, the weight
     /// loaded with the inputs: for grids of one wave (`rmsnorm_fwd_{dtype}_v16_e16_wfirst`).
     RmsNormFwdWFirst(DType),
@@ -133,6 +164,9 @@ kernel_table! {
     rmsnorm_fwd_f32_v16_e16_wfirst = RmsNormFwdWFirst(F32),
     rmsnorm_fwd_f16_v16_e16_wfirst = RmsNormFwdWFirst(F16),
     rmsnorm_fwd_bf16_v16_e16_wfirst = RmsNormFwdWFirst(BF16),
+    rmsnorm_fwd_f32_realigned_e16 = RmsNormFwdRealigned(F32),
+    rmsnorm_fwd_f16_realigned_e16 = RmsNormFwdRealigned(F16),
+    rmsnorm_fwd_bf16_realigned_e16 = RmsNormFwdRealigned(BF16),
     zero_fill = ZeroFill,
     empty_kernel = Empty,
 }
@@ -148,6 +182,7 @@ impl KernelId {
             KernelId::GatedFwd(..)
                 | KernelId::GatedBwd(..)
                 | KernelId::RmsNormFwd(..)
+                | KernelId::RmsNormFwdRealigned(..)
                 | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormDw(..)
@@ -160,9 +195,9 @@ impl KernelId {
     pub const fn max_block_threads(self) -> u32 {
         match self {
             KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => GATED_THREADS,
-            KernelId::RmsNormFwd(..) | KernelId::RmsNormFwdWFirst(..) => {
-                RMSNORM_MAX_THREADS_PER_ROW
-            }
+            KernelId::RmsNormFwd(..)
+            | KernelId::RmsNormFwdRealigned(..)
+            | KernelId::RmsNormFwdWFirst(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
@@ -172,10 +207,11 @@ impl KernelId {
 
     /// A norm forward kernel's storage dtype, memory path and row variant (the w-first form is
     /// a v16, 16-per-thread kernel); `None` for other kernels.
-    pub const fn rmsnorm_forward_form(self) -> Option<(DType, VecMode, NormFwdVariant)> {
+    pub const fn rmsnorm_forward_form(self) -> Option<(DType, NormPath, NormFwdVariant)> {
         match self {
-            KernelId::RmsNormFwd(d, v, n) => Some((d, v, n)),
-            KernelId::RmsNormFwdWFirst(d) => Some((d, VecMode::V16, NormFwdVariant::E16)),
+            KernelId::RmsNormFwd(d, v, n) => Some((d, NormPath::of(v), n)),
+            KernelId::RmsNormFwdRealigned(d) => Some((d, NormPath::Realigned, NormFwdVariant::E16)),
+            KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
             _ => None,
         }
     }

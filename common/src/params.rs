@@ -242,6 +242,28 @@ impl NormGeometry {
     }
 }
 
+/// Most dynamic shared memory a launch may ask for without opting in per kernel.
+pub const DEFAULT_MAX_SMEM_BYTES: u32 = 48 * 1024;
+
+/// Dynamic shared memory of a realigned forward launch (`rmsnorm_fwd_{dtype}_realigned_e16`,
+/// geometry `g`): the reduction buffers, then, per row of the block, x and the residual staged
+/// as the row's aligned 16-byte vectors (one per chunk slot of the row, and the one after the
+/// last).
+pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType) -> u32 {
+    let chunks_per_thread = g.elems_per_thread / dtype.lanes_per_16b() as u32;
+    let vectors = g.threads_per_row * chunks_per_thread + 1;
+    RMSNORM_SMEM_BYTES + g.rows_per_block * 2 * vectors * 16
+}
+
+/// Whether rows of `hidden` elements of `dtype` can take the realigned forward: they have the
+/// 16-per-thread geometry and their staging fits the default shared memory (16-bit rows up
+/// to 8192 elements, f32 rows up to 5632).
+pub const fn rmsnorm_realigned_fits(dtype: DType, hidden: u64) -> bool {
+    let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden);
+    matches!(variant, NormFwdVariant::E16)
+        && rmsnorm_realigned_smem_bytes(&geometry, dtype) <= DEFAULT_MAX_SMEM_BYTES
+}
+
 /// Forward geometry for rows of `hidden` elements of `dtype`: a warp per row (8 rows per
 /// block) up to 512 elements, 16 elements per thread up to 8192, 32 up to 16384, beyond that
 /// 512 threads looping over tiles of 8192.

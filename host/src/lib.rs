@@ -38,7 +38,7 @@ pub mod tensor;
 mod validate;
 
 pub use error::{Error, Result};
-pub use ferrofuse_common::{Activation, DType, KernelId, VecMode, act};
+pub use ferrofuse_common::{Activation, DType, KernelId, NormPath, VecMode, act};
 pub use norm::{GradPlacement, NormNumerics, Placement, RmsNormOptions, SavedForward};
 pub use runtime::{
     GridLimits, Kernels, Launch, PTX_MODULES, PtxModule, device_count, driver_available,

@@ -60,8 +60,12 @@
 //! The geometry ([`rmsnorm_fwd_geometry`]: threads per row, elements per thread, rows per
 //! block) is a function of H and the dtype only, and fixes which thread reads which element
 //! and the order of every floating-point sum. So a row's `y`, `h` and `rstd` are bitwise the
-//! same whether it is computed alone or in a batch of any size at any position, whether the
-//! 16-byte-vector or the scalar (misaligned) kernel runs, and from one run to the next. `dw`
+//! same whether it is computed alone or in a batch of any size at any position, at any offset
+//! from the 16-byte grid, whichever memory path runs it ([`NormPath`](crate::NormPath):
+//! 16-byte vectors when every operand allows them; the realigned kernel, aligned vectors
+//! staged through shared memory, for rows off the grid up to 8192 16-bit or 5632 f32
+//! elements with a 16-byte aligned weight; one element per access otherwise), and from one
+//! run to the next. `dw`
 //! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
 //! backward runs give the same bits; no float atomics anywhere.
 //!
@@ -82,7 +86,7 @@ use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
     RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
     RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
-    rmsnorm_fwd_geometry,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
@@ -257,9 +261,10 @@ fn forward_kernel(
 /// Checks: `eps` finite and > 0; every operand's dtype, shape, unit last stride, row stride,
 /// buffer size and alignment; `residual` and `h` both given or both absent; the weight the
 /// storage dtype or f32; aliasing: `h` may be exactly `x` or exactly `residual`, `y` may be
-/// exactly `x`, nothing else overlaps an output. `limits` only picks between kernels that
-/// compute the same bits: the w-first form while the grid fits on the device at once, the
-/// w-late one otherwise.
+/// exactly `x`, nothing else overlaps an output. The memory path follows from the operands'
+/// alignment and H (see the module docs). `limits` only picks between kernels that compute
+/// the same bits: the w-first form while the grid fits on the device at once, the w-late one
+/// otherwise.
 pub fn plan_rmsnorm_forward(
     t: &RmsNormFwdDescs,
     opts: &RmsNormOptions,
@@ -337,6 +342,10 @@ pub fn plan_rmsnorm_forward(
 
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
     let mode = vec_mode(dtype, hidden, &[Some(x), residual, Some(&t.y), h, Some(w)]);
+    // Off the vector grid, the realigned kernel where its geometry and the weight allow it
+    // (the same bits as the scalar one, with 16-byte accesses).
+    let realigned =
+        mode == VecMode::Scalar && rmsnorm_realigned_fits(dtype, hidden as u64) && w.addr % 16 == 0;
     let grid = if rows == 0 || hidden == 0 {
         0
     } else {
@@ -350,10 +359,18 @@ pub fn plan_rmsnorm_forward(
         flags |= RMSNORM_HF;
     }
     Ok(Launch {
-        kernel: forward_kernel(dtype, mode, variant, grid, limits),
+        kernel: if realigned {
+            KernelId::RmsNormFwdRealigned(dtype)
+        } else {
+            forward_kernel(dtype, mode, variant, grid, limits)
+        },
         grid,
         block: geometry.block_threads(),
-        shared_mem_bytes: RMSNORM_SMEM_BYTES,
+        shared_mem_bytes: if realigned {
+            rmsnorm_realigned_smem_bytes(&geometry, dtype)
+        } else {
+            RMSNORM_SMEM_BYTES
+        },
         params: RmsNormFwdParams {
             x: x.addr,
             residual: residual.map_or(0, |m| m.addr),

@@ -38,8 +38,9 @@ use ferrofuse::reference::{
 };
 use ferrofuse::{
     DType, Element, Error, GradPlacement, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics,
-    Placement, RmsNormOptions, SavedForward, VecMode,
+    NormPath, Placement, RmsNormOptions, SavedForward, VecMode,
 };
+use ferrofuse_common::rmsnorm_realigned_fits;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -83,9 +84,17 @@ enum Layout {
     /// Every buffer starts one element past an aligned address, rows `H + 1` apart: the
     /// scalar kernels, whatever H.
     Misaligned,
+    /// As `Misaligned`, but the weight is at an aligned address: the realigned forward kernel
+    /// where its geometry allows, the scalar kernels otherwise.
+    Shifted,
 }
 
-const LAYOUTS: [Layout; 3] = [Layout::Dense, Layout::Padded, Layout::Misaligned];
+const LAYOUTS: [Layout; 4] = [
+    Layout::Dense,
+    Layout::Padded,
+    Layout::Misaligned,
+    Layout::Shifted,
+];
 
 impl Layout {
     /// (offset of element [0, 0], row stride) for rows of `cols` with vectors of `lanes`.
@@ -93,7 +102,20 @@ impl Layout {
         match self {
             Layout::Dense => (0, cols),
             Layout::Padded => (0, cols.next_multiple_of(lanes) + lanes),
-            Layout::Misaligned => (1, cols + 1),
+            Layout::Misaligned | Layout::Shifted => (1, cols + 1),
+        }
+    }
+
+    /// Whether a row of `cols` elements with vectors of `lanes` is on the 16-byte grid.
+    fn on_grid(self, cols: usize, lanes: usize) -> bool {
+        matches!(self, Layout::Dense | Layout::Padded) && cols.is_multiple_of(lanes)
+    }
+
+    /// The layout of the weight (one row) for inputs laid out as `self`.
+    fn of_weight(self) -> Layout {
+        match self {
+            Layout::Shifted => Layout::Dense,
+            other => other,
         }
     }
 }
@@ -471,7 +493,7 @@ fn run_forward<T: Element, W: Element>(
     let lx = Laid::new(&inp.x, rows, hidden, c.layout, lanes);
     let lr = Laid::new(&inp.residual, rows, hidden, c.layout, lanes);
     let w_vals: Vec<W> = inp.w_f64.iter().map(|&v| W::from_f64(v)).collect();
-    let lw = Laid::new(&w_vals, 1, hidden, c.layout, lanes);
+    let lw = Laid::new(&w_vals, 1, hidden, c.layout.of_weight(), lanes);
     let ly = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
     let lh = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
     // rstd: contiguous, or every other f32 in the padded and misaligned layouts.
@@ -685,13 +707,17 @@ fn forward_case<T: Element, W: Element>(
     let what = format!("{} {c:?} seed {seed}", T::DTYPE.name());
     let inp = fwd_inputs::<T>(c, seed);
     let out = run_forward::<T, W>(k, s, c, &inp, &what);
-    // Dense and padded rows are vector-friendly exactly when L divides H.
-    let want_mode =
-        if c.layout != Layout::Misaligned && c.hidden.is_multiple_of(T::DTYPE.lanes_per_16b()) {
-            VecMode::V16
-        } else {
-            VecMode::Scalar
-        };
+    // Dense and padded rows are vector-friendly exactly when L divides H; off the grid, the
+    // realigned kernel takes the rows it fits when the weight is aligned.
+    let want_mode = if c.layout.on_grid(c.hidden, T::DTYPE.lanes_per_16b()) {
+        NormPath::V16
+    } else if c.layout.of_weight() != Layout::Misaligned
+        && rmsnorm_realigned_fits(T::DTYPE, c.hidden as u64)
+    {
+        NormPath::Realigned
+    } else {
+        NormPath::Scalar
+    };
     let Some((_, mode, _)) = out.kernel.rmsnorm_forward_form() else {
         panic!("{what}: planned {:?}", out.kernel)
     };
@@ -963,6 +989,22 @@ fn batch_invariance<T: Element, W: Element>(
             r,
         );
     }
+    // The realigned kernel (buffers off the grid, the weight on it) where its geometry allows,
+    // the scalar one beyond, on the same batch.
+    let shifted = Fwd {
+        layout: Layout::Shifted,
+        ..base
+    };
+    let sh = bits_of(&run_forward::<T, W>(k, s, &shifted, &inp, &what));
+    for r in 0..big {
+        assert_same_row(
+            &format!("{what}: shifted vs vector kernel"),
+            &sh,
+            r,
+            &full,
+            r,
+        );
+    }
     for &p in &[0, 1, big / 2 + 3, big - 1] {
         // Alone, and with the vLLM in-place placement (another call, same arithmetic).
         let one = Fwd { rows: 1, ..base };
@@ -1029,13 +1071,22 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
         }
         batch_invariance::<bf16, f32>(&k, &s, h, 0);
     }
-    // Odd sizes have only the scalar kernels; invariance across batch sizes still holds.
-    for h in [1usize, 3, 769, 5125] {
+    // Odd sizes: rows start at every offset from the 16-byte grid within one batch, and the
+    // realigned kernel (up to its geometry's limit) and the scalar one give the same bits, in
+    // any batch.
+    for h in [1usize, 3, 769, 1001, 4095, 5125] {
         let c = Fwd::new(64, h);
         let seed = fresh_seed();
         let inp = fwd_inputs::<bf16>(&c, seed);
         let what = format!("bf16 {c:?} seed {seed}");
         let full = bits_of(&run_forward::<bf16, bf16>(&k, &s, &c, &inp, &what));
+        for layout in [Layout::Misaligned, Layout::Shifted] {
+            let other = Fwd { layout, ..c };
+            let got = bits_of(&run_forward::<bf16, bf16>(&k, &s, &other, &inp, &what));
+            for r in 0..c.rows {
+                assert_same_row(&format!("{what}: {layout:?} vs dense"), &got, r, &full, r);
+            }
+        }
         for p in [0, 37, 63] {
             let one = Fwd { rows: 1, ..c };
             let alone = bits_of(&run_forward::<bf16, bf16>(
@@ -1444,12 +1495,11 @@ fn backward_case<T: Element, W: Element>(
     let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
     let inp = bwd_inputs::<T>(c, seed);
     let out = run_backward::<T, W>(k, s, c, &inp, &what);
-    let want_mode =
-        if c.layout != Layout::Misaligned && c.hidden.is_multiple_of(T::DTYPE.lanes_per_16b()) {
-            VecMode::V16
-        } else {
-            VecMode::Scalar
-        };
+    let want_mode = if c.layout.on_grid(c.hidden, T::DTYPE.lanes_per_16b()) {
+        VecMode::V16
+    } else {
+        VecMode::Scalar
+    };
     let KernelId::RmsNormBwd(_, mode, _) = out.kernels.0 else {
         panic!("{what}: planned {:?}", out.kernels.0)
     };

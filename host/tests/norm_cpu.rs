@@ -21,11 +21,12 @@ use ferrofuse::reference::{
     rmsnorm_weight,
 };
 use ferrofuse::{
-    DType, Element, Error, GridLimits, KernelId, MatDesc, NormNumerics, RmsNormOptions, VecMode,
+    DType, Element, Error, GridLimits, KernelId, MatDesc, NormNumerics, NormPath, RmsNormOptions,
+    VecMode,
 };
 use ferrofuse_common::{
     RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_SMEM_BYTES, RMSNORM_W_F32,
+    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -422,7 +423,7 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                 );
                 // The w-first form (same bits) exactly while the grid fits at once.
                 let form = first.kernel.rmsnorm_forward_form().unwrap();
-                let w_first = form.1 == VecMode::V16
+                let w_first = form.1 == NormPath::V16
                     && form.2 == NormFwdVariant::E16
                     && l.grid <= limits().resident_blocks(KernelId::RmsNormFwdWFirst(dtype));
                 assert_eq!(
@@ -431,7 +432,12 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                     "{what}"
                 );
                 assert_eq!(l.block, first.block);
-                assert_eq!(l.shared_mem_bytes, RMSNORM_SMEM_BYTES);
+                let smem = if form.1 == NormPath::Realigned {
+                    rmsnorm_realigned_smem_bytes(&rmsnorm_forward_geometry(dtype, hidden).1, dtype)
+                } else {
+                    RMSNORM_SMEM_BYTES
+                };
+                assert_eq!(l.shared_mem_bytes, smem);
                 assert_eq!(l.params.threads_per_row, first.params.threads_per_row);
                 assert_eq!(l.params.rows_per_block, first.params.rows_per_block);
                 assert_eq!(
@@ -440,7 +446,7 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                     "one row group per block"
                 );
             }
-            // The scalar kernel of the same H has the same geometry.
+            // The kernel off the vector grid (realigned or scalar) has the same geometry.
             let mut t = fwd_descs(dtype, 7, hidden, true);
             t.x.addr += dtype.size_bytes() as u64;
             let s = fwd(&t).unwrap();
@@ -455,7 +461,12 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
             ) else {
                 panic!("not a forward kernel")
             };
-            assert_eq!((m2, v2), (VecMode::Scalar, v1));
+            let off_grid = if rmsnorm_realigned_fits(dtype, hidden as u64) {
+                NormPath::Realigned
+            } else {
+                NormPath::Scalar
+            };
+            assert_eq!((m2, v2), (off_grid, v1));
         }
     }
 }
@@ -586,14 +597,14 @@ fn vector_kernel_only_when_every_operand_allows_it() {
             None => panic!("not a forward kernel"),
         };
         let base = fwd_descs(dtype, 7, hidden, true);
-        assert_eq!(mode(&base), VecMode::V16);
+        assert_eq!(mode(&base), NormPath::V16);
         // A padded row stride that keeps 16-byte rows is fine.
         let mut t = base;
         for m in [&mut t.x, &mut t.y] {
             m.row_stride = hidden + lanes;
             m.len = 7 * m.row_stride;
         }
-        assert_eq!(mode(&t), VecMode::V16);
+        assert_eq!(mode(&t), NormPath::V16);
         for which in 0..6 {
             let mut t = base;
             match which {
@@ -607,21 +618,30 @@ fn vector_kernel_only_when_every_operand_allows_it() {
                     t.x.len = 7 * t.x.row_stride;
                 }
             }
-            assert_eq!(mode(&t), VecMode::Scalar, "{dtype:?} case {which}");
+            // Off the grid: the realigned kernel (a 4096-element row is within its 16 per
+            // thread), except for a misaligned weight, which it reads as aligned vectors.
+            let want = if which == 4 {
+                NormPath::Scalar
+            } else {
+                NormPath::Realigned
+            };
+            assert_eq!(mode(&t), want, "{dtype:?} case {which}");
         }
         // The rstd vector is written by scalar stores: its alignment does not matter.
         let mut t = base;
         t.rstd.as_mut().unwrap().addr += 4;
-        assert_eq!(mode(&t), VecMode::V16);
-        // A row length that is not a multiple of the vector.
+        assert_eq!(mode(&t), NormPath::V16);
+        // A row length that is not a multiple of the vector: realigned while its staging fits
+        // (16-bit rows up to 8192 elements, f32 up to 5632), scalar beyond.
         assert_eq!(
             mode(&fwd_descs(dtype, 7, hidden + 1, true)),
-            VecMode::Scalar
+            NormPath::Realigned
         );
+        assert_eq!(mode(&fwd_descs(dtype, 7, 8193, true)), NormPath::Scalar);
         // A single row does not need a vector-multiple stride.
         let mut t = fwd_descs(dtype, 1, hidden, true);
         t.x.row_stride = hidden + 1;
-        assert_eq!(mode(&t), VecMode::V16);
+        assert_eq!(mode(&t), NormPath::V16);
         // Backward: the workspace must be 16-byte aligned too.
         let b = bwd_descs(dtype, 7, hidden, true);
         assert_matches!(

@@ -8,12 +8,13 @@
 //! and the non-coherent path is only defined for data that is read-only for the whole kernel.
 //!
 //! # Memory paths
-//! Every entry is compiled for one [`VecMode`] (`_v16` / `_scalar` in its name), which the kernel
-//! bodies take as a const parameter `M`: on `V16` one access moves a 16-byte vector (the host
-//! checked that every pointer is 16-byte aligned and every row stride and row length a multiple
-//! of the vector), on `Scalar` one element. [`access_width`] and [`Elem::load_access`] are one
-//! access of either path (the gated kernels); the norm's chunks, `LANES` elements on both
-//! paths and masked per element on `Scalar`, are in `norm`.
+//! Every entry is compiled for one [`VecMode`] (`_v16` / `_scalar` in its name), which the
+//! kernel bodies take as a const parameter `M`: on `V16` one access moves a 16-byte vector (the
+//! host checked that every pointer is 16-byte aligned and every row stride and row length a
+//! multiple of the vector), on `Scalar` one element. [`access_width`] and
+//! [`Elem::load_access`] are one access of either path (the gated kernels); the norm's chunks,
+//! `LANES` elements on both paths and masked per element on `Scalar`, are in `norm`, with a
+//! third path of its own (`norm::Path::Realigned`: aligned vectors for rows at any offset).
 
 use core::arch::asm;
 
@@ -261,6 +262,9 @@ pub trait Elem {
     unsafe fn store(p: u64, v: f32);
     /// [`Elem::store`] when `pred` (predicated, no branch).
     unsafe fn store_if(p: u64, v: f32, pred: bool);
+    /// Stores the element's raw bits (the low `BYTES` of `bits`, as [`Elem::pack`] produced
+    /// them) when `pred` (predicated, no branch).
+    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool);
     fn unpack(w: [u32; 4]) -> [f32; 8];
     fn pack(v: &[f32; 8]) -> [u32; 4];
 
@@ -336,6 +340,10 @@ impl Elem for F32 {
         unsafe { st_u32_if(p, v.to_bits(), pred) }
     }
     #[inline(always)]
+    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool) {
+        unsafe { st_u32_if(p, bits, pred) }
+    }
+    #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
         let mut v = [0.0; 8];
         for i in 0..4 {
@@ -376,6 +384,10 @@ impl Elem for F16 {
     #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {
         unsafe { st_u16_if(p, f32_to_f16(v), pred) }
+    }
+    #[inline(always)]
+    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool) {
+        unsafe { st_u16_if(p, bits as u16, pred) }
     }
     #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
@@ -420,6 +432,10 @@ impl Elem for Bf16 {
         unsafe { st_u16_if(p, f32_to_bf16(v), pred) }
     }
     #[inline(always)]
+    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool) {
+        unsafe { st_u16_if(p, bits as u16, pred) }
+    }
+    #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
         let mut v = [0.0; 8];
         for i in 0..4 {
@@ -445,6 +461,33 @@ pub const fn access_width<E: Elem, const M: VecMode>() -> u64 {
         VecMode::V16 => E::LANES as u64,
         VecMode::Scalar => 1,
     }
+}
+
+unsafe extern "C" {
+    // An LLVM intrinsic rather than `asm!`: it is marked convergent, so LLVM never moves it
+    // into a branch that only some lanes take.
+    #[link_name = "llvm.nvvm.shfl.sync.up.i32"]
+    fn shfl_sync_up_i32(member_mask: u32, v: u32, delta: u32, clamp: u32) -> u32;
+}
+
+/// Each word of `v` from the previous lane (`lane - 1`); lane 0 gets its own back. Every lane
+/// of the warp must call it.
+#[inline(always)]
+pub fn shfl_up_1(v: [u32; 4]) -> [u32; 4] {
+    // SAFETY: full member mask; callers are executed by the whole warp.
+    v.map(|w| unsafe { shfl_sync_up_i32(0xffff_ffff, w, 1, 0) })
+}
+
+/// The low word of `(hi:lo) >> n` (`shf.r.clamp`; `n` is at most 32).
+#[inline(always)]
+pub fn funnel_shift_right(lo: u32, hi: u32, n: u32) -> u32 {
+    let d: u32;
+    // SAFETY: arithmetic only.
+    unsafe {
+        asm!("shf.r.clamp.b32 {0}, {1}, {2}, {3};", out(reg32) d, in(reg32) lo, in(reg32) hi,
+             in(reg32) n, options(pure, nomem, nostack, preserves_flags));
+    }
+    d
 }
 
 /// `a / b` as `div.full.f32`: at most 2 ulp from the rounded quotient over the full range,

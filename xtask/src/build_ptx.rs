@@ -11,6 +11,8 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use ferrofuse_common::KernelId;
+
 /// The archs the host crate ships PTX for, newest first (`host/src/runtime.rs` embeds one
 /// file per arch and picks one by the device's compute capability).
 pub const SUPPORTED_ARCHS: [&str; 2] = ["sm_90", "sm_80"];
@@ -37,7 +39,40 @@ pub fn build_checked_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<S
     let ptx = build_ptx(root, target_dir, arch)?;
     let text = std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
     check_entries(&text)?;
-    Ok(text)
+    Ok(with_block_bounds(&text))
+}
+
+/// Kernels whose PTX states their largest block (`.maxntid`), so ptxas keeps their registers
+/// within what such a block may have. Left to itself it gave the realigned norm entries up to
+/// 255 registers (every chunk's two vectors of two operands in flight, and the shuffles'
+/// copies), which no 512-thread block can launch with. The others already fit and are left
+/// as they are.
+fn bounded(id: KernelId) -> bool {
+    matches!(id, KernelId::RmsNormFwdRealigned(_))
+}
+
+/// `ptx` with a `.maxntid` directive, from [`KernelId::max_block_threads`], on every entry
+/// [`bounded`] names (between the parameter list and the body).
+fn with_block_bounds(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    let mut pending = None;
+    for line in ptx.lines() {
+        if let Some(rest) = line.trim().strip_prefix(".visible .entry ") {
+            let name = rest.split('(').next().unwrap_or(rest).trim();
+            pending = KernelId::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .filter(|&k| bounded(k));
+        }
+        if line == "{"
+            && let Some(k) = pending.take()
+        {
+            out.push_str(&format!(".maxntid {}, 1, 1\n", k.max_block_threads()));
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Runs the two nested cargo builds; returns the path of the linked PTX.

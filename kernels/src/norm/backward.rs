@@ -9,8 +9,10 @@ use ferrofuse_common::{
     RmsNormDwParams,
 };
 
-use super::{MAX_CHUNKS, Me, Row, load_chunk, load_w, prefetch_first, store_chunk, store_f32s};
-use crate::mem::{Elem, F32, VecMode, grid, grid_dependency_sync, ld_f32_if};
+use super::{
+    MAX_CHUNKS, Me, Path, Row, load_chunk, load_w, prefetch_first, store_chunk, store_f32s,
+};
+use crate::mem::{Elem, F32, grid, grid_dependency_sync, ld_f32_if};
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
 /// Backward, rows of up to 4096 elements: 16 per thread in registers. Each block walks the
@@ -20,7 +22,7 @@ use crate::reduce::{row_sum, smem_f32, sync_block};
 /// # Safety
 /// As for [`fwd_regs`], with [`RmsNormBwdParams`] and the backward geometry.
 #[inline(always)]
-pub(super) unsafe fn bwd_regs<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
+pub(super) unsafe fn bwd_regs<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -118,7 +120,7 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
 /// # Safety
 /// As for [`bwd_regs`]; the workspace also holds one f32 per row after the partials.
 #[inline(always)]
-pub(super) unsafe fn bwd_loop<E: Elem, const M: VecMode>(p: &RmsNormBwdParams) {
+pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),

@@ -46,21 +46,24 @@
 //! fixed-order `dw` sum).
 
 mod backward;
+mod realign;
 
 use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
 
+use ferrofuse_common::NormPath as Path;
 use ferrofuse_common::{
     RMSNORM_DW_COLS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
     RmsNormFwdParams,
 };
 
 use crate::mem::{
-    Bf16, Elem, F16, F32, VecMode, div_full, grid, grid_dependency_sync, ld_v4_if, prefetch_l2,
+    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_v4_if, prefetch_l2,
     rsqrt_approx, st_v4_if,
 };
 use crate::reduce::row_sum;
 use backward::{bwd_loop, bwd_regs, dw_reduce};
+use realign::{Shifted, Stage};
 
 /// Most chunks one thread holds (32 f32 elements).
 const MAX_CHUNKS: usize = 8;
@@ -116,17 +119,27 @@ impl Row {
 /// When `ok`: `at` is a row of the matrix and `c < ceil(hidden / L)`; the host checked the
 /// matrix's extent and alignment for the path.
 #[inline(always)]
-unsafe fn load_chunk<E: Elem, const M: VecMode>(
-    at: Row,
-    c: u64,
-    hidden: u64,
-    ok: bool,
-) -> [f32; 8] {
+unsafe fn load_chunk<E: Elem, const M: Path>(at: Row, c: u64, hidden: u64, ok: bool) -> [f32; 8] {
     let lanes = E::LANES as u64;
     let first = at.index * at.stride + c * lanes;
-    if M == VecMode::V16 {
+    if M == Path::V16 {
         // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
         E::unpack(unsafe { ld_v4_if(at.base + first * E::BYTES, ok) })
+    } else if M == Path::Realigned {
+        // Rows at a 16-byte boundary only (the weight; other operands go through `realign`):
+        // whole chunks as one vector, the row's ragged last chunk element by element.
+        let whole = c * lanes + lanes <= hidden;
+        // SAFETY: caller's contract; a whole chunk of a row starting at a 16-byte boundary.
+        let mut v = E::unpack(unsafe { ld_v4_if(at.base + first * E::BYTES, ok && whole) });
+        if ok && !whole {
+            unroll!(l < E::LANES => {
+                if c * lanes + (l as u64) < hidden {
+                    // SAFETY: column c*L + l < hidden of a row inside the matrix.
+                    v[l] = unsafe { E::load(at.base + (first + l as u64) * E::BYTES) };
+                }
+            });
+        }
+        v
     } else {
         // Branches, not predicated loads, on this path: they keep ptxas from hoisting every
         // element load of a thread (up to 64 for f32 rows of 32 per thread) above the first
@@ -148,7 +161,7 @@ unsafe fn load_chunk<E: Elem, const M: VecMode>(
 /// # Safety
 /// As for [`load_chunk`].
 #[inline(always)]
-unsafe fn store_chunk<E: Elem, const M: VecMode>(
+unsafe fn store_chunk<E: Elem, const M: Path>(
     at: Row,
     c: u64,
     hidden: u64,
@@ -157,7 +170,7 @@ unsafe fn store_chunk<E: Elem, const M: VecMode>(
 ) {
     let lanes = E::LANES as u64;
     let first = at.index * at.stride + c * lanes;
-    if M == VecMode::V16 {
+    if M == Path::V16 {
         // SAFETY: as in `load_chunk`.
         unsafe { st_v4_if(at.base + first * E::BYTES, E::pack(v), ok) }
     } else {
@@ -177,7 +190,7 @@ unsafe fn store_chunk<E: Elem, const M: VecMode>(
 /// # Safety
 /// When `ok`, the elements exist; on the vector path `base + first * 4` is 16-byte aligned.
 #[inline(always)]
-unsafe fn load_f32s<const M: VecMode>(
+unsafe fn load_f32s<const M: Path>(
     base: u64,
     first: u64,
     col0: u64,
@@ -186,18 +199,22 @@ unsafe fn load_f32s<const M: VecMode>(
     ok: bool,
 ) -> [f32; 8] {
     let mut v = [0.0f32; 8];
-    if M == VecMode::V16 {
+    // The realigned path reads only the weight this way, which starts at a 16-byte boundary:
+    // whole chunks as vectors, the ragged last one element by element.
+    let whole = M == Path::V16 || col0 + lanes as u64 <= hidden;
+    if M != Path::Scalar {
         // SAFETY: caller's contract. `F32::unpack` fills lanes 0-3 and leaves 4-7 zero.
-        v = F32::unpack(unsafe { ld_v4_if(base + first * 4, ok) });
+        v = F32::unpack(unsafe { ld_v4_if(base + first * 4, ok && whole) });
         if lanes == 8 {
             // SAFETY: as above, the second half of a 32-byte chunk.
-            let b = F32::unpack(unsafe { ld_v4_if(base + first * 4 + 16, ok) });
+            let b = F32::unpack(unsafe { ld_v4_if(base + first * 4 + 16, ok && whole) });
             v[4] = b[0];
             v[5] = b[1];
             v[6] = b[2];
             v[7] = b[3];
         }
-    } else {
+    }
+    if M == Path::Scalar || (M == Path::Realigned && ok && !whole) {
         // Branches, as in `load_chunk`.
         unroll!(l < lanes => {
             if ok && col0 + (l as u64) < hidden {
@@ -214,7 +231,7 @@ unsafe fn load_f32s<const M: VecMode>(
 /// # Safety
 /// As for [`load_f32s`].
 #[inline(always)]
-unsafe fn store_f32s<const M: VecMode>(
+unsafe fn store_f32s<const M: Path>(
     base: u64,
     first: u64,
     col0: u64,
@@ -223,7 +240,7 @@ unsafe fn store_f32s<const M: VecMode>(
     ok: bool,
     v: &[f32; 8],
 ) {
-    if M == VecMode::V16 {
+    if M == Path::V16 {
         // SAFETY: caller's contract. `F32::pack` takes lanes 0-3.
         unsafe { st_v4_if(base + first * 4, F32::pack(v), ok) };
         if lanes == 8 {
@@ -254,7 +271,7 @@ unsafe fn store_f32s<const M: VecMode>(
 /// `w` holds `hidden` elements of its dtype, aligned for the path (host-checked).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn load_w<E: Elem, const M: VecMode>(
+unsafe fn load_w<E: Elem, const M: Path>(
     w: u64,
     first: u64,
     tpr: u64,
@@ -399,10 +416,10 @@ impl WeightLoad {
     /// The strategy of an entry: `W_FIRST` (the `_wfirst` entries), otherwise by memory path
     /// and weight dtype.
     #[inline(always)]
-    fn of<const M: VecMode, const W_FIRST: bool>(w_f32: bool) -> Self {
+    fn of<const M: Path, const W_FIRST: bool>(w_f32: bool) -> Self {
         if W_FIRST {
             WeightLoad::WithInputs
-        } else if M == VecMode::V16 && !w_f32 {
+        } else if M != Path::Scalar && !w_f32 {
             WeightLoad::AfterReduction
         } else {
             WeightLoad::PerChunk
@@ -417,7 +434,7 @@ impl WeightLoad {
 /// The host's plan: params checked (extents, alignment for `M`, aliasing), launched with the
 /// geometry the params name and [`ferrofuse_common::RMSNORM_SMEM_BYTES`] of shared memory.
 #[inline(always)]
-unsafe fn fwd_regs<E: Elem, const M: VecMode, const EPT: usize, const W_FIRST: bool>(
+unsafe fn fwd_regs<E: Elem, const M: Path, const EPT: usize, const W_FIRST: bool>(
     p: &RmsNormFwdParams,
 ) {
     // Rows of more than 128 threads (H > 2048, every model's) fill a block alone: the row is
@@ -440,7 +457,7 @@ unsafe fn fwd_regs<E: Elem, const M: VecMode, const EPT: usize, const W_FIRST: b
 #[inline(always)]
 unsafe fn fwd_regs_in<
     E: Elem,
-    const M: VecMode,
+    const M: Path,
     const EPT: usize,
     const W_FIRST: bool,
     const ONE_ROW: bool,
@@ -483,33 +500,55 @@ unsafe fn fwd_regs_in<
     let mut x = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(j < k => {
-        let (c, inside) = chunk(j);
-        let ok = live && inside;
-        // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
-        unsafe {
-            x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
-            r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
-        }
-        if M == VecMode::Scalar {
-            // One element per load: holding every chunk's loads would take more than the
-            // 128 registers a 512-thread block allows, so combine each chunk at once.
-            h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
-        }
-    });
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    if M == Path::Realigned {
+        // SAFETY: when live, row < rows: a row of each operand (host-checked); the host sized
+        // the shared memory for the staging.
+        (x, r) = unsafe {
+            realign::load_pair::<E>(
+                (shifted(p.x, p.x_stride), live),
+                (shifted(p.residual, p.residual_stride), live && has_res),
+                (me.t, me.tpr, k),
+                Stage::of_row(me.r_local, me.tpr, k),
+                hidden,
+            )
+        };
+    } else {
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            let ok = live && inside;
+            // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
+            unsafe {
+                x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
+                r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
+            }
+            if M == Path::Scalar {
+                // One element per load: holding every chunk's loads would take more than the
+                // 128 registers a 512-thread block allows, so combine each chunk at once.
+                h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
+            }
+        });
+    }
     let mut w_first = [[0.0f32; 8]; MAX_CHUNKS];
     if matches!(wl, WeightLoad::WithInputs) {
         // SAFETY: the host checked the weight.
         w_first =
             unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
     }
-    if M == VecMode::V16 {
+    if M != Path::Scalar {
         unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
     }
     unroll!(j < k => {
         let (c, inside) = chunk(j);
+        let ok = live && has_res && inside;
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
-        unsafe { store_chunk::<E, M>(h_row, c as u64, hidden, live && has_res && inside, &h[j]) };
+        unsafe {
+            if M == Path::Realigned {
+                realign::store_chunk::<E>(shifted(p.h, p.h_stride), c as u64, hidden, ok, me.lane, &h[j]);
+            } else {
+                store_chunk::<E, M>(h_row, c as u64, hidden, ok, &h[j]);
+            }
+        }
     });
     let mut acc = 0.0f32;
     unroll!(j < k => {
@@ -534,7 +573,20 @@ unsafe fn fwd_regs_in<
             let w: &[f32; 8] = $w;
             let y = normalize::<E>(&h[$j], rstd, w, hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe { store_chunk::<E, M>(y_row, $c as u64, hidden, inside, &y) };
+            unsafe {
+                if M == Path::Realigned {
+                    realign::store_chunk::<E>(
+                        shifted(p.y, p.y_stride),
+                        $c as u64,
+                        hidden,
+                        inside,
+                        me.lane,
+                        &y,
+                    );
+                } else {
+                    store_chunk::<E, M>(y_row, $c as u64, hidden, inside, &y);
+                }
+            }
         }};
     }
     if matches!(wl, WeightLoad::WithInputs) {
@@ -573,7 +625,7 @@ fn add_residual<E: Elem>(x: &[f32; 8], r: &[f32; 8], has_res: bool, hf: bool) ->
 /// # Safety
 /// As for [`fwd_regs`].
 #[inline(always)]
-unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
+unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -665,14 +717,14 @@ unsafe fn fwd_loop<E: Elem, const M: VecMode>(p: &RmsNormFwdParams) {
 // ---------------------------------------------------------------------------------------------
 
 macro_rules! norm_entries {
-    ($($e:ty, $m:path => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident;)*) => {$(
+    ($($e:ty, $m:ident => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident;)*) => {$(
         /// RMSNorm forward, 16 elements per thread; see the module docs.
         ///
         /// # Safety
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $f16(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, { $m }, 16, false>(&p) }
+            unsafe { fwd_regs::<$e, { Path::$m }, 16, false>(&p) }
         }
 
         /// RMSNorm forward, 32 elements per thread; see the module docs.
@@ -681,7 +733,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $f32(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, { $m }, 32, false>(&p) }
+            unsafe { fwd_regs::<$e, { Path::$m }, 32, false>(&p) }
         }
 
         /// RMSNorm forward, looped over tiles; see the module docs.
@@ -690,7 +742,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $floop(p: RmsNormFwdParams) {
-            unsafe { fwd_loop::<$e, { $m }>(&p) }
+            unsafe { fwd_loop::<$e, { Path::$m }>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials, 16 elements per thread.
@@ -699,7 +751,7 @@ macro_rules! norm_entries {
         /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $b16(p: RmsNormBwdParams) {
-            unsafe { bwd_regs::<$e, { $m }>(&p) }
+            unsafe { bwd_regs::<$e, { Path::$m }>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials, looped over tiles.
@@ -708,7 +760,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bloop(p: RmsNormBwdParams) {
-            unsafe { bwd_loop::<$e, { $m }>(&p) }
+            unsafe { bwd_loop::<$e, { Path::$m }>(&p) }
         }
     )*};
 }
@@ -716,18 +768,40 @@ macro_rules! norm_entries {
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 
 norm_entries! {
-    F32, VecMode::V16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
+    F32, V16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
         rmsnorm_bwd_f32_v16_e16, rmsnorm_bwd_f32_v16_loop;
-    F32, VecMode::Scalar => rmsnorm_fwd_f32_scalar_e16, rmsnorm_fwd_f32_scalar_e32, rmsnorm_fwd_f32_scalar_loop,
+    F32, Scalar => rmsnorm_fwd_f32_scalar_e16, rmsnorm_fwd_f32_scalar_e32, rmsnorm_fwd_f32_scalar_loop,
         rmsnorm_bwd_f32_scalar_e16, rmsnorm_bwd_f32_scalar_loop;
-    F16, VecMode::V16 => rmsnorm_fwd_f16_v16_e16, rmsnorm_fwd_f16_v16_e32, rmsnorm_fwd_f16_v16_loop,
+    F16, V16 => rmsnorm_fwd_f16_v16_e16, rmsnorm_fwd_f16_v16_e32, rmsnorm_fwd_f16_v16_loop,
         rmsnorm_bwd_f16_v16_e16, rmsnorm_bwd_f16_v16_loop;
-    F16, VecMode::Scalar => rmsnorm_fwd_f16_scalar_e16, rmsnorm_fwd_f16_scalar_e32, rmsnorm_fwd_f16_scalar_loop,
+    F16, Scalar => rmsnorm_fwd_f16_scalar_e16, rmsnorm_fwd_f16_scalar_e32, rmsnorm_fwd_f16_scalar_loop,
         rmsnorm_bwd_f16_scalar_e16, rmsnorm_bwd_f16_scalar_loop;
-    Bf16, VecMode::V16 => rmsnorm_fwd_bf16_v16_e16, rmsnorm_fwd_bf16_v16_e32, rmsnorm_fwd_bf16_v16_loop,
+    Bf16, V16 => rmsnorm_fwd_bf16_v16_e16, rmsnorm_fwd_bf16_v16_e32, rmsnorm_fwd_bf16_v16_loop,
         rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop;
-    Bf16, VecMode::Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
+    Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
         rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop;
+}
+
+macro_rules! realigned_entries {
+    ($($e:ty => $name:ident;)*) => {$(
+        /// RMSNorm forward on the realigned path, 16 elements per thread; see the module docs
+        /// and `realign`.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
+            unsafe { fwd_regs::<$e, { Path::Realigned }, 16, false>(&p) }
+        }
+    )*};
+}
+
+// Rows up to 16 elements per thread only: the 32-per-thread and looped forms needed more
+// registers than a 512-thread block has (they spilled); those rows run on the scalar path.
+realigned_entries! {
+    F32 => rmsnorm_fwd_f32_realigned_e16;
+    F16 => rmsnorm_fwd_f16_realigned_e16;
+    Bf16 => rmsnorm_fwd_bf16_realigned_e16;
 }
 
 macro_rules! w_first_entries {
@@ -739,7 +813,7 @@ macro_rules! w_first_entries {
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, { VecMode::V16 }, 16, true>(&p) }
+            unsafe { fwd_regs::<$e, { Path::V16 }, 16, true>(&p) }
         }
     )*};
 }
