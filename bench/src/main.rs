@@ -18,7 +18,9 @@ use ferrofuse_bench::gpu::{Budgets, Harness, L2_FLUSH_BYTES, device_info};
 use ferrofuse_bench::schema::{
     IMPL_FERROFUSE, Method, OP_COPY, OP_EMPTY, Record, Report, gbs, pct_of,
 };
-use ferrofuse_bench::shapes::{Config, Dtype, Layout, Mode, Op, Selection, Shape, plan};
+use ferrofuse_bench::shapes::{
+    Config, Dtype, Layout, Mode, ODD_SHAPES, Op, Selection, Shape, plan,
+};
 use ferrofuse_bench::{COMMIT, EXIT_NO_GPU, ops, plan_json, stats};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -51,6 +53,10 @@ struct Args {
     /// add+RMSNorm (plain RMSNorm).
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<Shape>,
+    /// The built-in shapes off the 16-byte grid (`ODD_SHAPES` in the schema crate: odd, 2 and
+    /// 4 mod 8, around powers of two, 1 to 16384 rows), as if given with --shapes.
+    #[arg(long, conflicts_with = "shapes")]
+    odd_shapes: bool,
     /// Op families (gated, add_rmsnorm) or ops (gated_fwd, gated_bwd, add_rmsnorm_fwd, ...).
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
@@ -116,7 +122,11 @@ fn selection(args: &Args) -> Result<Selection, String> {
     let mut sel = Selection {
         models: args.models.clone(),
         tokens: args.tokens.clone(),
-        shapes: args.shapes.clone(),
+        shapes: if args.odd_shapes {
+            ODD_SHAPES.to_vec()
+        } else {
+            args.shapes.clone()
+        },
         ops: args.ops.clone(),
         layouts,
         dtypes,

@@ -82,6 +82,82 @@ pub const TOKENS: [usize; 8] = [1, 4, 16, 64, 256, 1024, 4096, 16384];
 /// not change the traffic or the work).
 pub const NORM_EPS: f64 = 1e-6;
 
+/// Shapes off the 16-byte grid of the 16-bit dtypes (`--odd-shapes`): row lengths that are odd,
+/// 2 or 4 mod 8, just below and above powers of two, from 7 to 131071 elements, at 1 to 16384
+/// rows, as tensor-parallel splits and odd checkpoints produce them. Each one's bytes are near
+/// those of an aligned shape of the models', for comparison.
+pub const ODD_SHAPES: [Shape; 18] = [
+    Shape {
+        rows: 1,
+        cols: 65535,
+    },
+    Shape {
+        rows: 1,
+        cols: 131071,
+    },
+    Shape {
+        rows: 7,
+        cols: 65537,
+    },
+    Shape {
+        rows: 16,
+        cols: 2047,
+    },
+    Shape {
+        rows: 16,
+        cols: 8193,
+    },
+    Shape {
+        rows: 64,
+        cols: 4095,
+    },
+    Shape {
+        rows: 64,
+        cols: 14335,
+    },
+    Shape {
+        rows: 256,
+        cols: 1001,
+    },
+    Shape { rows: 256, cols: 7 },
+    Shape {
+        rows: 1000,
+        cols: 4097,
+    },
+    Shape {
+        rows: 1024,
+        cols: 3001,
+    },
+    Shape {
+        rows: 1024,
+        cols: 14335,
+    },
+    Shape {
+        rows: 3000,
+        cols: 11001,
+    },
+    Shape {
+        rows: 4096,
+        cols: 1023,
+    },
+    Shape {
+        rows: 4096,
+        cols: 5001,
+    },
+    Shape {
+        rows: 16384,
+        cols: 1025,
+    },
+    Shape {
+        rows: 16384,
+        cols: 2050,
+    },
+    Shape {
+        rows: 16384,
+        cols: 4100,
+    },
+];
+
 /// By default the CUDA-graph mode runs for shapes up to this many rows: where launch latency
 /// and the tail matter. Larger shapes are measured per call only.
 pub const GRAPH_MAX_ROWS: usize = 1024;
@@ -604,6 +680,24 @@ mod tests {
                     && c.variant == Variant::Norm { kind: m.norm }));
             }
         }
+    }
+
+    #[test]
+    fn odd_shapes_are_off_the_grid_and_plan_like_shapes_by_hand() {
+        // Off the 16-byte grid of the 16-bit dtypes (8 elements), distinct, within 1..=16384
+        // rows.
+        for (i, s) in ODD_SHAPES.iter().enumerate() {
+            assert!(!s.cols.is_multiple_of(8), "{s} is on the 16-bit grid");
+            assert!((1..=16384).contains(&s.rows), "{s}");
+            assert!(!ODD_SHAPES[..i].contains(s), "{s} twice");
+        }
+        let sel = Selection {
+            shapes: ODD_SHAPES.to_vec(),
+            ..Selection::default()
+        };
+        let configs = plan(&sel).unwrap();
+        // SwiGLU in two layouts and add + RMSNorm at each shape.
+        assert_eq!(configs.len(), 3 * ODD_SHAPES.len());
     }
 
     #[test]
