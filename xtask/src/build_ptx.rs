@@ -37,7 +37,35 @@ pub fn build_checked_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<S
     let ptx = build_ptx(root, target_dir, arch)?;
     let text = std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
     check_entries(&text)?;
-    Ok(text)
+    Ok(add_launch_bounds(&text))
+}
+
+/// Writes `.maxntid` / `.minnctapersm` after the parameter list of every entry that has
+/// [`KernelId::launch_bounds`] (rustc has no attribute for them): ptxas then fits the
+/// kernel's registers to those blocks.
+///
+/// [`KernelId::launch_bounds`]: ferrofuse_common::KernelId::launch_bounds
+fn add_launch_bounds(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 4096);
+    let mut pending: Option<(u32, u32)> = None;
+    for line in ptx.split_inclusive('\n') {
+        out.push_str(line);
+        if let Some(rest) = line.trim().strip_prefix(".visible .entry ") {
+            let name = rest.split('(').next().unwrap_or(rest).trim();
+            pending = ferrofuse_common::KernelId::ALL
+                .iter()
+                .find(|k| k.name() == name)
+                .and_then(|k| k.launch_bounds());
+        }
+        // The parameter list ends with a line starting with `)`.
+        if pending.is_some() && line.starts_with(')') {
+            let (threads, blocks) = pending.take().unwrap_or_default();
+            out.push_str(&format!(
+                ".maxntid {threads}, 1, 1\n.minnctapersm {blocks}\n"
+            ));
+        }
+    }
+    out
 }
 
 /// Runs the two nested cargo builds; returns the path of the linked PTX.
@@ -76,6 +104,10 @@ fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, Stri
     let mut rustflags = format!("-C target-cpu={arch}");
     if parse_arch(arch)? >= 90 {
         rustflags.push_str(" --cfg ferrofuse_pdl");
+    }
+    // sm_89+ convert to FP8 in hardware; older archs run the same rule in software.
+    if parse_arch(arch)? >= 89 {
+        rustflags.push_str(" --cfg ferrofuse_fp8_cvt");
     }
     let linker = target_dir
         .join("release")
