@@ -120,9 +120,14 @@ pub fn div_by(y: f32, scale: f32, inv: f32) -> f32 {
         return divide_far(y, scale);
     }
     let q = y * inv;
-    if !(q.abs() <= f32::MAX) {
+    if !q.is_finite() {
         return q;
     }
     let r = crate::act::fma(-q, scale, y);
-    crate::act::fma(r, inv, q)
+    // r = 0: q is exact (and keeps the sign of a zero quotient, which `q + 0` would not).
+    if r == 0.0 {
+        q
+    } else {
+        crate::act::fma(r, inv, q)
+    }
 }
