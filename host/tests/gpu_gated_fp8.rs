@@ -43,7 +43,8 @@ enum Layout {
 
 fn shapes() -> Vec<(usize, usize)> {
     if quick() {
-        return vec![(3, 384), (5, 100), (2, 28672)];
+        // A one-tile row with several per-token rows per block, and a two-tile bf16/f16 row.
+        return vec![(3, 384), (2, 28672)];
     }
     vec![
         (1, 128),
