@@ -223,11 +223,11 @@ impl KernelId {
     /// kernel older than the FP8 ones, whose PTX stays as it was).
     pub const fn launch_bounds(self) -> Option<(u32, u32)> {
         match self {
-            // 10 blocks of 128 threads per SM (48 registers): at 12 or 16 (40, 32 registers)
-            // ptxas spilled.
-            KernelId::GatedFp8Flat(..) => Some((GATED_THREADS, 10)),
-            // One block of up to 256 threads per SM (up to 255 registers): at two it spilled.
-            KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
+            // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
+            // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
+            KernelId::GatedFp8Flat(..) => Some((GATED_THREADS, 8)),
+            // Two rows of 256 threads per SM (128 registers).
+            KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             _ => None,
         }
     }

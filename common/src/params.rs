@@ -438,16 +438,15 @@ pub struct RmsNormDwParams {
 // Gated activations with FP8 E4M3 outputs (`gated_fp8_*` kernels).
 // ---------------------------------------------------------------------------------------------
 
-/// Most threads one row of the per-token FP8 kernel gets (and its largest block): each
-/// thread holds up to [`GATED_FP8_ROW_CHUNKS`] accesses of the row in registers (16384
-/// bf16/f16, 8192 f32 or 2048 unaligned elements per row in one tile), and the kernel may use
-/// up to 65536 / 256 = 256 registers per thread.
-pub const GATED_FP8_ROW_MAX_THREADS: u32 = 256;
+/// Threads per row (and per block) of the per-token FP8 kernel, fixed so that a thread's
+/// accesses are one address plus immediate offsets. Each thread holds up to
+/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 8192 bf16/f16, 4096
+/// f32 or 1024 unaligned elements are one tile (read once, from registers); longer rows are
+/// walked twice, the second time mostly from L2 (see `kernels/src/gated_fp8.rs`).
+pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
 /// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
 /// kernel holds per tile of its row.
-pub const GATED_FP8_ROW_CHUNKS: usize = 8;
-/// Block size the several-rows-per-block per-token layouts aim at.
-pub const GATED_FP8_ROW_BLOCK_TARGET: u32 = 256;
+pub const GATED_FP8_ROW_CHUNKS: usize = 2;
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = GATED_FP8_ROW_MAX_THREADS / 32 * 4;
 /// Accesses per lane per step of the flat FP8 kernel's scalar path (one element each); a

@@ -22,8 +22,8 @@ use ferrofuse_common::{
 
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    GATED_FP8_ROW_BLOCK_TARGET, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS,
-    GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GatedFp8Params,
+    GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES,
+    GATED_FP8_SCALAR_BATCH, GatedFp8Params,
 };
 
 use crate::error::{Error, Result};
@@ -560,13 +560,11 @@ pub fn plan_gated_forward_fp8(
     } = scaling
     {
         let kernel = KernelId::GatedFp8Row(dtype, mode);
+        // One block of a fixed width per row (the kernel's addressing assumes it), each
+        // thread holding up to GATED_FP8_ROW_CHUNKS accesses per tile.
         let chunks = GATED_FP8_ROW_CHUNKS as u64;
-        let tpr = per_row
-            .div_ceil(chunks)
-            .div_ceil(32)
-            .clamp(1, (GATED_FP8_ROW_MAX_THREADS / 32) as u64)
-            * 32;
-        let rows_per_block = (GATED_FP8_ROW_BLOCK_TARGET as u64 / tpr).max(1);
+        let tpr = GATED_FP8_ROW_MAX_THREADS as u64;
+        let rows_per_block = 1;
         let blocks = (rows as u64).div_ceil(rows_per_block);
         if blocks > i32::MAX as u64 {
             return Err(Error::TooLarge {
@@ -609,8 +607,12 @@ pub fn plan_gated_forward_fp8(
     let block = GATED_THREADS as u64;
     let resident = limits.resident_blocks(kernel) as u64 * block;
     let threads = match mode {
-        VecMode::V16 if total > resident && total <= 4 * resident => resident,
-        VecMode::V16 => total.min(1 << 31),
+        // Two accesses per thread and step on the vector path (see the kernel): beyond four
+        // waves of the resident threads, a thread per two accesses; between one and four, the
+        // resident threads, each taking up to four; below, a thread per access.
+        VecMode::V16 if total > 4 * resident => total.div_ceil(2).min(1 << 31),
+        VecMode::V16 if total > resident => resident,
+        VecMode::V16 => total,
         // One warp per step of `32 * batch` accesses.
         VecMode::Scalar => (total.div_ceil(32 * params.batch as u64) * 32).min(resident),
     };

@@ -77,20 +77,20 @@ fn per_token_plans_rows_in_registers() {
     let l = plan(&a, &b, &y, Fp8Scaling::per_token(), &scales(16, 1)).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFp8Row(DType::BF16, VecMode::V16));
     assert_eq!(l.params.scheme, FP8_PER_TOKEN);
-    // 1792 vectors a row: 224 threads of 8.
+    // 1792 vectors a row: 512 threads of 2 per tile, two tiles.
     assert_eq!(
         (
             l.params.threads_per_row,
             l.params.chunks,
             l.params.rows_per_block
         ),
-        (224, 8, 1)
+        (512, 2, 1)
     );
-    assert_eq!((l.grid, l.block), (16, 224));
+    assert_eq!((l.grid, l.block), (16, 512));
     assert_eq!(l.shared_mem_bytes, GATED_FP8_ROW_SMEM_BYTES);
     assert_eq!(l.params.scale_ub, f32::INFINITY);
     assert_eq!(l.params.min_scale, DEFAULT_MIN_SCALE);
-    // Short rows share a block; an upper bound reaches the kernel.
+    // A short row: one chunk; an upper bound reaches the kernel.
     let (a, b, y) = abq(DType::F32, 5, 100);
     let ub = Fp8Scaling::PerToken {
         min_scale: 1e-6,
@@ -98,8 +98,8 @@ fn per_token_plans_rows_in_registers() {
     };
     let l = plan(&a, &b, &y, ub, &scales(5, 1)).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFp8Row(DType::F32, VecMode::V16));
-    assert_eq!((l.params.threads_per_row, l.params.rows_per_block), (32, 8));
-    assert_eq!((l.grid, l.block), (1, 256));
+    assert_eq!((l.params.chunks, l.params.rows_per_block), (1, 1));
+    assert_eq!((l.grid, l.block), (5, 512));
     assert_eq!((l.params.scale_ub, l.params.min_scale), (2.0, 1e-6));
 }
 

@@ -19,13 +19,16 @@
 //!   lane stores it. Each element is loaded once and written once, the scale once per group:
 //!   the traffic of the plain kernel with a one-byte output. A thread's row and column come
 //!   from the host's multiply-high ([`GridWalk::row_of`]) per step: no division.
-//! - **Row** (`gated_fp8_row_*`: per token). `threads_per_row` threads (a multiple of 32) per
-//!   row, `rows_per_block` rows per block; thread `t` of a row owns accesses `t + j *
-//!   threads_per_row`, `j < chunks` (<= [`GATED_FP8_ROW_CHUNKS`]), all loaded back to back
-//!   (predicated), then `y` in registers, the row's maximum (warp butterfly, then one f32 per
-//!   warp in shared memory), the scale, and the stores: one read of `a` and `b`, one write of
-//!   `y_q` and of the row's scale. A row longer than `threads_per_row * chunks` accesses is
-//!   walked in tiles twice (maximum, then output), reading `a` and `b` twice.
+//! - **Row** (`gated_fp8_row_*`: per token). One block of [`GATED_FP8_ROW_MAX_THREADS`] (512)
+//!   threads per row; thread `t` owns accesses `t + 512 j`, `j < chunks` (<=
+//!   [`GATED_FP8_ROW_CHUNKS`], 2) per tile, loaded back to back (predicated) and kept packed
+//!   in registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
+//!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
+//!   (up to 1024 accesses: 8192 bf16/f16, 4096 f32) is read once. A longer row is walked
+//!   twice, tile by tile: once for the maximum, once for the output; the second walk finds
+//!   the row in L2 (two blocks of a few rows' data per SM, far below its 50 MB), so HBM
+//!   still sees one read. Holding 14336-element rows in registers took 252 registers a
+//!   thread, one row per SM at a time, and ran at 35% of the copy ceiling (`bench/TUNING.md`).
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
@@ -50,7 +53,8 @@ use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 use ferrofuse_common::fp8::e4m3_from_f32;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, div_by, dynamic_scale, reciprocal};
 use ferrofuse_common::{
-    Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_SCALAR_BATCH, GatedFp8Params, GridWalk,
+    Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
+    GatedFp8Params, GridWalk,
 };
 
 use crate::mem::{
@@ -300,7 +304,6 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const GROUPED: bool>(
     fixed_inv: f32,
 ) {
     const V: VecMode = VecMode::V16;
-    let w = const { access_width::<E, V>() };
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
@@ -308,41 +311,74 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const GROUPED: bool>(
     let total = p.rows * walk.per_row;
     let row = walk.row_of(i);
     let (mut r, mut c) = (row, i - row * walk.per_row);
+    // Two accesses per thread and step, all four loads issued first: twice the bytes in
+    // flight of one access per thread (this kernel's registers cap its occupancy below the
+    // plain kernel's).
     // Warp-uniform: every lane of the warp runs the same steps (the shuffles need them all).
     while i - lane < total {
-        let ok = i < total;
-        // SAFETY: where `ok`, access i is inside `a` and `b` (the host's checks; `(r, c)` is
-        // access i's row and column, the walk being built for this grid).
-        let (a, b) = unsafe {
+        let (mut r2, mut c2) = (r + walk.step_rows, c + walk.step_cols);
+        if c2 >= walk.per_row {
+            c2 -= walk.per_row;
+            r2 += 1;
+        }
+        let (ok, ok2) = (i < total, i + step < total);
+        // SAFETY: where `ok` (`ok2`), access i (i + step) is inside `a` and `b` (the host's
+        // checks; `(r, c)` and `(r2, c2)` are their rows and columns, the walk being built for
+        // this grid).
+        let (a, b, a2, b2) = unsafe {
             (
                 ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c), ok),
                 ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c), ok),
+                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r2, c2), ok2),
+                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r2, c2), ok2),
             )
         };
-        let y = gated::<E, V, A>(a, b);
-        let (scale, inv) = if GROUPED {
-            let amax = run_max(access_amax(w, &y, ok), p.group_lanes);
-            let s = dynamic_scale(amax, p.min_scale, f32::INFINITY);
-            let first = lane & (p.group_lanes as u64 - 1) == 0;
-            let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
-            // SAFETY: the first lane of each group stores its scale, inside the scale matrix
-            // (the host checked its shape and strides) when its access is in range.
-            unsafe { store_f32_if(at_s, s, first && ok) };
-            (s, reciprocal(s))
-        } else {
-            (fixed, fixed_inv)
-        };
-        let q = quantize(w, &y, scale, inv);
-        // SAFETY: as for the loads: `y` covers rows x cols at its stride, aligned to `w` bytes.
-        unsafe { store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok) };
-        c += walk.step_cols;
-        r += walk.step_rows;
+        // SAFETY: as for the loads.
+        unsafe {
+            flat_v16_one::<E, A, GROUPED>(p, a, b, (r, c), ok, lane, fixed, fixed_inv);
+            flat_v16_one::<E, A, GROUPED>(p, a2, b2, (r2, c2), ok2, lane, fixed, fixed_inv);
+        }
+        (r, c) = (r2 + walk.step_rows, c2 + walk.step_cols);
         if c >= walk.per_row {
             c -= walk.per_row;
             r += 1;
         }
-        i += step;
+        i += 2 * step;
     }
+}
+
+/// The output of one access of [`flat_v16`] (its loads done): `y`, the group's scale, the
+/// stores.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flat_v16_one<E: Elem, A: GatedAct, const GROUPED: bool>(
+    p: &GatedFp8Params,
+    a: [u32; 4],
+    b: [u32; 4],
+    (r, c): (u64, u64),
+    ok: bool,
+    lane: u64,
+    fixed: f32,
+    fixed_inv: f32,
+) {
+    const V: VecMode = VecMode::V16;
+    let w = const { access_width::<E, V>() };
+    let y = gated::<E, V, A>(a, b);
+    let (scale, inv) = if GROUPED {
+        let amax = run_max(access_amax(w, &y, ok), p.group_lanes);
+        let s = dynamic_scale(amax, p.min_scale, f32::INFINITY);
+        let first = lane & (p.group_lanes as u64 - 1) == 0;
+        let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
+        // SAFETY: the first lane of each group stores its scale, inside the scale matrix (the
+        // host checked its shape and strides) when its access is in range.
+        unsafe { store_f32_if(at_s, s, first && ok) };
+        (s, reciprocal(s))
+    } else {
+        (fixed, fixed_inv)
+    };
+    let q = quantize(w, &y, scale, inv);
+    // SAFETY: `y` covers rows x cols at its stride, aligned to `w` bytes (the host's checks).
+    unsafe { store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok) };
 }
 
 /// The launch-sized dynamic shared memory as f32s.
@@ -453,21 +489,18 @@ unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct>(
 #[inline(always)]
 unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
     grid_dependency_sync();
-    // A multiple of 32 (the host's geometry); `max` only proves it non-zero.
-    let tpr = p.threads_per_row.max(32);
-    let t = grid::thread_x() as u32;
-    let (slot_row, t_row) = if p.rows_per_block == 1 {
-        (0, t)
-    } else {
-        (t / tpr, t % tpr)
-    };
-    let row = grid::block_x() * p.rows_per_block as u64 + slot_row as u64;
+    // One row per block of ROW_THREADS threads (the host's geometry), a constant so that a
+    // thread's chunks are one base address plus immediate offsets (with the row's width a
+    // run-time value, the addresses of every chunk took registers of their own).
+    const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
+    let t_row = grid::thread_x();
+    let row = grid::block_x();
     let live = row < p.rows;
-    let (lane, warp, warps) = (t_row & 31, t_row / 32, tpr / 32);
-    let slot = slot_row * warps;
-    let tile = tpr as u64 * p.chunks as u64;
+    let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (TPR / 32) as u32);
+    let slot = 0;
+    let tpr = TPR;
+    let tile = TPR * p.chunks as u64;
     let scale_at = p.scale + row * p.scale_row * 4;
-    let (tpr, t_row) = (tpr as u64, t_row as u64);
     if tile >= p.walk.per_row {
         // The whole row in registers: one read, one write.
         // SAFETY: the host's checks (see `row_tile`).
@@ -541,8 +574,8 @@ macro_rules! entries {
         }
 
         /// Gated forward with FP8 output and per-token scales; see the module docs. Launch:
-        /// `threads_per_row * rows_per_block` threads, `GATED_FP8_ROW_SMEM_BYTES` of dynamic
-        /// shared memory.
+        /// one block of `GATED_FP8_ROW_MAX_THREADS` threads per row,
+        /// `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
         ///
         /// # Safety
         /// As for the flat entry.
