@@ -475,11 +475,11 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// one warp at a time: a warp's step is 32 accesses on the vector path, `32 * batch` on the
 /// scalar path (lane `l` taking accesses `l + 32k`, `k < batch`), and a group is `2^group_shift`
 /// consecutive accesses of one warp step, reduced over `group_lanes` lanes. The row kernel
-/// (per-token) takes `threads_per_row * rows_per_block` threads per block, one block per
-/// `rows_per_block` rows, each thread holding up to `chunks` accesses of its row
-/// (`chunks` <= [`GATED_FP8_ROW_CHUNKS`]), several tiles of `threads_per_row * chunks`
-/// accesses when the row is longer (read twice: once for the maximum, once for the output),
-/// and [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
+/// (per-token) takes one block of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
+/// (`threads_per_row`, `rows_per_block` = 1: the kernel assumes that geometry), each thread
+/// holding up to `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`]);
+/// a row of several tiles is walked twice (once for the maximum, once for the output); and
+/// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
 #[repr(C)]
