@@ -23,6 +23,12 @@ Implementations:
   1024-element tile for the gated activation (the interleaved layout through the row stride),
   one program per row for the add+RMSNorm forward, a fixed grid of programs over runs of rows
   for its backward (Liger-Kernel's design).
+- gated_fwd_fp8 (FP8 e4m3 output): eager and torch.compile run `act(a) * b`, then the scale
+  (static; per token from the row's amax; per 128-column group), the clamp to +-448 and
+  `.to(torch.float8_e4m3fn)`; Triton: a tile per program (static), a row per program
+  (per token), a group per program (group128). `torch_compile_quant_only` (not a peer, asked
+  for by name) times the quantisation alone over the storage-dtype `y`: added to the plain
+  gated kernel's time it is the unfused path.
 
 Every peer is checked against eager (and eager against a float64 reference) before it is
 timed; a peer that fails its check is reported and not timed.

@@ -9,16 +9,18 @@
 //! # Thread mapping
 //! - **Flat** (`gated_fp8_flat_*`: static and per-group). The `rows x cols/W` accesses (`W`
 //!   elements each, 16 bytes of the dtype on `v16`, one element on `scalar`) are numbered
-//!   row-major and walked by warps: warp `w` of `N` takes steps `w, w + N, ...`, a step being
-//!   32 consecutive accesses (lane `l` the `l`-th) on `v16`, and `32 * batch` on `scalar`
-//!   (lane `l` takes accesses `l + 32k`, `k < batch`: coalesced for every `k`). A group of
-//!   128 (or 64) columns is 8-32 consecutive accesses on `v16` (16 for bf16 / f16, 32 for
-//!   f32 at 128 columns), so 8-32 consecutive lanes; on `scalar` it is one whole step
-//!   (`batch` = group / 32). The group's maximum is a butterfly over those lanes (after each
-//!   lane's own accesses), so every lane of a group holds the same scale; the group's first
-//!   lane stores it. Each element is loaded once and written once, the scale once per group:
-//!   the traffic of the plain kernel with a one-byte output. A thread's row and column come
-//!   from the host's multiply-high ([`GridWalk::row_of`]) per step: no division.
+//!   row-major. On `v16`, thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`, two per
+//!   step with all four loads issued first, its row and column advanced by the host's
+//!   [`GridWalk`] step as in the plain kernel (`G` a multiple of 32, so a warp's lanes hold 32
+//!   consecutive accesses). On `scalar`, warps walk steps of `32 * batch` accesses (lane `l`
+//!   takes `l + 32k`, `k < batch`: coalesced for every `k`), rows and columns from the host's
+//!   multiply-high ([`GridWalk::row_of`]): no division. A group of 128 (or 64) columns is
+//!   8-32 consecutive accesses on `v16` (16 for bf16 / f16, 32 for f32 at 128 columns), so
+//!   8-32 consecutive lanes; on `scalar` it is one whole step (`batch` = group / 32). The
+//!   group's maximum is a butterfly over those lanes (after each lane's own accesses), so
+//!   every lane of a group holds the same scale; the group's first lane stores it. Each
+//!   element is loaded once and written once, the scale once per group: the traffic of the
+//!   plain kernel with a one-byte output.
 //! - **Row** (`gated_fp8_row_*`: per token). One block of [`GATED_FP8_ROW_MAX_THREADS`] (512)
 //!   threads per row; thread `t` owns accesses `t + 512 j`, `j < chunks` (<=
 //!   [`GATED_FP8_ROW_CHUNKS`], 2) per tile, loaded back to back (predicated) and kept packed
@@ -26,8 +28,8 @@
 //!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
 //!   (up to 1024 accesses: 8192 bf16/f16, 4096 f32) is read once. A longer row is walked
 //!   twice, tile by tile: once for the maximum, once for the output; the second walk finds
-//!   the row in L2 (two blocks of a few rows' data per SM, far below its 50 MB), so HBM
-//!   still sees one read. Holding 14336-element rows in registers took 252 registers a
+//!   the row in L2 (two rows per SM, 57 KB each for 14336 bf16: 15 MB in all, well below
+//!   its 50 MB), so HBM still sees one read. Holding 14336-element rows in registers took 252 registers a
 //!   thread, one row per SM at a time, and ran at 35% of the copy ceiling (`bench/TUNING.md`).
 //!
 //! # Numerics
