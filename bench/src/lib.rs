@@ -24,13 +24,17 @@ pub const COMMIT: &str = env!("FERROFUSE_BENCH_COMMIT");
 /// A configuration as the plan spells it out for the peers.
 pub fn plan_config(c: &Config) -> PlanConfig {
     let (act, layout, norm, eps) = match c.variant {
-        Variant::Gated { act, layout } => (
+        Variant::Gated { act, layout } | Variant::GatedFp8 { act, layout, .. } => (
             Some(act.name().to_string()),
             Some(layout.name().to_string()),
             None,
             None,
         ),
         Variant::Norm { kind } => (None, None, Some(kind.name().to_string()), Some(NORM_EPS)),
+    };
+    let scaling = match c.variant {
+        Variant::GatedFp8 { scheme, .. } => Some(scheme.name().to_string()),
+        _ => None,
     };
     PlanConfig {
         op: c.op.name().into(),
@@ -42,6 +46,7 @@ pub fn plan_config(c: &Config) -> PlanConfig {
         layout,
         norm,
         eps,
+        scaling,
         bytes: c.bytes(),
         modes: c.modes.iter().map(|m| m.name().to_string()).collect(),
     }

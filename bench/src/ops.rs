@@ -16,7 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::gpu::{Context, Harness, Random, Result, poison};
-use crate::shapes::{Act, Config, Dtype, Layout, Mode, NORM_EPS, NormKind, Op, Variant};
+use crate::shapes::{Act, Config, Dtype, Fp8Scheme, Layout, Mode, NORM_EPS, NormKind, Op, Variant};
 use crate::stats::rel_l2_error;
 
 /// A measured configuration: median microseconds per mode.
@@ -172,6 +172,7 @@ fn run_group_typed<T: Element>(
 ) -> Result<()> {
     match group[0].op {
         Op::GatedFwd | Op::GatedBwd => run_gated_group(h, random, group, done),
+        Op::GatedFwdFp8 => run_gated_fp8_group(h, random, group, done),
         Op::AddRmsNormFwd | Op::AddRmsNormBwd => run_norm_group(h, random, group, done),
     }
 }
@@ -390,6 +391,143 @@ fn gated_call<'a, T: Element>(
             })
         }
     }
+}
+
+/// Relative L2 error of the dequantised FP8 output (`y_q * scale`) against the f64 `y`: E4M3
+/// keeps 3 mantissa bits (at most 2^-4 relative per element, about 2-3% in L2).
+const FP8_TOLERANCE: f64 = 0.05;
+
+/// The static scale of the FP8 runs: the inputs are uniform in [-4, 4), so `|y| < 16`.
+const FP8_STATIC_SCALE: f32 = 16.0 / 448.0;
+
+fn run_gated_fp8_group<T: Element>(
+    h: &mut Harness,
+    random: &Random<T>,
+    group: &[Config],
+    done: &mut dyn FnMut(&Config, Result<Timings>),
+) -> Result<()> {
+    let stream = h.stream.clone();
+    let cfg0 = &group[0];
+    let Variant::GatedFp8 {
+        act,
+        layout,
+        scheme,
+    } = cfg0.variant
+    else {
+        return Err(format!("{}: not a gated FP8 variant", cfg0.label()));
+    };
+    let max_rows = group.iter().map(|c| c.rows).max().unwrap_or(0);
+    let i = cfg0.cols;
+    let n = max_rows * i;
+    let (x0, x1, a_src, b_src) = match layout {
+        Layout::Split => (
+            random.operand(&stream, n, OFFSETS[0])?,
+            Some(random.operand(&stream, n, OFFSETS[1])?),
+            Source {
+                offset: OFFSETS[0],
+                row_stride: i,
+            },
+            Source {
+                offset: OFFSETS[1],
+                row_stride: i,
+            },
+        ),
+        Layout::Interleaved => (
+            random.operand(&stream, 2 * n, OFFSETS[0])?,
+            None,
+            Source {
+                offset: OFFSETS[0],
+                row_stride: 2 * i,
+            },
+            Source {
+                offset: OFFSETS[0] + i,
+                row_stride: 2 * i,
+            },
+        ),
+    };
+    let mut y = stream
+        .alloc_zeros::<ferrofuse::F8E4M3>(n.max(1))
+        .ctx("allocating an output")?;
+    let scale_len = (max_rows * i.div_ceil(128)).max(max_rows).max(1);
+    let mut scales = stream
+        .alloc_zeros::<f32>(scale_len)
+        .ctx("allocating the scales")?;
+    let fixed = stream
+        .clone_htod(&[FP8_STATIC_SCALE])
+        .ctx("uploading the scale")?;
+    let kernels = h.kernels.clone();
+    let activation = activation(act);
+    for cfg in group {
+        let rows = cfg.rows;
+        let result = (|| -> Result<Timings> {
+            let scaling = match scheme {
+                Fp8Scheme::Static => ferrofuse::Fp8Scaling::Static,
+                Fp8Scheme::PerToken => ferrofuse::Fp8Scaling::per_token(),
+                Fp8Scheme::Group128 => {
+                    ferrofuse::Fp8Scaling::per_group(128, ferrofuse::ScaleLayout::RowMajor)
+                }
+            };
+            let (sr, sc) = match scheme {
+                Fp8Scheme::Static => (1, 1),
+                Fp8Scheme::PerToken => (rows, 1),
+                Fp8Scheme::Group128 => (rows, i / 128),
+            };
+            let m = rows * i;
+            let a = Mat::new(x0.slice(..m), rows, i);
+            let b = x1.as_ref().map(|b| Mat::new(b.slice(..m), rows, i));
+            let x = Mat::new(x0.slice(..(2 * m).min(x0.len())), rows, 2 * i);
+            let fixed = Mat::new(fixed.slice(..), 1, 1);
+            let mut yv = MatMut::new(y.slice_mut(..m.max(1)), rows, i);
+            let mut sv = MatMut::new(scales.slice_mut(..(sr * sc).max(1)), sr, sc);
+            let mut call = || -> Result<()> {
+                let out = match scheme {
+                    Fp8Scheme::Static => ferrofuse::Fp8Scales::Read(&fixed),
+                    _ => ferrofuse::Fp8Scales::Write(&mut sv),
+                };
+                match (layout, b.as_ref()) {
+                    (Layout::Split, Some(b)) => kernels
+                        .gated_fp8(&stream, activation, &a, b, &mut yv, scaling, out)
+                        .ctx("gated_fp8"),
+                    _ => kernels
+                        .gated_interleaved_fp8(&stream, activation, &x, &mut yv, scaling, out)
+                        .ctx("gated_interleaved_fp8"),
+                }
+            };
+            call()?;
+            h.sync()?;
+            let timings = time_modes(h, cfg, &mut call)?;
+            h.sync()?;
+            // Checked after timing (the outputs are the same every run): sampled rows,
+            // dequantised, against the f64 reference.
+            let sample = sample_rows(rows);
+            let q = read_rows(&stream, &y, &sample, i, 0, i)?;
+            let all_scales = stream.clone_dtoh(&scales).ctx("reading the scales")?;
+            let mut got = Vec::with_capacity(q.len());
+            let mut want = Vec::with_capacity(q.len());
+            for (k, &r) in sample.iter().enumerate() {
+                for c in 0..i {
+                    let s = match scheme {
+                        Fp8Scheme::Static => FP8_STATIC_SCALE,
+                        Fp8Scheme::PerToken => all_scales[r],
+                        Fp8Scheme::Group128 => all_scales[r * (i / 128) + c / 128],
+                    } as f64;
+                    got.push(q[k * i + c] * s);
+                    let (av, bv) = (a_src.at(random, r, c), b_src.at(random, r, c));
+                    want.push(ferrofuse::reference::act(activation, av) * bv);
+                }
+            }
+            let err = rel_l2_error(&got, &want);
+            if err.is_nan() || err > FP8_TOLERANCE {
+                return Err(format!(
+                    "{}: y_q * scale is wrong: relative L2 error {err:.3e} (tolerance {FP8_TOLERANCE})",
+                    cfg.label()
+                ));
+            }
+            Ok(timings)
+        })();
+        done(cfg, result);
+    }
+    Ok(())
 }
 
 /// The buffers of an add+RMSNorm group, allocated for its largest row count.

@@ -18,6 +18,7 @@
 #![allow(clippy::excessive_precision)]
 
 pub mod act;
+pub mod fp8;
 mod names;
 mod params;
 
@@ -31,16 +32,28 @@ pub enum DType {
     F32 = 0,
     F16 = 1,
     BF16 = 2,
+    /// FP8 E4M3 (`e4m3fn`: no infinities, largest finite 448; PyTorch's
+    /// `torch.float8_e4m3fn`), one byte per element. Only ever an output: the `y` of the FP8
+    /// entry points, next to its f32 scales (see [`fp8`]). Not in [`DType::ALL`].
+    F8E4M3 = 3,
 }
 
 impl DType {
+    /// The storage dtypes the kernels read and compute from (every operand of the f32/f16/bf16
+    /// entry points); [`DType::F8E4M3`] is an output format only.
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
     pub const fn size_bytes(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::F8E4M3 => 1,
         }
+    }
+
+    /// Whether this is the FP8 output format (not a storage dtype of [`DType::ALL`]).
+    pub const fn is_fp8(self) -> bool {
+        matches!(self, DType::F8E4M3)
     }
 
     /// Elements in one 16-byte vector access.
@@ -53,6 +66,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::F8E4M3 => "f8e4m3",
         }
     }
 }

@@ -6,8 +6,9 @@ use crate::DType::{BF16, F16, F32};
 use crate::NormBwdVariant as Bwd;
 use crate::NormFwdVariant as Fwd;
 use crate::{
-    DType, GATED_THREADS, NormBwdVariant, NormFwdVariant, RMSNORM_BWD_MAX_THREADS_PER_ROW,
-    RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW, ZERO_FILL_THREADS,
+    DType, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, NormBwdVariant, NormFwdVariant,
+    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
+    ZERO_FILL_THREADS,
 };
 use VecMode::{Scalar, V16};
 
@@ -68,6 +69,12 @@ pub enum KernelId {
     RmsNormDw(DType),
     /// Writes zeros over a buffer; the benchmark flushes the L2 with it (see `zero_fill`).
     ZeroFill,
+    /// Gated forward with FP8 E4M3 output, static or per-group scales: a flat walk over the
+    /// elements (`gated_fp8_flat_{dtype}_{v16|scalar}`; see `GatedFp8Params`).
+    GatedFp8Flat(DType, VecMode),
+    /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
+    /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
+    GatedFp8Row(DType, VecMode),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     Empty,
 }
@@ -77,8 +84,11 @@ pub enum KernelId {
 /// From that one list it generates [`KernelId::index`] (the line's position, the discriminant
 /// of a private enum of the names), [`KernelId::name`] (the name as written, which is the
 /// kernel's `fn` name in the kernels crate), [`KernelId::ALL`] and [`KernelId::COUNT`]. A
-/// kernel missing from the list fails to compile (the `match`es are exhaustive), and so does
-/// one listed twice (a repeated name or an unreachable pattern).
+/// kernel listed twice fails to compile (a repeated name or an unreachable pattern). A
+/// `KernelId` the list lacks (an FP8 storage dtype, which no kernel reads, or a kernel
+/// forgotten) has no index: `index` panics, which the host never reaches because every plan
+/// rejects FP8 inputs first, and `host/tests/fp8_cpu.rs` checks that every storage dtype and
+/// memory path of every family is in the list.
 macro_rules! kernel_table {
     ($($name:ident = $variant:ident $(($($($arg:ident)::+),+))?,)+) => {
         /// One variant per kernel, in table order: its discriminant is the kernel's index.
@@ -96,17 +106,36 @@ macro_rules! kernel_table {
                 [$(KernelId::$variant $(($($($arg)::+),+))?),+];
 
             /// Dense index in `0..COUNT`.
+            ///
+            /// # Panics
+            /// For a `KernelId` that is not in the table (see [`KernelId::exists`]).
             #[deny(unreachable_patterns)]
             pub const fn index(self) -> usize {
                 match self {
                     $(KernelId::$variant $(($($($arg)::+),+))? => Position::$name as usize,)+
+                    #[allow(unreachable_patterns)]
+                    _ => panic!("no kernel entry for this KernelId"),
+                }
+            }
+
+            /// Whether the table has an entry for this `KernelId`.
+            pub const fn exists(self) -> bool {
+                match self {
+                    $(KernelId::$variant $(($($($arg)::+),+))? => true,)+
+                    #[allow(unreachable_patterns)]
+                    _ => false,
                 }
             }
 
             /// The PTX `.entry` name.
+            ///
+            /// # Panics
+            /// As [`KernelId::index`].
             pub const fn name(self) -> &'static str {
                 match self {
                     $(KernelId::$variant $(($($($arg)::+),+))? => stringify!($name),)+
+                    #[allow(unreachable_patterns)]
+                    _ => panic!("no kernel entry for this KernelId"),
                 }
             }
         }
@@ -169,6 +198,18 @@ kernel_table! {
     rmsnorm_fwd_bf16_realigned_e16 = RmsNormFwdRealigned(BF16),
     zero_fill = ZeroFill,
     empty_kernel = Empty,
+    gated_fp8_flat_f32_v16 = GatedFp8Flat(F32, V16),
+    gated_fp8_flat_f32_scalar = GatedFp8Flat(F32, Scalar),
+    gated_fp8_flat_f16_v16 = GatedFp8Flat(F16, V16),
+    gated_fp8_flat_f16_scalar = GatedFp8Flat(F16, Scalar),
+    gated_fp8_flat_bf16_v16 = GatedFp8Flat(BF16, V16),
+    gated_fp8_flat_bf16_scalar = GatedFp8Flat(BF16, Scalar),
+    gated_fp8_row_f32_v16 = GatedFp8Row(F32, V16),
+    gated_fp8_row_f32_scalar = GatedFp8Row(F32, Scalar),
+    gated_fp8_row_f16_v16 = GatedFp8Row(F16, V16),
+    gated_fp8_row_f16_scalar = GatedFp8Row(F16, Scalar),
+    gated_fp8_row_bf16_v16 = GatedFp8Row(BF16, V16),
+    gated_fp8_row_bf16_scalar = GatedFp8Row(BF16, Scalar),
 }
 
 impl KernelId {
@@ -181,6 +222,8 @@ impl KernelId {
             self,
             KernelId::GatedFwd(..)
                 | KernelId::GatedBwd(..)
+                | KernelId::GatedFp8Flat(..)
+                | KernelId::GatedFp8Row(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdRealigned(..)
                 | KernelId::RmsNormFwdWFirst(..)
@@ -194,7 +237,10 @@ impl KernelId {
     /// (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`); `cargo xtask ptx` checks every kernel against it.
     pub const fn max_block_threads(self) -> u32 {
         match self {
-            KernelId::GatedFwd(..) | KernelId::GatedBwd(..) => GATED_THREADS,
+            KernelId::GatedFwd(..) | KernelId::GatedBwd(..) | KernelId::GatedFp8Flat(..) => {
+                GATED_THREADS
+            }
+            KernelId::GatedFp8Row(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..) => RMSNORM_MAX_THREADS_PER_ROW,
@@ -202,6 +248,25 @@ impl KernelId {
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
+        }
+    }
+
+    /// PTX launch bounds `(.maxntid, .minnctapersm)` that `cargo xtask ptx` writes into the
+    /// entry, for kernels whose register count ptxas must hold down: without them it spends
+    /// registers on instruction-level parallelism (the per-token FP8 kernel took 255 and
+    /// spilled; the flat one 47-55, below full occupancy). `None`: no directive (the kernels
+    /// that fit without one, whose PTX stays as it was).
+    pub const fn launch_bounds(self) -> Option<(u32, u32)> {
+        match self {
+            // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
+            // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
+            KernelId::GatedFp8Flat(..) => Some((GATED_THREADS, 8)),
+            // Two rows of 256 threads per SM (128 registers).
+            KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
+            // Its largest block (unbounded it took up to 255 registers, which no 512-thread
+            // block can launch with).
+            KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
+            _ => None,
         }
     }
 

@@ -455,3 +455,88 @@ pub struct RmsNormDwParams {
     pub slots: u64,
     pub hidden: u64,
 }
+
+// ---------------------------------------------------------------------------------------------
+// Gated activations with FP8 E4M3 outputs (`gated_fp8_*` kernels).
+// ---------------------------------------------------------------------------------------------
+
+/// Threads per row (and per block) of the per-token FP8 kernel, fixed so that a thread's
+/// accesses are one address plus immediate offsets. Each thread holds up to
+/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 8192 bf16/f16, 4096
+/// f32 or 1024 unaligned elements are one tile (read once, from registers); longer rows are
+/// walked twice, the second time mostly from L2 (see `kernels/src/gated_fp8.rs`).
+pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
+/// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
+/// kernel holds per tile of its row.
+pub const GATED_FP8_ROW_CHUNKS: usize = 2;
+/// Dynamic shared memory of a per-token launch: one f32 per warp of the block.
+pub const GATED_FP8_ROW_SMEM_BYTES: u32 = GATED_FP8_ROW_MAX_THREADS / 32 * 4;
+/// Accesses per lane per step of the flat FP8 kernel's scalar path (one element each); a
+/// group of `g` columns there is one warp's `g / 32` accesses per lane.
+pub const GATED_FP8_SCALAR_BATCH: usize = 4;
+
+/// `y_q[r, c] = e4m3(act(a[r, c]) * b[r, c] / scale)` with the scale of
+/// [`crate::fp8`]`::FP8_*` `scheme`:
+///
+/// - `FP8_STATIC`: one f32 at `scale`, read by the kernel (written by the caller);
+/// - `FP8_PER_TOKEN`: one f32 per row, `dynamic_scale(max_c |y[r, c]|, min_scale, scale_ub)`,
+///   written at `scale + r * scale_row * 4`;
+/// - `FP8_PER_GROUP`: one f32 per group of `2^group_shift` accesses of a row
+///   (`dynamic_scale` of the group's largest magnitude, no upper bound), the scale of group
+///   `g` of row `r` written at `scale + (r * scale_row + g * scale_group) * 4` (row-major
+///   scales: `scale_row` = the scale matrix's row stride, `scale_group` = 1; column-major:
+///   `scale_row` = 1, `scale_group` = its column stride).
+///
+/// `a`, `b` are in the storage dtype with row strides `a_stride`, `b_stride` (elements); `y`
+/// is FP8 (one byte per element) with row stride `y_stride`. All math is f32: `y` as the
+/// non-FP8 kernel computes it, `amax / 448` and `y / scale` correctly rounded, then one
+/// saturating round-to-nearest-even conversion.
+///
+/// Launch: the flat kernel (static, per-group) takes `GATED_THREADS` threads per block and
+/// walks `rows * walk.per_row` accesses (`walk` built for its grid; fewer than 2^32 in all),
+/// one warp at a time: a warp's step is 32 accesses on the vector path, `32 * batch` on the
+/// scalar path (lane `l` taking accesses `l + 32k`, `k < batch`), and a group is `2^group_shift`
+/// consecutive accesses of one warp step, reduced over `group_lanes` lanes. The row kernel
+/// (per-token) takes one block of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
+/// (`threads_per_row`, `rows_per_block` = 1: the kernel assumes that geometry), each thread
+/// holding up to `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`]);
+/// a row of several tiles is walked twice (once for the maximum, once for the output); and
+/// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
+///
+/// Aliasing: `y` and the scales overlap nothing (the host checks).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GatedFp8Params {
+    pub a: u64,
+    pub b: u64,
+    pub y: u64,
+    pub scale: u64,
+    pub a_stride: u64,
+    pub b_stride: u64,
+    pub y_stride: u64,
+    pub scale_row: u64,
+    pub scale_group: u64,
+    pub rows: u64,
+    pub cols: u64,
+    /// Accesses per row and (flat kernel) the walk of its grid: see [`GridWalk`].
+    pub walk: GridWalk,
+    /// Lower bound of a dynamic scale (> 0).
+    pub min_scale: f32,
+    /// Upper bound of the per-token `amax` (+inf: none).
+    pub scale_ub: f32,
+    /// An [`crate::Activation`] as `u32`.
+    pub act: u32,
+    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`.
+    pub scheme: u32,
+    /// log2 of the accesses per group (per-group).
+    pub group_shift: u32,
+    /// Lanes a group spans (a power of two, at most 32; per-group).
+    pub group_lanes: u32,
+    /// Accesses per lane per warp step on the flat kernel's scalar path (at most
+    /// [`GATED_FP8_SCALAR_BATCH`]).
+    pub batch: u32,
+    pub threads_per_row: u32,
+    pub rows_per_block: u32,
+    /// Accesses per thread per tile (row kernel).
+    pub chunks: u32,
+}

@@ -70,6 +70,11 @@ pub enum Error {
     TooLarge { what: &'static str, value: usize },
     /// An invalid scalar argument (an eps that is not finite and positive, say).
     InvalidArgument { what: &'static str, value: String },
+    /// A tensor has a dtype this operand cannot take: an FP8 tensor anywhere but as the
+    /// output `y` of an FP8 entry point (no kernel reads FP8).
+    UnsupportedDType { tensor: &'static str, dtype: DType },
+    /// Per-group FP8 scales: the row length is not a multiple of the group.
+    GroupMismatch { cols: usize, group: usize },
 }
 
 impl fmt::Display for Error {
@@ -162,6 +167,16 @@ impl fmt::Display for Error {
             ),
             Error::TooLarge { what, value } => write!(f, "{what} = {value} is too large"),
             Error::InvalidArgument { what, value } => write!(f, "invalid {what}: {value}"),
+            Error::UnsupportedDType { tensor, dtype } => write!(
+                f,
+                "{tensor} is {}: FP8 tensors are only outputs (y of the *_fp8 entry points); \
+                 inputs and other outputs are f32, f16 or bf16",
+                dtype.name()
+            ),
+            Error::GroupMismatch { cols, group } => write!(
+                f,
+                "row length {cols} is not a multiple of the FP8 scale group {group}"
+            ),
         }
     }
 }

@@ -20,10 +20,17 @@ use ferrofuse_common::{
     KernelId, VecMode,
 };
 
+use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
+use ferrofuse_common::{
+    GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES,
+    GATED_FP8_SCALAR_BATCH, GatedFp8Params,
+};
+
 use crate::error::{Error, Result};
+use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
 use crate::runtime::{GridLimits, KernelParams, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
-use crate::validate::{check_aliasing, check_shape, vec_mode};
+use crate::validate::{check_aliasing, check_devices, check_shape, vec_mode};
 use cudarc::driver::CudaStream;
 
 /// The kernels' first-row multiply-high is exact for rows of fewer than 2^32 accesses.
@@ -472,5 +479,250 @@ impl Kernels {
         let plan = plan_gated_backward(act, a, b, dy, da, db, self.limits())?;
         // SAFETY: as in `gated_raw`.
         unsafe { self.launch_plan(stream, &plan) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8 E4M3 outputs: `y_q = e4m3(act(a) * b / scale)` (see `crate::fp8`).
+// ---------------------------------------------------------------------------------------------
+
+/// Validates an FP8 forward call and decides its launch: `a`, `b` in one storage dtype
+/// (f32/f16/bf16), `y` FP8 of their shape, `scales` f32 of the shape `scaling` needs (see
+/// [`Fp8Scaling::scale_shape`]); `y` and `scales` overlap nothing. Static and per-group
+/// scales run the flat kernel (each element read once, written once, one scale per group),
+/// per-token scales the row kernel (each row held by a block; see
+/// `kernels/src/gated_fp8.rs`).
+pub fn plan_gated_forward_fp8(
+    act: Activation,
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+    scaling: Fp8Scaling,
+    scales: &MatDesc,
+    limits: &GridLimits,
+) -> Result<Launch<GatedFp8Params>> {
+    let dtype = a.dtype;
+    a.check("a", dtype)?;
+    b.check("b", dtype)?;
+    check_shape("b", b, a.shape())?;
+    check_fp8_output(y, scales, &scaling, a.shape(), &[("a", a), ("b", b)])?;
+    check_row_length(a.cols)?;
+    let (rows, cols) = a.shape();
+    let mode = vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]);
+    let width = match mode {
+        VecMode::V16 => dtype.lanes_per_16b(),
+        VecMode::Scalar => 1,
+    };
+    let per_row = (cols / width) as u64;
+    let total = rows as u64 * per_row;
+    // The flat walk's multiply-high is exact below 2^32 accesses (and a warp step past the end).
+    if total >= (1u64 << 32) - 1024 {
+        return Err(Error::TooLarge {
+            what: "elements of an FP8 output (accesses counted in 32 bits)",
+            value: rows.saturating_mul(cols),
+        });
+    }
+    let (scale_row, scale_group) = match scaling {
+        Fp8Scaling::PerGroup {
+            layout: ScaleLayout::ColMajor,
+            ..
+        } => (1, scales.row_stride as u64),
+        Fp8Scaling::PerGroup { .. } => (scales.row_stride as u64, 1),
+        _ => (scales.row_stride as u64, 0),
+    };
+    let mut params = GatedFp8Params {
+        a: a.addr,
+        b: b.addr,
+        y: y.addr,
+        scale: scales.addr,
+        a_stride: a.row_stride as u64,
+        b_stride: b.row_stride as u64,
+        y_stride: y.row_stride as u64,
+        scale_row,
+        scale_group,
+        rows: rows as u64,
+        cols: cols as u64,
+        walk: GridWalk::new(per_row, 0),
+        min_scale: 1.0,
+        scale_ub: f32::INFINITY,
+        act: act as u32,
+        scheme: FP8_STATIC,
+        group_shift: 0,
+        group_lanes: 1,
+        batch: 1,
+        threads_per_row: 32,
+        rows_per_block: 1,
+        chunks: 1,
+    };
+    if let Fp8Scaling::PerToken {
+        min_scale,
+        scale_ub,
+    } = scaling
+    {
+        let kernel = KernelId::GatedFp8Row(dtype, mode);
+        // One block of a fixed width per row (the kernel's addressing assumes it), each
+        // thread holding up to GATED_FP8_ROW_CHUNKS accesses per tile.
+        let chunks = GATED_FP8_ROW_CHUNKS as u64;
+        let tpr = GATED_FP8_ROW_MAX_THREADS as u64;
+        let rows_per_block = 1;
+        let blocks = (rows as u64).div_ceil(rows_per_block);
+        if blocks > i32::MAX as u64 {
+            return Err(Error::TooLarge {
+                what: "rows of a per-token FP8 call",
+                value: rows,
+            });
+        }
+        params.scheme = FP8_PER_TOKEN;
+        params.min_scale = min_scale;
+        params.scale_ub = scale_ub.unwrap_or(f32::INFINITY);
+        params.threads_per_row = tpr as u32;
+        params.rows_per_block = rows_per_block as u32;
+        params.chunks = per_row.div_ceil(tpr).clamp(1, chunks) as u32;
+        return Ok(Launch {
+            kernel,
+            grid: blocks as u32,
+            block: (tpr * rows_per_block) as u32,
+            shared_mem_bytes: GATED_FP8_ROW_SMEM_BYTES,
+            params,
+        });
+    }
+    let kernel = KernelId::GatedFp8Flat(dtype, mode);
+    if let Fp8Scaling::PerGroup {
+        group, min_scale, ..
+    } = scaling
+    {
+        // A group is `group / width` accesses: 8-32 lanes on the vector path, one warp of
+        // `group / 32` accesses per lane on the scalar path.
+        let accesses = (group / width) as u64;
+        params.scheme = FP8_PER_GROUP;
+        params.min_scale = min_scale;
+        params.group_shift = accesses.trailing_zeros();
+        params.group_lanes = accesses.min(32) as u32;
+        if mode == VecMode::Scalar {
+            params.batch = (group / 32) as u32;
+        }
+    } else if mode == VecMode::Scalar {
+        params.batch = GATED_FP8_SCALAR_BATCH as u32;
+    }
+    let block = GATED_THREADS as u64;
+    let resident = limits.resident_blocks(kernel) as u64 * block;
+    let threads = match mode {
+        // Two accesses per thread and step on the vector path (see the kernel): beyond four
+        // waves of the resident threads, a thread per two accesses; between one and four, the
+        // resident threads, each taking up to four; below, a thread per access.
+        VecMode::V16 if total > 4 * resident => total.div_ceil(2).min(1 << 31),
+        VecMode::V16 if total > resident => resident,
+        VecMode::V16 => total,
+        // One warp per step of `32 * batch` accesses.
+        VecMode::Scalar => (total.div_ceil(32 * params.batch as u64) * 32).min(resident),
+    };
+    let grid = threads.div_ceil(block);
+    params.walk = GridWalk::new(per_row, grid * block);
+    Ok(Launch {
+        kernel,
+        grid: grid as u32,
+        block: GATED_THREADS,
+        shared_mem_bytes: 0,
+        params,
+    })
+}
+
+impl Kernels {
+    /// `y_q = e4m3(act(a) * b / scale)` with split inputs: `y` FP8, `scales` read (for
+    /// [`Fp8Scaling::Static`], `[1, 1]`) or written (per token `[rows, 1]`, per group
+    /// `[rows, cols / group]` row-major or `[cols / group, rows]` column-major); see
+    /// [`crate::fp8`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_fp8<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &Mat<T>,
+        b: &Mat<T>,
+        y: &mut MatMut<F8E4M3>,
+        scaling: Fp8Scaling,
+        scales: Fp8Scales<'_, '_>,
+    ) -> Result<()> {
+        self.check_views(
+            stream,
+            &[("a", a.stream()), ("b", b.stream()), ("y", y.stream())],
+        )?;
+        let (a, _ga) = a.desc(stream);
+        let (b, _gb) = b.desc(stream);
+        self.gated_fp8_views(stream, act, &a, &b, y, scaling, scales)
+    }
+
+    /// [`Kernels::gated_fp8`] for an interleaved `[gate | up]` input of width `2I`.
+    pub fn gated_interleaved_fp8<T: Element>(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        x: &Mat<T>,
+        y: &mut MatMut<F8E4M3>,
+        scaling: Fp8Scaling,
+        scales: Fp8Scales<'_, '_>,
+    ) -> Result<()> {
+        self.check_views(stream, &[("x", x.stream()), ("y", y.stream())])?;
+        let (x, _gx) = x.desc(stream);
+        let (gate, up) = x.interleaved_halves()?;
+        self.gated_fp8_views(stream, act, &gate, &up, y, scaling, scales)
+    }
+
+    /// The common tail of the safe FP8 forms: the scale tensor's view, the plan, the launch.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_fp8_views(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &MatDesc,
+        b: &MatDesc,
+        y: &mut MatMut<F8E4M3>,
+        scaling: Fp8Scaling,
+        scales: Fp8Scales<'_, '_>,
+    ) -> Result<()> {
+        let (y, _gy) = y.desc_mut(stream);
+        let (scales, _gs) = match scales {
+            Fp8Scales::Read(s) if !scaling.writes_scales() => {
+                check_devices(stream, &[("scales", s.stream())])?;
+                s.desc(stream)
+            }
+            Fp8Scales::Write(s) if scaling.writes_scales() => {
+                check_devices(stream, &[("scales", s.stream())])?;
+                s.desc_mut(stream)
+            }
+            _ => {
+                return Err(Error::InvalidArgument {
+                    what: "FP8 scales (Fp8Scales::Read for Static, Write for PerToken/PerGroup)",
+                    value: format!("{scaling:?}"),
+                });
+            }
+        };
+        let launch = plan_gated_forward_fp8(act, a, b, &y, scaling, &scales, self.limits())?;
+        // SAFETY: planned from live views borrowed for this call (y and the written scales
+        // mutably, so they alias no input); the plan checked shapes, sizes, alignment and
+        // every overlap.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// [`Kernels::gated_fp8`] on raw device matrices (`y` of dtype `F8E4M3`, `scales` f32);
+    /// use [`MatDesc::interleaved_halves`] for the interleaved layout.
+    ///
+    /// # Safety
+    /// As for [`Kernels::gated_raw`]; `scales` is read (static) or written (dynamic).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gated_fp8_raw(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        a: &MatDesc,
+        b: &MatDesc,
+        y: &MatDesc,
+        scaling: Fp8Scaling,
+        scales: &MatDesc,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let launch = plan_gated_forward_fp8(act, a, b, y, scaling, scales, self.limits())?;
+        // SAFETY: the caller vouches for the descriptions; the plan checked the rest.
+        unsafe { self.launch(stream, &launch) }
     }
 }

@@ -4,7 +4,8 @@
 //! sm_90 (the driver picks up newer GPUs by JIT-compiling it) and launched through [`cudarc`]:
 //!
 //! - gated activations `y = act(a) * b` (SwiGLU, GeGLU erf and tanh, ReGLU), split or
-//!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]);
+//!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]), and the
+//!   forward with FP8 E4M3 output and static, per-token or per-group scales ([`fp8`]);
 //! - fused residual-add + RMSNorm `h = x + residual, y = rmsnorm(h) * w` (plain, Gemma, Hugging
 //!   Face numerics), every output placement, forward and backward, batch-invariant ([`norm`]).
 //!
@@ -30,6 +31,7 @@
 //! with no allocation and no synchronisation, so they can be captured into CUDA graphs.
 
 pub mod error;
+pub mod fp8;
 pub mod gated;
 pub mod norm;
 pub mod reference;
@@ -39,6 +41,7 @@ mod validate;
 
 pub use error::{Error, Result};
 pub use ferrofuse_common::{Activation, DType, KernelId, NormPath, VecMode, act};
+pub use fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout};
 pub use norm::{GradPlacement, NormNumerics, Placement, RmsNormOptions, SavedForward};
 pub use runtime::{
     GridLimits, Kernels, Launch, PTX_MODULES, PtxModule, device_count, driver_available,
@@ -47,4 +50,5 @@ pub use tensor::{Element, Mat, MatDesc, MatMut};
 
 /// Re-exported so users name the same versions ferrofuse was built with.
 pub use cudarc;
+pub use float8;
 pub use half;

@@ -103,6 +103,8 @@ pub unsafe trait KernelParams: Copy {}
 // SAFETY: these are the parameter types of the gated entries (see ferrofuse-common).
 unsafe impl KernelParams for GatedFwdParams {}
 unsafe impl KernelParams for GatedBwdParams {}
+// SAFETY: the parameter type of the gated FP8 entries (see ferrofuse-common).
+unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {}
 // SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
 unsafe impl KernelParams for RmsNormFwdParams {}
 unsafe impl KernelParams for RmsNormBwdParams {}
@@ -164,7 +166,10 @@ impl GridLimits {
 fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     matches!(
         kernel,
-        KernelId::GatedFwd(..) | KernelId::GatedBwd(..) | KernelId::RmsNormFwdWFirst(..)
+        KernelId::GatedFwd(..)
+            | KernelId::GatedBwd(..)
+            | KernelId::GatedFp8Flat(..)
+            | KernelId::RmsNormFwdWFirst(..)
     )
     .then(|| kernel.max_block_threads())
 }

@@ -19,9 +19,12 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::f16 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for float8::F8E4M3 {}
 }
 
-/// A storage element type: `f32`, [`half::f16`] or [`half::bf16`].
+/// An element type: `f32`, [`half::f16`] or [`half::bf16`] (storage: inputs and outputs), or
+/// [`float8::F8E4M3`] (the output `y` of the FP8 entry points only; a call that passes it
+/// anywhere else is rejected with [`Error::UnsupportedDType`]).
 pub trait Element: DeviceRepr + Copy + Send + Sync + 'static + sealed::Sealed {
     const DTYPE: DType;
     fn to_f64(self) -> f64;
@@ -56,6 +59,17 @@ impl Element for half::bf16 {
     }
     fn from_f64(v: f64) -> Self {
         half::bf16::from_f64(v)
+    }
+}
+
+impl Element for float8::F8E4M3 {
+    const DTYPE: DType = DType::F8E4M3;
+    fn to_f64(self) -> f64 {
+        float8::F8E4M3::to_f64(&self)
+    }
+    /// Round to nearest even, saturating to +-448 (NaN stays NaN), as the kernels convert.
+    fn from_f64(v: f64) -> Self {
+        float8::F8E4M3::from_bits(crate::reference::fp8::e4m3_bits(v))
     }
 }
 
@@ -143,8 +157,26 @@ impl MatDesc {
     }
 
     /// Checks the description on its own: dtype, unit last stride, non-overlapping rows,
-    /// buffer size, alignment.
+    /// buffer size, alignment. FP8 is rejected ([`Error::UnsupportedDType`]): it is only ever
+    /// an output, checked by [`MatDesc::check_fp8_output`].
     pub fn check(&self, name: &'static str, dtype: DType) -> Result<()> {
+        for d in [self.dtype, dtype] {
+            if d.is_fp8() {
+                return Err(Error::UnsupportedDType {
+                    tensor: name,
+                    dtype: d,
+                });
+            }
+        }
+        self.check_layout(name, dtype)
+    }
+
+    /// [`MatDesc::check`] for an FP8 output (`dtype` must be [`DType::F8E4M3`]).
+    pub fn check_fp8_output(&self, name: &'static str) -> Result<()> {
+        self.check_layout(name, DType::F8E4M3)
+    }
+
+    fn check_layout(&self, name: &'static str, dtype: DType) -> Result<()> {
         if self.dtype != dtype {
             return Err(Error::DTypeMismatch {
                 tensor: name,

@@ -112,3 +112,80 @@ fn scaling_schemes() {
     assert_eq!(s.len(), rows * cols / 128);
     assert_eq!(s[2], min_scale, "row 1, first group: zeros");
 }
+
+/// The software conversion the sm_80 kernels run (`ferrofuse_common::fp8::e4m3_from_f32`)
+/// equals the reference's rounding for every f32 sign, every exponent, and mantissas around
+/// every E4M3 rounding boundary (the halfway points and their neighbours) plus a stride
+/// through the rest; NaN keeps its sign.
+#[test]
+fn software_conversion_matches_the_reference() {
+    use ferrofuse_common::fp8::e4m3_from_f32;
+    let check = |bits: u32| {
+        let x = f32::from_bits(bits);
+        let (got, want) = (e4m3_from_f32(x), e4m3_bits(x as f64));
+        assert_eq!(got, want, "{x:e} ({bits:#010x})");
+    };
+    for sign in [0u32, 1 << 31] {
+        for exp in 0..=255u32 {
+            let top = sign | exp << 23;
+            for m in (0..1u32 << 23).step_by(997) {
+                check(top | m);
+            }
+            // Around every multiple of 2^16 of the mantissa: the E4M3 rounding boundaries of
+            // normal values (multiples of 2^19) and of subnormals (finer, by exponent).
+            for k in 0..1u32 << 7 {
+                let mid = k << 16;
+                for d in [0u32, 1, 2] {
+                    check(top | (mid + d).min((1 << 23) - 1));
+                    check(top | mid.saturating_sub(d));
+                }
+            }
+            check(top | ((1 << 23) - 1));
+        }
+    }
+    assert_eq!(e4m3_from_f32(f32::NAN), 0x7f);
+    assert_eq!(e4m3_from_f32(-f32::NAN), 0xff);
+}
+
+/// The kernels' division by a scale (reciprocal, one FMA correction) is the correctly rounded
+/// quotient for scales in `[2^-100, 2^100]`, including the dynamic scale's `amax / 448`.
+#[test]
+fn division_by_a_scale_is_correctly_rounded() {
+    use ferrofuse_common::fp8::{div_by, reciprocal};
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut scales: Vec<f32> = vec![1.0, 3.0, 448.0, 1.0 / 448.0, 0.03, 1.0 / (448.0 * 512.0)];
+    for _ in 0..2000 {
+        scales.push(2f32.powi(rng.random_range(-100..100)) * rng.random_range(1.0f32..2.0));
+    }
+    for &s in &scales {
+        let inv = reciprocal(s);
+        assert!(inv != 0.0, "{s:e}");
+        for _ in 0..500 {
+            let y = rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-60..60));
+            let q = div_by(y, s, inv);
+            assert_eq!(q.to_bits(), (y / s).to_bits(), "{y:e} / {s:e}");
+        }
+        // Quotients that land on E4M3 rounding boundaries: y = s * (halfway values).
+        for k in 0..256u32 {
+            let t = e4m3_value(k as u8);
+            if !t.is_finite() {
+                continue;
+            }
+            let y = (t as f32) * s;
+            assert_eq!(
+                div_by(y, s, inv).to_bits(),
+                (y / s).to_bits(),
+                "{y:e} / {s:e}"
+            );
+        }
+    }
+    for _ in 0..200_000 {
+        let amax = rng.random_range(0.0f32..1.0) * 2f32.powi(rng.random_range(-100..120));
+        let min = 1e-30;
+        assert_eq!(
+            ferrofuse_common::fp8::dynamic_scale(amax, min, f32::INFINITY).to_bits(),
+            dynamic_scale(amax, min, None).to_bits(),
+            "{amax:e}"
+        );
+    }
+}

@@ -63,6 +63,7 @@ fn max_ulps(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 256.0,
         DType::F16 | DType::BF16 => 1.0,
+        DType::F8E4M3 => unreachable!("FP8 outputs: gpu_gated_fp8.rs"),
     }
 }
 
@@ -374,6 +375,7 @@ macro_rules! typed {
             DType::F32 => $f::<f32>($($arg),*),
             DType::F16 => $f::<f16>($($arg),*),
             DType::BF16 => $f::<bf16>($($arg),*),
+            DType::F8E4M3 => unreachable!("inputs are storage dtypes"),
         }
     };
 }

@@ -224,6 +224,7 @@ fn bits<T: Element>(v: T) -> u32 {
         DType::F32 => (f as f32).to_bits(),
         DType::F16 => f16::from_f64(f).to_bits() as u32,
         DType::BF16 => bf16::from_f64(f).to_bits() as u32,
+        DType::F8E4M3 => unreachable!("the norm runs the storage dtypes"),
     }
 }
 
@@ -739,6 +740,7 @@ fn forward_any(
         (DType::F16, true) => forward_case::<f16, f32>(k, s, c, seed),
         (DType::BF16, false) => forward_case::<bf16, bf16>(k, s, c, seed),
         (DType::BF16, true) => forward_case::<bf16, f32>(k, s, c, seed),
+        (DType::F8E4M3, _) => unreachable!("the norm runs the storage dtypes"),
     }
 }
 
@@ -1524,6 +1526,7 @@ fn backward_any(
         (DType::F16, true) => backward_case::<f16, f32>(k, s, c, seed),
         (DType::BF16, false) => backward_case::<bf16, bf16>(k, s, c, seed),
         (DType::BF16, true) => backward_case::<bf16, f32>(k, s, c, seed),
+        (DType::F8E4M3, _) => unreachable!("the norm runs the storage dtypes"),
     }
 }
 

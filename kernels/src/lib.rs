@@ -49,6 +49,8 @@ macro_rules! unroll {
 #[cfg(target_arch = "nvptx64")]
 mod gated;
 #[cfg(target_arch = "nvptx64")]
+mod gated_fp8;
+#[cfg(target_arch = "nvptx64")]
 mod mem;
 #[cfg(target_arch = "nvptx64")]
 mod norm;

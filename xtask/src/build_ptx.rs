@@ -11,8 +11,6 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferrofuse_common::KernelId;
-
 /// The archs the host crate ships PTX for, newest first (`host/src/runtime.rs` embeds one
 /// file per arch and picks one by the device's compute capability).
 pub const SUPPORTED_ARCHS: [&str; 2] = ["sm_90", "sm_80"];
@@ -39,38 +37,34 @@ pub fn build_checked_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<S
     let ptx = build_ptx(root, target_dir, arch)?;
     let text = std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
     check_entries(&text)?;
-    Ok(with_block_bounds(&text))
+    Ok(add_launch_bounds(&text))
 }
 
-/// Kernels whose PTX states their largest block (`.maxntid`), so ptxas keeps their registers
-/// within what such a block may have. Left to itself it gave the realigned norm entries up to
-/// 255 registers (every chunk's two vectors of two operands in flight, and the shuffles'
-/// copies), which no 512-thread block can launch with. The others already fit and are left
-/// as they are.
-fn bounded(id: KernelId) -> bool {
-    matches!(id, KernelId::RmsNormFwdRealigned(_))
-}
-
-/// `ptx` with a `.maxntid` directive, from [`KernelId::max_block_threads`], on every entry
-/// [`bounded`] names (between the parameter list and the body).
-fn with_block_bounds(ptx: &str) -> String {
-    let mut out = String::with_capacity(ptx.len());
-    let mut pending = None;
-    for line in ptx.lines() {
+/// Writes `.maxntid` / `.minnctapersm` after the parameter list of every entry that has
+/// [`KernelId::launch_bounds`] (rustc has no attribute for them): ptxas then fits the
+/// kernel's registers to those blocks.
+///
+/// [`KernelId::launch_bounds`]: ferrofuse_common::KernelId::launch_bounds
+fn add_launch_bounds(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 4096);
+    let mut pending: Option<(u32, u32)> = None;
+    for line in ptx.split_inclusive('\n') {
+        out.push_str(line);
         if let Some(rest) = line.trim().strip_prefix(".visible .entry ") {
             let name = rest.split('(').next().unwrap_or(rest).trim();
-            pending = KernelId::ALL
-                .into_iter()
+            pending = ferrofuse_common::KernelId::ALL
+                .iter()
                 .find(|k| k.name() == name)
-                .filter(|&k| bounded(k));
+                .and_then(|k| k.launch_bounds());
         }
-        if line == "{"
-            && let Some(k) = pending.take()
-        {
-            out.push_str(&format!(".maxntid {}, 1, 1\n", k.max_block_threads()));
+        // The parameter list ends with a line starting with `)`.
+        if pending.is_some() && line.starts_with(')') {
+            let (threads, blocks) = pending.take().unwrap_or_default();
+            out.push_str(&format!(".maxntid {threads}, 1, 1\n"));
+            if blocks > 1 {
+                out.push_str(&format!(".minnctapersm {blocks}\n"));
+            }
         }
-        out.push_str(line);
-        out.push('\n');
     }
     out
 }
@@ -111,6 +105,10 @@ fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, Stri
     let mut rustflags = format!("-C target-cpu={arch}");
     if parse_arch(arch)? >= 90 {
         rustflags.push_str(" --cfg ferrofuse_pdl");
+    }
+    // sm_89+ convert to FP8 in hardware; older archs run the same rule in software.
+    if parse_arch(arch)? >= 89 {
+        rustflags.push_str(" --cfg ferrofuse_fp8_cvt");
     }
     let linker = target_dir
         .join("release")

@@ -159,6 +159,9 @@ pub struct PlanConfig {
     /// Norm ops: `rms` or `gemma_rms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm: Option<String>,
+    /// FP8 ops: `static`, `per_token` or `group128` (row-major scales).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eps: Option<f64>,
     /// Minimal bytes moved; GB/s = bytes / time on every side.

@@ -246,6 +246,38 @@ impl Layout {
     }
 }
 
+/// The scales of an FP8 output (see `ferrofuse::Fp8Scaling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fp8Scheme {
+    /// One scale for the tensor, read from device memory.
+    Static,
+    /// One scale per row, from the row's largest magnitude (`[rows, 1]` f32 written).
+    PerToken,
+    /// One scale per 128 columns of a row (`[rows, I / 128]` f32 written, row-major).
+    Group128,
+}
+
+impl Fp8Scheme {
+    pub const ALL: [Fp8Scheme; 3] = [Fp8Scheme::Static, Fp8Scheme::PerToken, Fp8Scheme::Group128];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fp8Scheme::Static => "static",
+            Fp8Scheme::PerToken => "per_token",
+            Fp8Scheme::Group128 => "group128",
+        }
+    }
+
+    /// Bytes of scales moved for `rows x cols` (read for static, written otherwise).
+    pub const fn scale_bytes(self, rows: u64, cols: u64) -> u64 {
+        match self {
+            Fp8Scheme::Static => 4,
+            Fp8Scheme::PerToken => 4 * rows,
+            Fp8Scheme::Group128 => 4 * rows * cols.div_ceil(128),
+        }
+    }
+}
+
 /// RMSNorm convention: `y = h * rstd * w` or Gemma's `y = h * rstd * (1 + w)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NormKind {
@@ -300,6 +332,9 @@ pub enum Op {
     GatedFwd,
     /// `da = dy * b * act'(a)`, `db = dy * act(a)`.
     GatedBwd,
+    /// `y_q = e4m3(act(a) * b / scale)` and the scales (run only when asked for by name:
+    /// `--ops gated_fwd_fp8`).
+    GatedFwdFp8,
     /// `h = x + residual`, `y = rmsnorm(h) * w`.
     AddRmsNormFwd,
     /// `dx = d(rmsnorm)/dh * dy`, `dw = sum over rows of dy * h * rstd`.
@@ -307,9 +342,10 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 4] = [
+    pub const ALL: [Op; 5] = [
         Op::GatedFwd,
         Op::GatedBwd,
+        Op::GatedFwdFp8,
         Op::AddRmsNormFwd,
         Op::AddRmsNormBwd,
     ];
@@ -319,6 +355,7 @@ impl Op {
         match self {
             Op::GatedFwd => "gated_fwd",
             Op::GatedBwd => "gated_bwd",
+            Op::GatedFwdFp8 => "gated_fwd_fp8",
             Op::AddRmsNormFwd => "add_rmsnorm_fwd",
             Op::AddRmsNormBwd => "add_rmsnorm_bwd",
         }
@@ -333,7 +370,7 @@ impl Op {
     }
 
     pub const fn is_gated(self) -> bool {
-        matches!(self, Op::GatedFwd | Op::GatedBwd)
+        matches!(self, Op::GatedFwd | Op::GatedBwd | Op::GatedFwdFp8)
     }
 
     /// The minimal traffic, as printed by the benchmark (`s` = dtype size in bytes).
@@ -341,6 +378,10 @@ impl Op {
         match self {
             Op::GatedFwd => "read a, b; write y: 3 * rows * I * s",
             Op::GatedBwd => "read a, b, dy; write da, db: 5 * rows * I * s",
+            Op::GatedFwdFp8 => {
+                "read a, b; write y (FP8) and the scales: 2 * rows * I * s + rows * I + 4 * \
+                 (1 | rows | rows * I / 128)"
+            }
             Op::AddRmsNormFwd => "read x, residual, w; write h, y: (4 * rows * H + H) * s",
             Op::AddRmsNormBwd => {
                 "read dy, h, w, rstd (f32); write dx, dw: (3 * rows * H + 2 * H) * s + 4 * rows"
@@ -352,8 +393,18 @@ impl Op {
 /// What distinguishes shapes of one op beyond rows and cols.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Variant {
-    Gated { act: Act, layout: Layout },
-    Norm { kind: NormKind },
+    Gated {
+        act: Act,
+        layout: Layout,
+    },
+    GatedFp8 {
+        act: Act,
+        layout: Layout,
+        scheme: Fp8Scheme,
+    },
+    Norm {
+        kind: NormKind,
+    },
 }
 
 impl Variant {
@@ -361,6 +412,11 @@ impl Variant {
     pub fn name(self) -> String {
         match self {
             Variant::Gated { act, layout } => format!("{}_{}", act.name(), layout.name()),
+            Variant::GatedFp8 {
+                act,
+                layout,
+                scheme,
+            } => format!("{}_{}_{}", act.name(), layout.name(), scheme.name()),
             Variant::Norm { kind } => kind.name().to_string(),
         }
     }
@@ -410,6 +466,13 @@ impl Config {
         match self.op {
             Op::GatedFwd => 3 * r * c * s,
             Op::GatedBwd => 5 * r * c * s,
+            Op::GatedFwdFp8 => {
+                let scales = match self.variant {
+                    Variant::GatedFp8 { scheme, .. } => scheme.scale_bytes(r, c),
+                    _ => 0,
+                };
+                2 * r * c * s + r * c + scales
+            }
             Op::AddRmsNormFwd => (4 * r * c + c) * s,
             Op::AddRmsNormBwd => (3 * r * c + 2 * c) * s + 4 * r,
         }
@@ -523,6 +586,10 @@ impl fmt::Display for Selection {
 }
 
 fn op_selected(sel: &Selection, op: Op) -> bool {
+    // The FP8 forward only when named (it is not part of the default run or of `gated`).
+    if op == Op::GatedFwdFp8 {
+        return sel.ops.iter().any(|s| s == op.name() || s == "gated_fp8");
+    }
     if op.is_backward() && !(sel.backward || sel.backward_only) {
         return false;
     }
@@ -551,7 +618,8 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
         }
     }
     for op in &sel.ops {
-        let known = ["gated", "add_rmsnorm"].contains(&op.as_str()) || Op::parse(op).is_some();
+        let known =
+            ["gated", "gated_fp8", "add_rmsnorm"].contains(&op.as_str()) || Op::parse(op).is_some();
         if !known {
             return Err(format!(
                 "unknown op {op:?}: gated, add_rmsnorm, or one of {}",
@@ -607,7 +675,19 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
     let mut shapes: BTreeMap<(Op, Variant, usize), BTreeSet<usize>> = BTreeMap::new();
     for op in Op::ALL.into_iter().filter(|&op| op_selected(sel, op)) {
         for (act, kind, intermediate, hidden, rows) in &sources {
-            if op.is_gated() {
+            if op == Op::GatedFwdFp8 {
+                for &layout in layouts {
+                    for scheme in Fp8Scheme::ALL {
+                        let variant = Variant::GatedFp8 {
+                            act: *act,
+                            layout,
+                            scheme,
+                        };
+                        let key = (op, variant, *intermediate);
+                        shapes.entry(key).or_default().extend(rows);
+                    }
+                }
+            } else if op.is_gated() {
                 for &layout in layouts {
                     let variant = Variant::Gated { act: *act, layout };
                     let key = (op, variant, *intermediate);

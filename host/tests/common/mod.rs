@@ -103,6 +103,7 @@ pub fn ordinal(dtype: DType, v: f64) -> i64 {
         DType::F32 => ((v as f32).to_bits() as i64, 1i64 << 31),
         DType::F16 => (f16::from_f64(v).to_bits() as i64, 1 << 15),
         DType::BF16 => (bf16::from_f64(v).to_bits() as i64, 1 << 15),
+        DType::F8E4M3 => (ferrofuse::reference::fp8::e4m3_bits(v) as i64, 1 << 7),
     };
     if b & sign != 0 { -(b & (sign - 1)) } else { b }
 }
@@ -125,10 +126,12 @@ pub fn ulp_at(dtype: DType, v: f64) -> f64 {
         DType::F32 => 23,
         DType::F16 => 10,
         DType::BF16 => 7,
+        DType::F8E4M3 => 3,
     };
     let min_exp = match dtype {
         DType::F32 | DType::BF16 => -126,
         DType::F16 => -14,
+        DType::F8E4M3 => -6,
     };
     let e = if v == 0.0 {
         min_exp

@@ -1,0 +1,406 @@
+//! CPU tests of the gated FP8 forward's host side: every validation error (dtypes, shapes,
+//! strides, sizes, alignment, aliasing, scale shapes and dtypes, scaling arguments), the
+//! kernel and geometry each scheme plans, and the kernel table's completeness. No GPU needed.
+
+mod common;
+
+use common::assert_matches;
+
+use ferrofuse::fp8::DEFAULT_MIN_SCALE;
+use ferrofuse::gated::{plan_gated_forward, plan_gated_forward_fp8};
+use ferrofuse::{
+    Activation, DType, Error, Fp8Scaling, GridLimits, KernelId, Launch, MatDesc, ScaleLayout,
+    VecMode,
+};
+use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
+use ferrofuse_common::{GATED_FP8_ROW_SMEM_BYTES, GatedFp8Params};
+
+const BASE: u64 = 0x7f00_0000_0000;
+/// Far enough apart for any test shape.
+const GAP: u64 = 1 << 32;
+
+fn limits() -> GridLimits {
+    GridLimits::uniform(132, 10)
+}
+
+fn mat(addr: u64, dtype: DType, rows: usize, cols: usize) -> MatDesc {
+    MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)
+}
+
+/// `a`, `b` of `dtype`, `y` FP8, all `rows x cols` and disjoint.
+fn abq(dtype: DType, rows: usize, cols: usize) -> (MatDesc, MatDesc, MatDesc) {
+    (
+        mat(BASE, dtype, rows, cols),
+        mat(BASE + GAP, dtype, rows, cols),
+        mat(BASE + 2 * GAP, DType::F8E4M3, rows, cols),
+    )
+}
+
+fn scales(rows: usize, cols: usize) -> MatDesc {
+    mat(BASE + 3 * GAP, DType::F32, rows, cols)
+}
+
+fn plan(
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+    scaling: Fp8Scaling,
+    s: &MatDesc,
+) -> Result<Launch<GatedFp8Params>, Error> {
+    plan_gated_forward_fp8(Activation::Silu, a, b, y, scaling, s, &limits())
+}
+
+#[test]
+fn static_scale_plans_the_flat_vector_kernel() {
+    let (a, b, y) = abq(DType::BF16, 64, 14336);
+    let l = plan(&a, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8Flat(DType::BF16, VecMode::V16));
+    assert_eq!(l.params.scheme, FP8_STATIC);
+    assert_eq!(l.block, 128);
+    assert_eq!(l.params.walk.per_row, 14336 / 8);
+    // Off the 16-byte grid: the scalar path, a warp per 32 x 4 elements.
+    let a1 = MatDesc {
+        addr: a.addr + 2,
+        ..a
+    };
+    let l = plan(&a1, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::GatedFp8Flat(DType::BF16, VecMode::Scalar)
+    );
+    assert_eq!(l.params.batch, 4);
+}
+
+#[test]
+fn per_token_plans_rows_in_registers() {
+    let (a, b, y) = abq(DType::BF16, 16, 14336);
+    let l = plan(&a, &b, &y, Fp8Scaling::per_token(), &scales(16, 1)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8Row(DType::BF16, VecMode::V16));
+    assert_eq!(l.params.scheme, FP8_PER_TOKEN);
+    // 1792 vectors a row: 512 threads of 2 per tile, two tiles.
+    assert_eq!(
+        (
+            l.params.threads_per_row,
+            l.params.chunks,
+            l.params.rows_per_block
+        ),
+        (512, 2, 1)
+    );
+    assert_eq!((l.grid, l.block), (16, 512));
+    assert_eq!(l.shared_mem_bytes, GATED_FP8_ROW_SMEM_BYTES);
+    assert_eq!(l.params.scale_ub, f32::INFINITY);
+    assert_eq!(l.params.min_scale, DEFAULT_MIN_SCALE);
+    // A short row: one chunk; an upper bound reaches the kernel.
+    let (a, b, y) = abq(DType::F32, 5, 100);
+    let ub = Fp8Scaling::PerToken {
+        min_scale: 1e-6,
+        scale_ub: Some(2.0),
+    };
+    let l = plan(&a, &b, &y, ub, &scales(5, 1)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8Row(DType::F32, VecMode::V16));
+    assert_eq!((l.params.chunks, l.params.rows_per_block), (1, 1));
+    assert_eq!((l.grid, l.block), (5, 512));
+    assert_eq!((l.params.scale_ub, l.params.min_scale), (2.0, 1e-6));
+}
+
+#[test]
+fn per_group_plans_lanes_and_scale_addressing() {
+    let (a, b, y) = abq(DType::BF16, 8, 1024);
+    let rm = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
+    let l = plan(&a, &b, &y, rm, &scales(8, 8)).unwrap();
+    assert_eq!(l.params.scheme, FP8_PER_GROUP);
+    // 128 bf16 = 16 vectors = 16 lanes.
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
+    assert_eq!((l.params.scale_row, l.params.scale_group), (8, 1));
+    // Column-major, rows padded to 12: [groups, rows] with row stride 12.
+    let cm = Fp8Scaling::per_group(64, ScaleLayout::ColMajor);
+    let s = MatDesc {
+        row_stride: 12,
+        len: 15 * 12 + 8,
+        ..scales(16, 8)
+    };
+    let l = plan(&a, &b, &y, cm, &s).unwrap();
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (8, 3));
+    assert_eq!((l.params.scale_row, l.params.scale_group), (1, 12));
+    // f32, 128 columns: a whole warp; the scalar path: 32 lanes x 4.
+    let (a, b, y) = abq(DType::F32, 8, 1024);
+    let l = plan(&a, &b, &y, rm, &scales(8, 8)).unwrap();
+    assert_eq!(l.params.group_lanes, 32);
+    let a1 = MatDesc {
+        addr: a.addr + 4,
+        ..a
+    };
+    let l = plan(&a1, &b, &y, rm, &scales(8, 8)).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::GatedFp8Flat(DType::F32, VecMode::Scalar)
+    );
+    assert_eq!(
+        (l.params.batch, l.params.group_lanes, l.params.group_shift),
+        (4, 32, 7)
+    );
+}
+
+#[test]
+fn rejects_fp8_inputs_and_non_fp8_outputs() {
+    let (a, b, y) = abq(DType::BF16, 4, 256);
+    let s = scales(1, 1);
+    let aq = MatDesc {
+        dtype: DType::F8E4M3,
+        ..a
+    };
+    assert_matches!(
+        plan(&aq, &b, &y, Fp8Scaling::Static, &s),
+        Err(Error::UnsupportedDType {
+            tensor: "a",
+            dtype: DType::F8E4M3
+        })
+    );
+    let y16 = MatDesc {
+        dtype: DType::BF16,
+        ..y
+    };
+    assert_matches!(
+        plan(&a, &b, &y16, Fp8Scaling::Static, &s),
+        Err(Error::DTypeMismatch { tensor: "y", .. })
+    );
+    let b16 = MatDesc {
+        dtype: DType::F16,
+        ..b
+    };
+    assert_matches!(
+        plan(&a, &b16, &y, Fp8Scaling::Static, &s),
+        Err(Error::DTypeMismatch { tensor: "b", .. })
+    );
+    let s16 = MatDesc {
+        dtype: DType::BF16,
+        ..s
+    };
+    assert_matches!(
+        plan(&a, &b, &y, Fp8Scaling::Static, &s16),
+        Err(Error::DTypeMismatch {
+            tensor: "scales",
+            ..
+        })
+    );
+    // The plain entry points refuse FP8 anywhere.
+    assert_matches!(
+        plan_gated_forward(Activation::Silu, &aq, &aq, &aq, &limits()),
+        Err(Error::UnsupportedDType { tensor: "a", .. })
+    );
+    assert_matches!(
+        plan_gated_forward(Activation::Silu, &a, &b, &y, &limits()),
+        Err(Error::UnsupportedDType { tensor: "y", .. })
+    );
+}
+
+#[test]
+fn rejects_wrong_shapes_and_scale_shapes() {
+    let (a, b, y) = abq(DType::F16, 4, 256);
+    let y2 = mat(y.addr, DType::F8E4M3, 4, 128);
+    assert_matches!(
+        plan(&a, &b, &y2, Fp8Scaling::Static, &scales(1, 1)),
+        Err(Error::ShapeMismatch { tensor: "y", .. })
+    );
+    let b2 = mat(b.addr, DType::F16, 3, 256);
+    assert_matches!(
+        plan(&a, &b2, &y, Fp8Scaling::Static, &scales(1, 1)),
+        Err(Error::ShapeMismatch { tensor: "b", .. })
+    );
+    for (scaling, bad) in [
+        (Fp8Scaling::Static, (1, 2)),
+        (Fp8Scaling::per_token(), (1, 4)),
+        (Fp8Scaling::per_token(), (4, 2)),
+        (Fp8Scaling::per_group(128, ScaleLayout::RowMajor), (2, 4)),
+        (Fp8Scaling::per_group(64, ScaleLayout::ColMajor), (2, 4)),
+    ] {
+        assert_matches!(
+            plan(&a, &b, &y, scaling, &scales(bad.0, bad.1)),
+            Err(Error::ShapeMismatch {
+                tensor: "scales",
+                ..
+            })
+        );
+    }
+    assert_matches!(
+        plan(
+            &a,
+            &b,
+            &y,
+            Fp8Scaling::per_group(96, ScaleLayout::RowMajor),
+            &scales(4, 2)
+        ),
+        Err(Error::InvalidArgument { .. })
+    );
+    let (a, b, y) = abq(DType::F16, 4, 320);
+    assert_matches!(
+        plan(
+            &a,
+            &b,
+            &y,
+            Fp8Scaling::per_group(128, ScaleLayout::RowMajor),
+            &scales(4, 2)
+        ),
+        Err(Error::GroupMismatch {
+            cols: 320,
+            group: 128
+        })
+    );
+}
+
+#[test]
+fn rejects_bad_scaling_arguments() {
+    let (a, b, y) = abq(DType::BF16, 4, 256);
+    for min_scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let t = Fp8Scaling::PerToken {
+            min_scale,
+            scale_ub: None,
+        };
+        assert_matches!(
+            plan(&a, &b, &y, t, &scales(4, 1)),
+            Err(Error::InvalidArgument { .. })
+        );
+        let g = Fp8Scaling::PerGroup {
+            group: 128,
+            layout: ScaleLayout::RowMajor,
+            min_scale,
+        };
+        assert_matches!(
+            plan(&a, &b, &y, g, &scales(4, 2)),
+            Err(Error::InvalidArgument { .. })
+        );
+    }
+    for ub in [0.0, -3.0, f32::NAN, f32::INFINITY] {
+        let t = Fp8Scaling::PerToken {
+            min_scale: DEFAULT_MIN_SCALE,
+            scale_ub: Some(ub),
+        };
+        assert_matches!(
+            plan(&a, &b, &y, t, &scales(4, 1)),
+            Err(Error::InvalidArgument { .. })
+        );
+    }
+}
+
+#[test]
+fn rejects_layout_errors() {
+    let (a, b, y) = abq(DType::BF16, 4, 256);
+    let s = scales(4, 1);
+    let t = Fp8Scaling::per_token();
+    let small = MatDesc { len: 1000, ..y };
+    assert_matches!(
+        plan(&a, &b, &small, t, &s),
+        Err(Error::BufferTooSmall { tensor: "y", .. })
+    );
+    let small = MatDesc { len: 3, ..s };
+    assert_matches!(
+        plan(&a, &b, &y, t, &small),
+        Err(Error::BufferTooSmall {
+            tensor: "scales",
+            ..
+        })
+    );
+    let odd = MatDesc {
+        addr: s.addr + 2,
+        ..s
+    };
+    assert_matches!(
+        plan(&a, &b, &y, t, &odd),
+        Err(Error::Misaligned {
+            tensor: "scales",
+            ..
+        })
+    );
+    let narrow = MatDesc {
+        row_stride: 100,
+        ..y
+    };
+    assert_matches!(
+        plan(&a, &b, &narrow, t, &s),
+        Err(Error::RowStrideTooSmall { tensor: "y", .. })
+    );
+    let col = MatDesc { col_stride: 2, ..y };
+    assert_matches!(
+        plan(&a, &b, &col, t, &s),
+        Err(Error::NonUnitLastStride { tensor: "y", .. })
+    );
+}
+
+#[test]
+fn rejects_every_overlap() {
+    let (a, b, y) = abq(DType::BF16, 4, 256);
+    let t = Fp8Scaling::per_token();
+    let s = scales(4, 1);
+    // y over a (its first bytes), over b.
+    let ya = MatDesc { addr: a.addr, ..y };
+    assert_matches!(
+        plan(&a, &b, &ya, t, &s),
+        Err(Error::Aliasing {
+            output: "y",
+            other: "a"
+        })
+    );
+    let yb = MatDesc {
+        addr: b.addr + 100,
+        ..y
+    };
+    assert_matches!(
+        plan(&a, &b, &yb, t, &s),
+        Err(Error::Aliasing {
+            output: "y",
+            other: "b"
+        })
+    );
+    // The scales over an input, over y.
+    let sa = MatDesc {
+        addr: a.addr + 16,
+        ..s
+    };
+    assert_matches!(
+        plan(&a, &b, &y, t, &sa),
+        Err(Error::Aliasing {
+            output: "scales",
+            other: "a"
+        })
+    );
+    let sy = MatDesc {
+        addr: y.addr + 64,
+        ..s
+    };
+    assert_matches!(
+        plan(&a, &b, &y, t, &sy),
+        Err(Error::Aliasing {
+            output: "y",
+            other: "scales"
+        })
+    );
+    // A static scale inside y.
+    let sy = MatDesc {
+        addr: y.addr + 8,
+        ..scales(1, 1)
+    };
+    assert_matches!(
+        plan(&a, &b, &y, Fp8Scaling::Static, &sy),
+        Err(Error::Aliasing { .. })
+    );
+}
+
+#[test]
+fn kernel_table_has_every_storage_dtype_and_path() {
+    for d in DType::ALL {
+        for m in [VecMode::V16, VecMode::Scalar] {
+            for k in [
+                KernelId::GatedFwd(d, m),
+                KernelId::GatedBwd(d, m),
+                KernelId::GatedFp8Flat(d, m),
+                KernelId::GatedFp8Row(d, m),
+            ] {
+                assert!(k.exists(), "{k:?}");
+                assert_eq!(KernelId::ALL[k.index()], k);
+            }
+        }
+        assert!(KernelId::RmsNormDw(d).exists());
+    }
+    assert!(!KernelId::GatedFwd(DType::F8E4M3, VecMode::V16).exists());
+    assert!(!KernelId::GatedFp8Row(DType::F8E4M3, VecMode::Scalar).exists());
+}

@@ -1,0 +1,599 @@
+//! Gated activations with FP8 E4M3 outputs: `y_q = e4m3(act(a) * b / scale)`, the scale
+//! static (given), per token (one per row) or per group (one per `g` consecutive columns).
+//!
+//! # Parameters
+//! [`GatedFp8Params`]: `a`, `b` as in the plain gated forward (split or interleaved, storage
+//! dtype, own row strides), `y` one byte per element, the scales f32 (see the params docs for
+//! their addressing, row- or column-major).
+//!
+//! # Thread mapping
+//! - **Flat** (`gated_fp8_flat_*`: static and per-group). The `rows x cols/W` accesses (`W`
+//!   elements each, 16 bytes of the dtype on `v16`, one element on `scalar`) are numbered
+//!   row-major. On `v16`, thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`, two per
+//!   step with all four loads issued first, its row and column advanced by the host's
+//!   [`GridWalk`] step as in the plain kernel (`G` a multiple of 32, so a warp's lanes hold 32
+//!   consecutive accesses). On `scalar`, warps walk steps of `32 * batch` accesses (lane `l`
+//!   takes `l + 32k`, `k < batch`: coalesced for every `k`), rows and columns from the host's
+//!   multiply-high ([`GridWalk::row_of`]): no division. A group of 128 (or 64) columns is
+//!   8-32 consecutive accesses on `v16` (16 for bf16 / f16, 32 for f32 at 128 columns), so
+//!   8-32 consecutive lanes; on `scalar` it is one whole step (`batch` = group / 32). The
+//!   group's maximum is a butterfly over those lanes (after each lane's own accesses), so
+//!   every lane of a group holds the same scale; the group's first lane stores it. Each
+//!   element is loaded once and written once, the scale once per group: the traffic of the
+//!   plain kernel with a one-byte output.
+//! - **Row** (`gated_fp8_row_*`: per token). One block of [`GATED_FP8_ROW_MAX_THREADS`] (512)
+//!   threads per row; thread `t` owns accesses `t + 512 j`, `j < chunks` (<=
+//!   [`GATED_FP8_ROW_CHUNKS`], 2) per tile, loaded back to back (predicated) and kept packed
+//!   in registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
+//!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
+//!   (up to 1024 accesses: 8192 bf16/f16, 4096 f32) is read once. A longer row is walked
+//!   twice, tile by tile: once for the maximum, once for the output; the second walk finds
+//!   the row in L2 (two rows per SM, 57 KB each for 14336 bf16: 15 MB in all, well below
+//!   its 50 MB), so HBM still sees one read. Holding 14336-element rows in registers took 252 registers a
+//!   thread, one row per SM at a time, and ran at 35% of the copy ceiling (`bench/TUNING.md`).
+//!
+//! # Numerics
+//! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
+//! `max(min(amax, ub) / 448, min_scale)` and `y / scale` with correctly rounded f32 division;
+//! the maximum ignores NaN (`max.f32`), so a NaN element does not poison its row's scale and
+//! stays NaN in `y_q`. The conversion rounds to nearest even and saturates to +-448:
+//! `cvt.rn.satfinite.e4m3x2.f32` on sm_89 and newer, [`e4m3_from_f32`] (bit-identical,
+//! integer and f32 operations) in the sm_80 build.
+//!
+//! # Programmatic dependent launch (sm_90)
+//! Every entry starts with `grid_dependency_sync`.
+//!
+//! # Aliasing
+//! `y` and the scales overlap no input and each other (the host checks).
+
+use core::arch::asm;
+use core::arch::nvptx;
+use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
+
+use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
+#[cfg(not(ferrofuse_fp8_cvt))]
+use ferrofuse_common::fp8::e4m3_from_f32;
+use ferrofuse_common::fp8::{FP8_PER_GROUP, div_by, dynamic_scale, reciprocal};
+use ferrofuse_common::{
+    Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
+    GatedFp8Params, GridWalk,
+};
+
+use crate::mem::{
+    Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync, ld_v4_if,
+};
+
+unsafe extern "C" {
+    // Convergent (never moved into a branch only some lanes take), unlike an `asm!`.
+    #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
+    fn shfl_sync_bfly_f32(member_mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
+}
+
+/// `max(v, v of lane ^ mask)`; every lane of the warp calls it.
+#[inline(always)]
+fn max_xor(v: f32, mask: u32) -> f32 {
+    // SAFETY: full member mask; every caller is executed by the whole warp.
+    v.max(unsafe { shfl_sync_bfly_f32(0xffff_ffff, v, mask, 0x1f) })
+}
+
+/// The maximum over aligned runs of `lanes` lanes (a power of two <= 32); every lane of a
+/// run gets it. Called by the whole warp with the same `lanes`.
+#[inline(always)]
+fn run_max(mut v: f32, lanes: u32) -> f32 {
+    let mut mask = 16;
+    while mask > 0 {
+        if mask < lanes {
+            v = max_xor(v, mask);
+        }
+        mask >>= 1;
+    }
+    v
+}
+
+/// Two f32 -> two E4M3 bytes (`lo` in the low byte), saturating round to nearest even.
+#[inline(always)]
+fn e4m3x2(lo: f32, hi: f32) -> u32 {
+    #[cfg(ferrofuse_fp8_cvt)]
+    {
+        let h: u16;
+        // SAFETY: a register-only conversion (sm_89+); PTX puts the first source in the upper
+        // byte.
+        unsafe {
+            asm!("cvt.rn.satfinite.e4m3x2.f32 {0}, {1}, {2};", out(reg16) h, in(reg32) hi,
+                 in(reg32) lo, options(pure, nomem, nostack, preserves_flags));
+        }
+        h as u32
+    }
+    #[cfg(not(ferrofuse_fp8_cvt))]
+    {
+        e4m3_from_f32(lo) as u32 | (e4m3_from_f32(hi) as u32) << 8
+    }
+}
+
+/// The E4M3 bytes of `y[l] / scale` for the `w` lanes of one access (`inv` =
+/// `reciprocal(scale)`), packed little-endian: word 0 holds lanes 0-3, word 1 lanes 4-7.
+#[inline(always)]
+fn quantize(w: u64, y: &[f32; 8], scale: f32, inv: f32) -> [u32; 2] {
+    let mut q = [0.0f32; 8];
+    unroll!(l < w as usize => {
+        q[l] = div_by(y[l], scale, inv);
+    });
+    match w {
+        1 => [e4m3x2(q[0], 0.0) & 0xff, 0],
+        4 => [e4m3x2(q[0], q[1]) | e4m3x2(q[2], q[3]) << 16, 0],
+        _ => [
+            e4m3x2(q[0], q[1]) | e4m3x2(q[2], q[3]) << 16,
+            e4m3x2(q[4], q[5]) | e4m3x2(q[6], q[7]) << 16,
+        ],
+    }
+}
+
+/// Stores the `w` bytes (1, 4 or 8) of one access at `p` when `pred` (aligned to `w` bytes;
+/// predicated).
+#[inline(always)]
+unsafe fn store_q(w: u64, p: u64, q: [u32; 2], pred: bool) {
+    // SAFETY (all arms): when `pred`, `p` is a valid global address of `w` bytes aligned to
+    // `w` (caller); otherwise nothing is accessed.
+    unsafe {
+        match w {
+            1 => asm!(
+                "{{ .reg .pred ok; .reg .b16 v; setp.ne.u32 ok, {2}, 0; cvt.u16.u32 v, {1};",
+                "@ok st.global.u8 [{0}], v; }}",
+                in(reg64) p, in(reg32) q[0], in(reg32) pred as u32,
+                options(nostack, preserves_flags)),
+            4 => asm!(
+                "{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.u32 [{0}], {1}; }}",
+                in(reg64) p, in(reg32) q[0], in(reg32) pred as u32,
+                options(nostack, preserves_flags)),
+            _ => asm!(
+                "{{ .reg .pred ok; setp.ne.u32 ok, {3}, 0;",
+                "@ok st.global.v2.u32 [{0}], {{{1}, {2}}}; }}",
+                in(reg64) p, in(reg32) q[0], in(reg32) q[1], in(reg32) pred as u32,
+                options(nostack, preserves_flags)),
+        }
+    }
+}
+
+/// Stores one f32 at `p` when `pred` (4-byte aligned; predicated).
+#[inline(always)]
+unsafe fn store_f32_if(p: u64, v: f32, pred: bool) {
+    // SAFETY: when `pred`, `p` is a valid, 4-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.f32 [{0}], {1}; }}",
+             in(reg64) p, in(reg32) v, in(reg32) pred as u32,
+             options(nostack, preserves_flags));
+    }
+}
+
+/// Loads the f32 at `p`.
+#[inline(always)]
+unsafe fn load_f32(p: u64) -> f32 {
+    let v: f32;
+    // SAFETY: `p` is a valid, 4-byte aligned global address (caller).
+    unsafe {
+        asm!("ld.global.f32 {0}, [{1}];", out(reg32) v, in(reg64) p,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// The raw bits of one access at `p` when `pred`, else zeros (predicated: a thread's loads
+/// issue back to back).
+#[inline(always)]
+unsafe fn load_if<E: Elem, const M: VecMode>(p: u64, pred: bool) -> [u32; 4] {
+    match M {
+        // SAFETY: the caller's contract (a valid access of path M when `pred`).
+        VecMode::V16 => unsafe { ld_v4_if(p, pred) },
+        // SAFETY: as above.
+        VecMode::Scalar => [unsafe { E::load_bits_if(p, pred) }, 0, 0, 0],
+    }
+}
+
+/// Byte address of access `col` (counted in accesses) of row `row` of a storage matrix.
+#[inline(always)]
+fn addr<E: Elem, const M: VecMode>(base: u64, stride: u64, row: u64, col: u64) -> u64 {
+    base + (row * stride + col * const { access_width::<E, M>() }) * E::BYTES
+}
+
+/// Byte address of access `col` of row `row` of the FP8 output.
+#[inline(always)]
+fn addr_q<E: Elem, const M: VecMode>(base: u64, stride: u64, row: u64, col: u64) -> u64 {
+    base + row * stride + col * const { access_width::<E, M>() }
+}
+
+/// `act(a) * b` over the lanes of one access.
+#[inline(always)]
+fn gated<E: Elem, const M: VecMode, A: GatedAct>(a: [u32; 4], b: [u32; 4]) -> [f32; 8] {
+    let (a, b) = (E::widen_access::<M>(a), E::widen_access::<M>(b));
+    let mut y = [0.0f32; 8];
+    unroll!(l < const { access_width::<E, M>() } as usize => {
+        y[l] = A::value(a[l]) * b[l];
+    });
+    y
+}
+
+/// `max |y[l]|` over the lanes of one access (0 when `!ok`).
+#[inline(always)]
+fn access_amax(w: u64, y: &[f32; 8], ok: bool) -> f32 {
+    let mut m = 0.0f32;
+    unroll!(l < w as usize => {
+        m = m.max(y[l].abs());
+    });
+    if ok { m } else { 0.0 }
+}
+
+/// The flat kernel (static and per-group scales); see the module docs.
+#[inline(always)]
+unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const GROUPED: bool>(p: &GatedFp8Params) {
+    grid_dependency_sync();
+    let fixed = if GROUPED {
+        0.0
+    } else {
+        // SAFETY: the host checked that `scale` is one readable, aligned f32.
+        unsafe { load_f32(p.scale) }
+    };
+    let fixed_inv = reciprocal(fixed);
+    if M == VecMode::V16 {
+        // SAFETY: the caller's contract.
+        return unsafe { flat_v16::<E, A, GROUPED>(p, fixed, fixed_inv) };
+    }
+    let w = const { access_width::<E, M>() };
+    let walk: &GridWalk = &p.walk;
+    let per_step = 32 * p.batch as u64;
+    let thread = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    let lane = grid::thread_x() & 31;
+    let step = grid::grid_dim_x() * grid::block_dim_x() / 32 * per_step;
+    let total = p.rows * walk.per_row;
+    let mut base = thread / 32 * per_step;
+    while base < total {
+        // Sized for `unroll!`'s eight steps; only the first `GATED_FP8_SCALAR_BATCH` are used.
+        let mut a = [0u32; 8];
+        let mut b = [0u32; 8];
+        let mut at = [(0u64, 0u64); 8];
+        let mut ok = [false; 8];
+        unroll!(k < GATED_FP8_SCALAR_BATCH => {
+            let i = base + lane + 32 * k as u64;
+            ok[k] = (k as u32) < p.batch && i < total;
+            let row = walk.row_of(i);
+            at[k] = (row, i - row * walk.per_row);
+            let (r, c) = at[k];
+            // SAFETY: where `ok[k]`, access i < total is inside `a` and `b` (the host checked
+            // the allocations cover rows x cols at these strides, and the alignment of M; i
+            // < 2^32, so `row_of` is exact); the others are predicated off.
+            unsafe {
+                a[k] = E::load_bits_if(addr::<E, M>(p.a, p.a_stride, r, c), ok[k]);
+                b[k] = E::load_bits_if(addr::<E, M>(p.b, p.b_stride, r, c), ok[k]);
+            }
+        });
+        let mut y = [0.0f32; 8];
+        let mut amax = 0.0f32;
+        unroll!(k < GATED_FP8_SCALAR_BATCH => {
+            y[k] = A::value(E::widen(a[k])) * E::widen(b[k]);
+            if GROUPED && ok[k] {
+                amax = amax.max(y[k].abs());
+            }
+        });
+        let (scale, inv) = if GROUPED {
+            let s = dynamic_scale(run_max(amax, p.group_lanes), p.min_scale, f32::INFINITY);
+            let (r, c) = at[0];
+            let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
+            // SAFETY: one step is one group (`batch` = group / 32): lane 0 stores its scale,
+            // inside the scale matrix (the host checked its shape and strides).
+            unsafe { store_f32_if(at_s, s, lane == 0 && ok[0]) };
+            (s, reciprocal(s))
+        } else {
+            (fixed, fixed_inv)
+        };
+        unroll!(k < GATED_FP8_SCALAR_BATCH => {
+            let (r, c) = at[k];
+            let mut v = [0.0f32; 8];
+            v[0] = y[k];
+            let q = quantize(w, &v, scale, inv);
+            // SAFETY: as for the loads: `y` covers rows x cols at its stride.
+            unsafe { store_q(w, addr_q::<E, M>(p.y, p.y_stride, r, c), q, ok[k]) };
+        });
+        base += step;
+    }
+}
+
+/// [`flat`] on the vector path: thread `g` of `G` takes accesses `g, g + G, ...` (so a warp's
+/// 32 lanes take 32 consecutive accesses, `G` being a multiple of 32), its row and column
+/// advanced by the host's [`GridWalk`] step as in the plain gated forward.
+#[inline(always)]
+unsafe fn flat_v16<E: Elem, A: GatedAct, const GROUPED: bool>(
+    p: &GatedFp8Params,
+    fixed: f32,
+    fixed_inv: f32,
+) {
+    const V: VecMode = VecMode::V16;
+    let walk = &p.walk;
+    let step = grid::grid_dim_x() * grid::block_dim_x();
+    let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    let lane = grid::thread_x() & 31;
+    let total = p.rows * walk.per_row;
+    let row = walk.row_of(i);
+    let (mut r, mut c) = (row, i - row * walk.per_row);
+    // Two accesses per thread and step, all four loads issued first: twice the bytes in
+    // flight of one access per thread (this kernel's registers cap its occupancy below the
+    // plain kernel's).
+    // Warp-uniform: every lane of the warp runs the same steps (the shuffles need them all).
+    while i - lane < total {
+        let (mut r2, mut c2) = (r + walk.step_rows, c + walk.step_cols);
+        if c2 >= walk.per_row {
+            c2 -= walk.per_row;
+            r2 += 1;
+        }
+        let (ok, ok2) = (i < total, i + step < total);
+        // SAFETY: where `ok` (`ok2`), access i (i + step) is inside `a` and `b` (the host's
+        // checks; `(r, c)` and `(r2, c2)` are their rows and columns, the walk being built for
+        // this grid).
+        let (a, b, a2, b2) = unsafe {
+            (
+                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c), ok),
+                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c), ok),
+                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r2, c2), ok2),
+                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r2, c2), ok2),
+            )
+        };
+        // SAFETY: as for the loads.
+        unsafe {
+            flat_v16_one::<E, A, GROUPED>(p, a, b, (r, c), ok, lane, fixed, fixed_inv);
+            flat_v16_one::<E, A, GROUPED>(p, a2, b2, (r2, c2), ok2, lane, fixed, fixed_inv);
+        }
+        (r, c) = (r2 + walk.step_rows, c2 + walk.step_cols);
+        if c >= walk.per_row {
+            c -= walk.per_row;
+            r += 1;
+        }
+        i += 2 * step;
+    }
+}
+
+/// The output of one access of [`flat_v16`] (its loads done): `y`, the group's scale, the
+/// stores.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flat_v16_one<E: Elem, A: GatedAct, const GROUPED: bool>(
+    p: &GatedFp8Params,
+    a: [u32; 4],
+    b: [u32; 4],
+    (r, c): (u64, u64),
+    ok: bool,
+    lane: u64,
+    fixed: f32,
+    fixed_inv: f32,
+) {
+    const V: VecMode = VecMode::V16;
+    let w = const { access_width::<E, V>() };
+    let y = gated::<E, V, A>(a, b);
+    let (scale, inv) = if GROUPED {
+        let amax = run_max(access_amax(w, &y, ok), p.group_lanes);
+        let s = dynamic_scale(amax, p.min_scale, f32::INFINITY);
+        let first = lane & (p.group_lanes as u64 - 1) == 0;
+        let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
+        // SAFETY: the first lane of each group stores its scale, inside the scale matrix (the
+        // host checked its shape and strides) when its access is in range.
+        unsafe { store_f32_if(at_s, s, first && ok) };
+        (s, reciprocal(s))
+    } else {
+        (fixed, fixed_inv)
+    };
+    let q = quantize(w, &y, scale, inv);
+    // SAFETY: `y` covers rows x cols at its stride, aligned to `w` bytes (the host's checks).
+    unsafe { store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok) };
+}
+
+/// The launch-sized dynamic shared memory as f32s.
+#[inline(always)]
+fn smem_f32() -> *mut f32 {
+    gpu_launch_sized_workgroup_mem::<f32>()
+}
+
+/// The maximum of `v` over the `warps` warps of one row (slots `slot .. slot + warps` of
+/// shared memory); every thread of the row gets it. With more than one warp per row it
+/// executes one barrier, so every thread of the block calls it (same `warps`), once per
+/// launch.
+///
+/// # Safety
+/// `slot + warps` f32s fit in the launch's dynamic shared memory.
+#[inline(always)]
+unsafe fn row_max(v: f32, lane: u32, warp: u32, warps: u32, slot: u32) -> f32 {
+    let m = run_max(v, 32);
+    if warps <= 1 {
+        return m;
+    }
+    let smem = smem_f32();
+    if lane == 0 {
+        // SAFETY: slot + warp < slot + warps: inside the allocation (caller's contract).
+        unsafe { *smem.add((slot + warp) as usize) = m };
+    }
+    // SAFETY: reached by every thread of the block (the caller's contract).
+    unsafe { nvptx::_syncthreads() };
+    let t = if lane < warps {
+        // SAFETY: as above; written before the barrier by lane 0 of warp `lane`.
+        unsafe { *smem.add((slot + lane) as usize) }
+    } else {
+        0.0
+    };
+    run_max(t, 32)
+}
+
+/// The raw loads of one tile of a row, this thread's accesses `first + j * tpr`, `j < chunks`.
+/// Kept packed (half the registers of the f32 `y` for 16-bit dtypes): `y` is computed once
+/// for the maximum and again for the stores.
+struct Tile {
+    a: [[u32; 4]; GATED_FP8_ROW_CHUNKS],
+    b: [[u32; 4]; GATED_FP8_ROW_CHUNKS],
+    ok: [bool; GATED_FP8_ROW_CHUNKS],
+}
+
+/// Loads one tile of a row (see [`Tile`]), predicated and back to back.
+#[inline(always)]
+unsafe fn row_tile<E: Elem, const M: VecMode>(
+    p: &GatedFp8Params,
+    row: u64,
+    live: bool,
+    first: u64,
+    tpr: u64,
+) -> Tile {
+    let mut t = Tile {
+        a: [[0u32; 4]; GATED_FP8_ROW_CHUNKS],
+        b: [[0u32; 4]; GATED_FP8_ROW_CHUNKS],
+        ok: [false; GATED_FP8_ROW_CHUNKS],
+    };
+    unroll!(j < GATED_FP8_ROW_CHUNKS => {
+        let c = first + j as u64 * tpr;
+        t.ok[j] = live && (j as u32) < p.chunks && c < p.walk.per_row;
+        // SAFETY: where `ok[j]`, access c of row `row` is inside `a` and `b` (the host's
+        // checks); the others are predicated off.
+        unsafe {
+            t.a[j] = load_if::<E, M>(addr::<E, M>(p.a, p.a_stride, row, c), t.ok[j]);
+            t.b[j] = load_if::<E, M>(addr::<E, M>(p.b, p.b_stride, row, c), t.ok[j]);
+        }
+    });
+    t
+}
+
+/// The largest `|y|` of a tile.
+#[inline(always)]
+fn tile_amax<E: Elem, const M: VecMode, A: GatedAct>(t: &Tile) -> f32 {
+    let mut amax = 0.0f32;
+    unroll!(j < GATED_FP8_ROW_CHUNKS => {
+        let y = gated::<E, M, A>(t.a[j], t.b[j]);
+        amax = amax.max(access_amax(const { access_width::<E, M>() }, &y, t.ok[j]));
+    });
+    amax
+}
+
+/// Stores one tile of a row (see [`row_tile`]) under `scale` (`inv` = `reciprocal(scale)`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct>(
+    p: &GatedFp8Params,
+    t: &Tile,
+    row: u64,
+    first: u64,
+    tpr: u64,
+    scale: f32,
+    inv: f32,
+) {
+    let w = const { access_width::<E, M>() };
+    unroll!(j < GATED_FP8_ROW_CHUNKS => {
+        let c = first + j as u64 * tpr;
+        let y = gated::<E, M, A>(t.a[j], t.b[j]);
+        let q = quantize(w, &y, scale, inv);
+        // SAFETY: where `ok`, access c of row `row` is inside `y` (the host's checks).
+        unsafe { store_q(w, addr_q::<E, M>(p.y, p.y_stride, row, c), q, t.ok[j]) };
+    });
+}
+
+/// The row kernel (per-token scales); see the module docs.
+#[inline(always)]
+unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
+    grid_dependency_sync();
+    // One row per block of ROW_THREADS threads (the host's geometry), a constant so that a
+    // thread's chunks are one base address plus immediate offsets (with the row's width a
+    // run-time value, the addresses of every chunk took registers of their own).
+    const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
+    let t_row = grid::thread_x();
+    let row = grid::block_x();
+    let live = row < p.rows;
+    let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (TPR / 32) as u32);
+    let slot = 0;
+    let tpr = TPR;
+    let tile = TPR * p.chunks as u64;
+    let scale_at = p.scale + row * p.scale_row * 4;
+    if tile >= p.walk.per_row {
+        // The whole row in registers: one read, one write.
+        // SAFETY: the host's checks (see `row_tile`).
+        let t = unsafe { row_tile::<E, M>(p, row, live, t_row, tpr) };
+        let amax = tile_amax::<E, M, A>(&t);
+        // SAFETY: `slot + warps` <= the block's warps, which the dynamic shared memory holds;
+        // every thread of the block gets here once.
+        let amax = unsafe { row_max(amax, lane, warp, warps, slot) };
+        let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
+        // SAFETY: the row's scale is inside the scale matrix for a live row.
+        unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
+        // SAFETY: as for the loads.
+        unsafe { row_store::<E, M, A>(p, &t, row, t_row, tpr, scale, reciprocal(scale)) };
+        return;
+    }
+    // Longer rows: the maximum over every tile, then each tile again for the output.
+    let mut amax = 0.0f32;
+    let mut first = t_row;
+    while first < p.walk.per_row + t_row {
+        // SAFETY: as above.
+        let t = unsafe { row_tile::<E, M>(p, row, live, first, tpr) };
+        amax = amax.max(tile_amax::<E, M, A>(&t));
+        first += tile;
+    }
+    // SAFETY: as above.
+    let amax = unsafe { row_max(amax, lane, warp, warps, slot) };
+    let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
+    // SAFETY: as above.
+    unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
+    let inv = reciprocal(scale);
+    let mut first = t_row;
+    while first < p.walk.per_row + t_row {
+        // SAFETY: as above.
+        unsafe {
+            let t = row_tile::<E, M>(p, row, live, first, tpr);
+            row_store::<E, M, A>(p, &t, row, first, tpr, scale, inv);
+        }
+        first += tile;
+    }
+}
+
+/// Dispatches on the activation (and, for the flat kernel, the scheme) once per launch, then
+/// runs a body monomorphized for them.
+macro_rules! dispatch {
+    ($body:ident, $e:ty, $m:path, $p:expr $(, $g:expr)?) => {
+        match Activation::from_u32($p.act) {
+            Some(Activation::Silu) => $body::<$e, { $m }, Silu $(, $g)?>($p),
+            Some(Activation::GeluErf) => $body::<$e, { $m }, GeluErf $(, $g)?>($p),
+            Some(Activation::GeluTanh) => $body::<$e, { $m }, GeluTanh $(, $g)?>($p),
+            Some(Activation::Relu) => $body::<$e, { $m }, Relu $(, $g)?>($p),
+            // The host only passes valid activations.
+            None => {}
+        }
+    };
+}
+
+macro_rules! entries {
+    ($($flat:ident, $row:ident: $e:ty, $m:path;)*) => {$(
+        /// Gated forward with FP8 output, static or per-group scales; see the module docs.
+        /// Launch: `GATED_THREADS` threads, the planned grid.
+        ///
+        /// # Safety
+        /// The host launcher's checks: valid, aligned, in-bounds tensors; no overlaps.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $flat(p: GatedFp8Params) {
+            if p.scheme == FP8_PER_GROUP {
+                unsafe { dispatch!(flat, $e, $m, &p, true) }
+            } else {
+                unsafe { dispatch!(flat, $e, $m, &p, false) }
+            }
+        }
+
+        /// Gated forward with FP8 output and per-token scales; see the module docs. Launch:
+        /// one block of `GATED_FP8_ROW_MAX_THREADS` threads per row,
+        /// `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
+        ///
+        /// # Safety
+        /// As for the flat entry.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
+            unsafe { dispatch!(per_token, $e, $m, &p) }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
+entries! {
+    gated_fp8_flat_f32_v16, gated_fp8_row_f32_v16: F32, VecMode::V16;
+    gated_fp8_flat_f32_scalar, gated_fp8_row_f32_scalar: F32, VecMode::Scalar;
+    gated_fp8_flat_f16_v16, gated_fp8_row_f16_v16: F16, VecMode::V16;
+    gated_fp8_flat_f16_scalar, gated_fp8_row_f16_scalar: F16, VecMode::Scalar;
+    gated_fp8_flat_bf16_v16, gated_fp8_row_bf16_v16: Bf16, VecMode::V16;
+    gated_fp8_flat_bf16_scalar, gated_fp8_row_bf16_scalar: Bf16, VecMode::Scalar;
+}
