@@ -155,7 +155,8 @@ fn named_gated_functions_pick_their_activation() {
     };
     let a = randn(&[8, 64], DType::F32, &dev);
     let b = randn(&[8, 64], DType::F32, &dev);
-    let pairs: [(fn(&Tensor, &Tensor) -> Result<Tensor>, Activation); 4] = [
+    type Gated = fn(&Tensor, &Tensor) -> Result<Tensor>;
+    let pairs: [(Gated, Activation); 4] = [
         (ffc::swiglu, Activation::Silu),
         (ffc::geglu, Activation::GeluErf),
         (ffc::geglu_tanh, Activation::GeluTanh),
@@ -350,7 +351,7 @@ fn gemma_and_hf_numerics_options() {
         .unwrap()
         .to_dtype(DType::BF16)
         .unwrap();
-    let theirs = candle_nn::ops::rms_norm(&(&x + &r).unwrap(), &w1, eps as f32).unwrap();
+    let theirs = candle_nn::ops::rms_norm(&(&x + &r).unwrap(), &w1, eps).unwrap();
     assert_close(
         "gemma vs candle",
         &values(&y),
