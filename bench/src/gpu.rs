@@ -77,6 +77,17 @@ impl Harness {
         // are only freed after a synchronize.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().ctx("creating a stream")?;
+        Self::on_stream(kernels, stream, budgets)
+    }
+
+    /// The harness on a stream the caller owns (another framework's, e.g. candle's), with
+    /// the same method. The caller sees to cross-stream tracking: capture in
+    /// [`Harness::graph`] fails on a stream whose buffers wait on events recorded outside it.
+    pub fn on_stream(
+        kernels: Arc<Kernels>,
+        stream: Arc<CudaStream>,
+        budgets: Budgets,
+    ) -> Result<Self> {
         let flush = stream
             .alloc_zeros::<u8>(L2_FLUSH_BYTES)
             .ctx("allocating the L2 flush buffer")?;

@@ -72,6 +72,7 @@ pub fn merge(reports: Vec<Report>) -> Result<(Report, Vec<String>), String> {
 mod tests {
     use super::*;
     use crate::sample::sample;
+    use ferrofuse_bench_schema::schema::PEER_IMPLS;
 
     #[test]
     fn merge_takes_the_ferrofuse_header_and_recomputes_percentages() {
@@ -80,7 +81,8 @@ mod tests {
         let (m, warnings) = merge(vec![peers, ours]).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(m.copy_ceiling_gbs, 4240.0);
-        assert_eq!(m.results.len(), 2 + 3 * 4 + 2);
+        // Three shapes, each for ferrofuse and every peer.
+        assert_eq!(m.results.len(), 2 + 3 * (1 + PEER_IMPLS.len()) + 2);
         for r in &m.results {
             assert!((r.pct_of_ceiling - 100.0 * r.gbs / 4240.0).abs() < 1e-9);
         }

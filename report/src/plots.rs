@@ -54,6 +54,7 @@ fn impl_color(imp: &str) -> RGBColor {
         "torch_eager" => RGBColor(127, 127, 127),
         "torch_compile" => RGBColor(31, 119, 180),
         "triton" => RGBColor(44, 160, 44),
+        "candle" => RGBColor(255, 127, 14),
         _ => RGBColor(148, 103, 189),
     }
 }
@@ -332,7 +333,13 @@ mod tests {
         let series: Vec<&str> = per_call.series.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             series,
-            ["ferrofuse", "torch_eager", "torch_compile", "triton"]
+            [
+                "ferrofuse",
+                "torch_eager",
+                "torch_compile",
+                "triton",
+                "candle"
+            ]
         );
         // The default token counts within the data's range (1 to 16384 rows).
         assert_eq!(

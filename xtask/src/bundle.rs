@@ -15,6 +15,14 @@
 //! - `run.sh peers [args]`: `peers.py args` alone.
 //!
 //! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark.
+//!
+//! `--candle` adds ferrofuse-candle (built with candle's CUDA feature and the CUDA 13.0 wheels,
+//! see `tools::candle_cuda`): its test executables and `llama_mlp` example (run by `run.sh
+//! test`), the candle peer of the benchmark (`candle-peer`, run by `run.sh bench` after
+//! `ferrofuse-bench` on the same plan; `FERROFUSE_CANDLE=0` skips it, `FERROFUSE_CANDLE_JSON`
+//! names its results, default `candle.json`), and `lib/libcudart.so.13`, which candle-kernels
+//! links. `run.sh` puts `lib/` and the `nvidia/*/lib` folders of python3's site-packages
+//! (torch's CUDA wheels: libcublas, libcublasLt, libcurand, libnvrtc) on `LD_LIBRARY_PATH`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,6 +35,11 @@ pub struct Args {
     /// Output folder (git-ignored by default).
     #[arg(long, default_value = "gpu-bundle")]
     out: PathBuf,
+    /// Also bundle ferrofuse-candle's tests, example and candle benchmark peer (installs the
+    /// CUDA 13.0 wheels into `.tools/cuda`; a cold candle build takes about 11 minutes on two
+    /// cores).
+    #[arg(long)]
+    candle: bool,
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
@@ -35,6 +48,24 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # FERROFUSE_DEVICE=N picks the device.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+if [ -d "$here/candle" ]; then
+  # ferrofuse-candle links libcudart (carried in lib/) and, through candle's cudarc, libcublas,
+  # libcublasLt, libcurand and libnvrtc: taken from python3's nvidia-* wheels (torch's).
+  libs="$here/lib"
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for l in "$d"/nvidia/*/lib; do [ -d "$l" ] && libs="$libs:$l"; done
+  done
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# Whether the dynamic linker finds libcuda.so.1 (the ferrofuse-candle executables link it).
+has_libcuda() {
+  ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' && return 0
+  local d
+  for d in ${LD_LIBRARY_PATH//:/ } /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib; do
+    [ -e "$d/libcuda.so.1" ] && return 0
+  done
+  return 1
+}
 task=${1:-test}
 shift || true
 status=0
@@ -47,7 +78,19 @@ case "$task" in
     for e in "$here"/examples/*; do
       echo "== example $(basename "$e")"
       "$e" || status=1
-    done ;;
+    done
+    if [ -d "$here/candle" ] && ! has_libcuda; then
+      echo "== ferrofuse-candle: skipped (candle links libcuda, and this machine has no CUDA driver)"
+    elif [ -d "$here/candle" ]; then
+      for t in "$here"/candle/tests/*; do
+        echo "== ferrofuse-candle $(basename "$t")"
+        "$t" "$@" || status=1
+      done
+      for e in "$here"/candle/examples/*; do
+        echo "== ferrofuse-candle example $(basename "$e")"
+        "$e" || status=1
+      done
+    fi ;;
   sanitize)
     export FERROFUSE_TEST_QUICK=1
     for tool in memcheck racecheck initcheck; do
@@ -64,11 +107,16 @@ case "$task" in
     start=$SECONDS
     "$here/ferrofuse-bench" --plan-out "$plan" "$@"
     status=$?
-    peers=${FERROFUSE_PEERS:-1}
+    peers=1
     for a in "$@"; do
       case "$a" in --list|--help|-h|--version|-V) peers=0 ;; esac
     done
     if [ $status -eq 69 ] || [ $status -eq 2 ] || [ ! -s "$plan" ]; then peers=0; fi
+    if [ "$peers" != 0 ] && [ -x "$here/candle-peer" ] && [ "${FERROFUSE_CANDLE:-1}" != 0 ]; then
+      echo "== candle peer (candle's own ops) on the same plan"
+      "$here/candle-peer" --plan "$plan" --json "${FERROFUSE_CANDLE_JSON:-candle.json}" || status=1
+    fi
+    if [ "${FERROFUSE_PEERS:-1}" = 0 ]; then peers=0; fi
     if [ "$peers" != 0 ]; then
       echo "== peers (torch eager, torch.compile, Triton) on the same plan"
       python3 "$here/peers.py" --plan "$plan" --json "${FERROFUSE_PEERS_JSON:-peers.json}" || status=1
@@ -105,6 +153,11 @@ pub fn run(args: &Args) -> Result<(), String> {
 
     let tests = build_test_executables(&cargo, &root)?;
     let examples = build_examples(&cargo, &root)?;
+    let candle = if args.candle {
+        Some(build_candle(&cargo, &root)?)
+    } else {
+        None
+    };
     if out.exists() {
         std::fs::remove_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
     }
@@ -119,6 +172,17 @@ pub fn run(args: &Args) -> Result<(), String> {
 
     copy(&tools::build_bench(&root)?, &out.join("ferrofuse-bench"))?;
     copy(&root.join("bench/peers.py"), &out.join("peers.py"))?;
+    if let Some(c) = &candle {
+        for dir in ["candle/tests", "candle/examples", "lib"] {
+            std::fs::create_dir_all(out.join(dir)).map_err(|e| e.to_string())?;
+        }
+        for (name, exe) in &c.tests {
+            copy(exe, &out.join("candle/tests").join(name))?;
+        }
+        copy(&c.llama_mlp, &out.join("candle/examples/llama_mlp"))?;
+        copy(&c.peer, &out.join("candle-peer"))?;
+        copy(&c.cudart, &out.join("lib/libcudart.so.13"))?;
+    }
 
     let run_sh = out.join("run.sh");
     std::fs::write(&run_sh, RUN_SH).map_err(|e| e.to_string())?;
@@ -133,6 +197,51 @@ pub fn run(args: &Args) -> Result<(), String> {
         out.display()
     );
     Ok(())
+}
+
+/// What `--candle` adds to the bundle.
+struct CandleBuild {
+    tests: Vec<(String, PathBuf)>,
+    llama_mlp: PathBuf,
+    peer: PathBuf,
+    cudart: PathBuf,
+}
+
+/// Builds ferrofuse-candle's tests and examples in release with the CUDA wheels.
+fn build_candle(cargo: &str, root: &Path) -> Result<CandleBuild, String> {
+    let cuda = tools::candle_cuda()?;
+    let env = |cmd: &mut Command| cuda.apply(cmd);
+    let tests = built_executables_with(
+        cargo,
+        root,
+        &["test", "--release", "-p", "ferrofuse-candle", "--no-run"],
+        &env,
+        |msg| msg["profile"]["test"].as_bool() == Some(true),
+    )?;
+    let examples = built_executables_with(
+        cargo,
+        root,
+        &["build", "--release", "-p", "ferrofuse-candle", "--examples"],
+        &env,
+        |msg| {
+            msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "example"))
+        },
+    )?;
+    let example = |name: &str| {
+        examples
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.clone())
+            .ok_or(format!("ferrofuse-candle has no example {name}"))
+    };
+    Ok(CandleBuild {
+        tests,
+        llama_mlp: example("llama_mlp")?,
+        peer: example("candle_peer")?,
+        cudart: cuda.home.join("lib/libcudart.so.13"),
+    })
 }
 
 /// Builds the `ferrofuse` test targets in release and returns (name, executable) pairs.
@@ -171,7 +280,20 @@ fn built_executables(
     args: &[&str],
     wanted: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<Vec<(String, PathBuf)>, String> {
-    let output = Command::new(cargo)
+    built_executables_with(cargo, root, args, &|_| {}, wanted)
+}
+
+/// As [`built_executables`], with `env` setting up the cargo command's environment.
+fn built_executables_with(
+    cargo: &str,
+    root: &Path,
+    args: &[&str],
+    env: &dyn Fn(&mut Command),
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> Result<Vec<(String, PathBuf)>, String> {
+    let mut cmd = Command::new(cargo);
+    env(&mut cmd);
+    let output = cmd
         .args(args)
         .arg("--message-format=json-render-diagnostics")
         .current_dir(root)

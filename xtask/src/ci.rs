@@ -5,6 +5,12 @@
 //! downstream crate (`tests/downstream/`) and the packaged `ferrofuse-common` and `ferrofuse`
 //! crates are copied out of the repository (away from its `rust-toolchain.toml` and
 //! `.cargo/config.toml`) and built there with that toolchain alone.
+//!
+//! Last, ferrofuse-candle: it builds candle with its CUDA feature, which needs nvcc and the
+//! CUDA libraries to link (`tools::candle_cuda` installs the CUDA 13.0 wheels into `.tools/`),
+//! so the workspace steps above leave it out and this step lints it and runs its tests on
+//! their own: the CPU-side tests (candle `Layout` to `MatDesc`) run, the GPU tests skip with a
+//! printed reason, and the doc example and examples are built.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,6 +30,8 @@ pub fn run() -> Result<(), String> {
         &[
             "clippy",
             "--workspace",
+            "--exclude",
+            "ferrofuse-candle",
             "--all-targets",
             "--",
             "-D",
@@ -31,7 +39,10 @@ pub fn run() -> Result<(), String> {
         ],
     )?;
     // Among them the test that the committed PTX is what the kernel sources build.
-    step("tests", &["test", "--workspace"])?;
+    step(
+        "tests",
+        &["test", "--workspace", "--exclude", "ferrofuse-candle"],
+    )?;
     eprintln!("\n== ptx: every arch fresh and checked with ptxas");
     crate::ptx::run(&crate::ptx::Args {
         check: true,
@@ -51,7 +62,36 @@ pub fn run() -> Result<(), String> {
             "--allow-dirty",
         ],
     )?;
-    stable.build_packages(&root)
+    stable.build_packages(&root)?;
+    candle(&cargo, &root)
+}
+
+/// ferrofuse-candle with candle's CUDA build: clippy (warnings denied) on every target, then
+/// its tests (CPU tests run, GPU tests skip without a driver).
+fn candle(cargo: &str, root: &Path) -> Result<(), String> {
+    eprintln!("\n== candle: the CUDA 13.0 wheels in .tools/cuda");
+    let cuda = tools::candle_cuda()?;
+    for (title, args) in [
+        (
+            "candle lint",
+            &[
+                "clippy",
+                "-p",
+                "ferrofuse-candle",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ][..],
+        ),
+        ("candle tests", &["test", "-p", "ferrofuse-candle"][..]),
+    ] {
+        eprintln!("\n== {title}: cargo {}", args.join(" "));
+        let mut cmd = Command::new(cargo);
+        cuda.apply(&mut cmd);
+        tools::run(cmd.args(args).current_dir(root))?;
+    }
+    Ok(())
 }
 
 /// The stable toolchain of the workspace's `rust-version`, run outside the repository.

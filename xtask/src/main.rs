@@ -34,8 +34,12 @@ enum Task {
     /// Write a folder with the test and bench executables and a script that runs them on a GPU
     /// machine without a Rust toolchain.
     GpuBundle(bundle::Args),
-    /// Install the tools the tasks need (ptxas from PyPI) into `.tools/`.
-    Setup,
+    /// Install the tools the tasks need (ptxas from PyPI) into `.tools/`; `--candle` also the
+    /// CUDA 13.0 wheels ferrofuse-candle builds with, printing the environment to build it.
+    Setup {
+        #[arg(long)]
+        candle: bool,
+    },
     /// Run the benchmark (GPU here) and report it, or report results measured elsewhere
     /// (`--merge`) with `ferrofuse-report`: tables, JSON, charts. Exits 69 when there is no GPU
     /// and nothing to merge.
@@ -49,7 +53,13 @@ fn main() -> ExitCode {
         Task::Ptx(args) => ptx::run(&args),
         Task::Ci => ci::run(),
         Task::GpuBundle(args) => bundle::run(&args),
-        Task::Setup => tools::ptxas().map(|p| println!("ptxas: {}", p.display())),
+        Task::Setup { candle } => tools::ptxas().and_then(|p| {
+            println!("ptxas: {}", p.display());
+            if candle {
+                tools::candle_cuda()?.print_env();
+            }
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -24,8 +24,11 @@ pub type Key = (String, String, String, usize, usize, String);
 
 /// `impl` of our kernels.
 pub const IMPL_FERROFUSE: &str = "ferrofuse";
+/// `impl` of the candle peer (candle's own ops, measured by ferrofuse-candle's
+/// `candle_peer` program).
+pub const IMPL_CANDLE: &str = "candle";
 /// `impl` of the peers, in the order the tables show them.
-pub const PEER_IMPLS: [&str; 3] = ["torch_eager", "torch_compile", "triton"];
+pub const PEER_IMPLS: [&str; 4] = ["torch_eager", "torch_compile", "triton", IMPL_CANDLE];
 
 /// `op` of the launch-floor records (an empty kernel, timed like every op; rows = cols = 0).
 pub const OP_EMPTY: &str = "empty_kernel";
