@@ -125,6 +125,13 @@ fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> Result<CudaStorage> {
             DType::BF16 => CudaStorageSlice::BF16(stream.alloc::<bf16>(n).map_err(w)?),
             DType::F16 => CudaStorageSlice::F16(stream.alloc::<f16>(n).map_err(w)?),
             DType::F32 => CudaStorageSlice::F32(stream.alloc::<f32>(n).map_err(w)?),
+            // The callers allocate in an input's storage dtype or f32; FP8 outputs are not
+            // exposed here yet.
+            DType::F8E4M3 => {
+                return Err(candle_core::Error::Msg(
+                    "ferrofuse-candle: no FP8 outputs yet".into(),
+                ));
+            }
         }
     };
     Ok(CudaStorage {
