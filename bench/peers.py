@@ -103,8 +103,8 @@ def gated_fwd_kernel(
     ACT: tl.constexpr, FLAT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     # One program per BLOCK elements of the rows x cols output, row-major. FLAT (split,
-    # contiguous): the offsets are the addresses, as in the seed. Otherwise each operand is
-    # reached through its row stride (interleaved: b = a + cols, both at stride 2 * cols).
+    # contiguous): the offsets are the addresses, a plain elementwise kernel. Otherwise each
+    # operand is reached through its row stride (interleaved: b = a + cols, both at stride 2 * cols).
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     if FLAT:

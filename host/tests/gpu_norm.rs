@@ -1,5 +1,5 @@
 //! GPU tests of the residual-add + RMSNorm family, against the f64 reference on fresh random
-//! inputs (the seed is in every failure message), outputs poisoned (NaN) before each run,
+//! inputs (the random seed is in every failure message), outputs poisoned (NaN) before each run,
 //! every element outside the written regions (row padding, the tail, unused buffers, the
 //! inputs) checked unchanged afterwards. Without a CUDA driver each test prints why it skips.
 //!
