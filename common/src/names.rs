@@ -7,8 +7,8 @@ use crate::NormBwdVariant as Bwd;
 use crate::NormFwdVariant as Fwd;
 use crate::{
     DType, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, NormBwdVariant, NormFwdVariant,
-    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
-    ZERO_FILL_THREADS,
+    RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_THREADS,
+    RMSNORM_MAX_THREADS_PER_ROW, ZERO_FILL_THREADS, rmsnorm_bwd_max_threads_per_row,
 };
 use VecMode::{Scalar, V16};
 
@@ -244,7 +244,8 @@ impl KernelId {
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..) => RMSNORM_MAX_THREADS_PER_ROW,
-            KernelId::RmsNormBwd(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
+            KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) => rmsnorm_bwd_max_threads_per_row(d),
+            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
@@ -266,6 +267,11 @@ impl KernelId {
             // Its largest block (unbounded it took up to 255 registers, which no 512-thread
             // block can launch with).
             KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
+            // The register-resident backward of bf16 rows: its 512-thread blocks must launch
+            // (unbounded the scalar path took up to 147 registers).
+            KernelId::RmsNormBwd(DType::BF16, _, NormBwdVariant::E16) => {
+                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1))
+            }
             _ => None,
         }
     }

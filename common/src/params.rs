@@ -137,10 +137,14 @@ pub const RMSNORM_W_F32: u32 = 4;
 /// Most threads one row gets; the block size never exceeds it either, so a kernel may use up
 /// to 65536 / 512 = 128 registers per thread and still launch.
 pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
-/// Most threads one row (and one block) of the backward gets. Its kernels hold more per
-/// thread (h, the gradient, the dw partial), so they may need many registers; 256 threads
-/// launch whatever the count (256 x 255 <= 65536).
-pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 256;
+/// Most threads one row (and one block) of the backward gets: bf16 rows of up to
+/// 512 x 16 = 8192 elements are held in registers (see [`rmsnorm_bwd_max_threads_per_row`]). The 16-per-thread kernels carry launch bounds for their
+/// largest block (`KernelId::launch_bounds`), so they always launch.
+pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
+/// Threads of one row (and one block) of the looped backward, for rows longer than 8192. Its
+/// kernels hold more per thread (h, the gradient, the dw partial per tile); 256 threads
+/// launch whatever their register count (256 x 255 <= 65536).
+pub const RMSNORM_BWD_LOOP_THREADS: u32 = 256;
 /// Block size the several-rows-per-block layouts aim at (rows are `threads_per_row` wide).
 pub const RMSNORM_BLOCK_TARGET: u32 = 256;
 /// Dynamic shared memory of every forward and backward launch: two sets of 32 f32 warp
@@ -150,12 +154,13 @@ pub const RMSNORM_SMEM_BYTES: u32 = 256;
 /// groups and keeps its share of `dw` in registers. Bounds the `dw` workspace to
 /// `131072 / block_threads * rows_per_block * hidden` floats (see [`NormBwdLayout`]).
 pub const RMSNORM_BWD_GRID_THREADS: u64 = 131_072;
-/// `dw` reduction kernel: a block sums 32 columns, in 8 slices of the partial rows.
+/// `dw` reduction kernel: a block sums 32 columns, four per thread, in 32 slices of the
+/// partial rows.
 pub const RMSNORM_DW_COLS: u32 = 32;
-pub const RMSNORM_DW_SLICES: u32 = 8;
-pub const RMSNORM_DW_THREADS: u32 = RMSNORM_DW_COLS * RMSNORM_DW_SLICES;
-/// Dynamic shared memory of the `dw` reduction: one f32 per thread.
-pub const RMSNORM_DW_SMEM_BYTES: u32 = RMSNORM_DW_THREADS * 4;
+pub const RMSNORM_DW_SLICES: u32 = 32;
+pub const RMSNORM_DW_THREADS: u32 = RMSNORM_DW_COLS / 4 * RMSNORM_DW_SLICES;
+/// Dynamic shared memory of the `dw` reduction: the 32 columns' sums of each warp.
+pub const RMSNORM_DW_SMEM_BYTES: u32 = RMSNORM_DW_THREADS / 32 * RMSNORM_DW_COLS * 4;
 
 /// How a forward kernel holds a row: 16 or 32 elements per thread in registers, or (rows
 /// longer than [`RMSNORM_MAX_THREADS_PER_ROW`] x 32 elements) tiles of 16 per thread in a
@@ -176,7 +181,7 @@ impl NormFwdVariant {
 }
 
 /// How a backward kernel holds a row: 16 elements per thread in registers (rows up to
-/// 256 x 16 = 4096), or tiles of 16 per thread in a loop.
+/// 512 x 16 = 8192), or tiles of 16 per thread in a loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormBwdVariant {
     E16 = 0,
@@ -293,8 +298,20 @@ pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant,
     }
 }
 
-/// Backward geometry: 16 elements per thread up to 4096 per row (at most
-/// [`RMSNORM_BWD_MAX_THREADS_PER_ROW`] threads), then 256 threads looping over tiles of 4096.
+/// Most threads per row of the register-resident backward for `dtype`: 512 for bf16 rows
+/// (up to 8192 elements), 256 (up to 4096) for f32 and f16 rows: every path of a dtype has
+/// the same geometry, and the f32 kernels and the f16 scalar one needed more than the 128
+/// registers a 512-thread block allows (they spilled).
+pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
+    match dtype {
+        DType::BF16 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
+        _ => RMSNORM_BWD_LOOP_THREADS,
+    }
+}
+
+/// Backward geometry: 16 elements per thread up to 8192 per row for bf16, 4096 for f16 and
+/// f32 (at most [`rmsnorm_bwd_max_threads_per_row`] threads), then
+/// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of 4096.
 pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant, NormGeometry) {
     let lanes = dtype.lanes_per_16b() as u64;
     let chunks = if hidden == 0 {
@@ -302,7 +319,7 @@ pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant,
     } else {
         hidden.div_ceil(lanes)
     };
-    if chunks <= RMSNORM_BWD_MAX_THREADS_PER_ROW as u64 * (16 / lanes) {
+    if chunks <= rmsnorm_bwd_max_threads_per_row(dtype) as u64 * (16 / lanes) {
         (
             NormBwdVariant::E16,
             NormGeometry::covering(chunks, lanes, 16),
@@ -310,7 +327,7 @@ pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant,
     } else {
         (
             NormBwdVariant::Loop,
-            NormGeometry::looping(RMSNORM_BWD_MAX_THREADS_PER_ROW),
+            NormGeometry::looping(RMSNORM_BWD_LOOP_THREADS),
         )
     }
 }

@@ -1539,7 +1539,7 @@ fn backward_every_dtype_size_placement_and_option() {
         return;
     };
     let (hidden, rows): (Vec<usize>, Vec<usize>) = if quick() {
-        (vec![3, 896, 4104, 5125], vec![1, 7])
+        (vec![3, 896, 4104, 5125, 8200], vec![1, 7])
     } else {
         (
             vec![1, 3, 769, 896, 2048, 4096, 4104, 5125, 8192, 16384, 65536],
@@ -1602,9 +1602,16 @@ fn backward_is_deterministic_bitwise() {
         return;
     };
     let shapes: Vec<(usize, usize)> = if quick() {
-        vec![(300, 1024), (40, 8192)]
+        vec![(300, 1024), (40, 8192), (70, 7001)]
     } else {
-        vec![(8192, 4096), (2048, 16384), (16384, 896), (1000, 5125)]
+        vec![
+            (8192, 4096),
+            (4096, 8192),
+            (2048, 16384),
+            (16384, 896),
+            (1000, 5125),
+            (3000, 7001),
+        ]
     };
     for (rows, hidden) in shapes {
         for gemma in [false, true] {

@@ -538,15 +538,17 @@ fn forward_geometry_covers_each_row_without_waste() {
 fn backward_geometry_and_workspace() {
     for dtype in DType::ALL {
         let lanes = dtype.lanes_per_16b();
+        // bf16 rows are held in registers up to 8192 elements, f16 and f32 rows up to 4096.
+        let max_e16 = if dtype == DType::BF16 { 8192 } else { 4096 };
         for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
             let (variant, g) = rmsnorm_backward_geometry(dtype, hidden);
             let t = g.threads_per_row as usize;
             assert!(t.is_multiple_of(32) && g.block_threads() <= RMSNORM_BWD_MAX_THREADS_PER_ROW);
             match variant {
                 NormBwdVariant::E16 => {
-                    assert!(hidden <= 4096 && t * 16 / lanes >= hidden.div_ceil(lanes));
+                    assert!(hidden <= max_e16 && t * 16 / lanes >= hidden.div_ceil(lanes));
                 }
-                NormBwdVariant::Loop => assert!(hidden > 4096 && g.looped),
+                NormBwdVariant::Loop => assert!(hidden > max_e16 && g.looped),
             }
             for rows in [0usize, 1, 7, 1000, 100_000] {
                 let t = bwd_descs(dtype, rows, hidden, false);

@@ -19,7 +19,7 @@ unsafe extern "C" {
 
 /// `v` from lane `lane ^ mask`. Every lane of the warp must call it.
 #[inline(always)]
-fn shfl_xor(v: f32, mask: u32) -> f32 {
+pub fn shfl_xor(v: f32, mask: u32) -> f32 {
     // SAFETY: full member mask; the callers are always executed by the whole warp.
     unsafe { shfl_sync_bfly_f32(0xffff_ffff, v, mask, 0x1f) }
 }

@@ -53,8 +53,7 @@ use core::num::NonZeroU64;
 
 use ferrofuse_common::NormPath as Path;
 use ferrofuse_common::{
-    RMSNORM_DW_COLS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    RmsNormFwdParams,
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
 };
 
 use crate::mem::{
@@ -842,8 +841,6 @@ dw_entries! {
     F16 => rmsnorm_dw_f16;
     Bf16 => rmsnorm_dw_bf16;
 }
-
-const _: () = assert!(RMSNORM_DW_COLS == 32, "dw_reduce maps one column per lane");
 
 const _: () = assert!(
     ferrofuse_common::RMSNORM_SMEM_BYTES >= 2 * SLOTS_PER_BUFFER * 4,
