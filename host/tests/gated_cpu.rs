@@ -31,6 +31,26 @@ fn abc(dtype: DType, rows: usize, cols: usize) -> (MatDesc, MatDesc, MatDesc) {
     )
 }
 
+/// Five disjoint `rows x cols` matrices for a backward call (`a`, `b`, `dy`, `da`, `db`), the
+/// gradients `3 << shift` and `4 << shift` bytes past the inputs' copies.
+fn backward_mats(dtype: DType, rows: usize, cols: usize, shift: u32) -> [MatDesc; 5] {
+    let (a, b, dy) = abc(dtype, rows, cols);
+    let (da, db, _) = abc(dtype, rows, cols);
+    [
+        a,
+        b,
+        dy,
+        MatDesc {
+            addr: da.addr + (3 << shift),
+            ..da
+        },
+        MatDesc {
+            addr: db.addr + (4 << shift),
+            ..db
+        },
+    ]
+}
+
 /// The forward's plan, expected to be one launch.
 fn fwd(
     a: &MatDesc,
@@ -82,18 +102,7 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     assert_eq!(l.params.walk, GridWalk::new(1377, l.grid as u64 * 128));
     // The backward's scalar path: one element per access, a thread per batch of them, at
     // most one wave (132 x 2 x 128 threads).
-    let (a, b, dy) = abc(DType::BF16, 3, 4097);
-    let (da, db, _) = abc(DType::BF16, 3, 4097);
-    let (da, db) = (
-        MatDesc {
-            addr: da.addr + (3 << 20),
-            ..da
-        },
-        MatDesc {
-            addr: db.addr + (4 << 20),
-            ..db
-        },
-    );
+    let [a, b, dy, da, db] = backward_mats(DType::BF16, 3, 4097, 20);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
     assert_eq!(
         p.body.kernel,
@@ -692,18 +701,7 @@ fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     let (a, b, y) = abc(dt, 3, 4097);
     assert!(fwd(&a, &b, &y).is_ok());
     // The backward splits the same way.
-    let (a, b, dy) = abc(dt, rows, cols);
-    let (da, db, _) = abc(dt, rows, cols);
-    let (da, db) = (
-        MatDesc {
-            addr: da.addr + (3 << 24),
-            ..da
-        },
-        MatDesc {
-            addr: db.addr + (4 << 24),
-            ..db
-        },
-    );
+    let [a, b, dy, da, db] = backward_mats(dt, rows, cols, 24);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
     assert_eq!(p.body.kernel, KernelId::GatedBwd(dt, VecMode::V16));
     assert_eq!(p.tail.map(|t| t.params.cols), Some((n % 8) as u64));
