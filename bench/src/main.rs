@@ -64,7 +64,7 @@ struct Args {
     /// Op families (gated, add_rmsnorm) or ops (gated_fwd, gated_bwd, add_rmsnorm_fwd, ...).
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
-    /// Gated layouts: split, interleaved.
+    /// Gated layouts: split, interleaved (the default: both); padded, offset (forward only).
     #[arg(long, value_delimiter = ',')]
     layouts: Vec<String>,
     /// Storage dtypes: bf16 (default), f16, f32.
@@ -111,7 +111,11 @@ fn selection(args: &Args) -> Result<Selection, String> {
     let layouts = args
         .layouts
         .iter()
-        .map(|l| Layout::parse(l).ok_or(format!("unknown layout {l:?}: split or interleaved")))
+        .map(|l| {
+            Layout::parse(l).ok_or(format!(
+                "unknown layout {l:?}: split, interleaved, padded or offset"
+            ))
+        })
         .collect::<Result<_, _>>()?;
     let dtypes = args
         .dtypes

@@ -54,6 +54,9 @@ impl NormPath {
 pub enum KernelId {
     GatedFwd(DType, VecMode),
     GatedBwd(DType, VecMode),
+    /// Gated forward for operands at any element offset and row stride: aligned 16-byte
+    /// vectors of `y`, the inputs realigned in registers (`gated_fwd_{dtype}_realigned`).
+    GatedFwdRealigned(DType),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
     /// Residual-add + RMSNorm forward on the realigned path ([`NormPath::Realigned`])
@@ -152,6 +155,9 @@ kernel_table! {
     gated_fwd_f16_scalar = GatedFwd(F16, Scalar),
     gated_fwd_bf16_v16 = GatedFwd(BF16, V16),
     gated_fwd_bf16_scalar = GatedFwd(BF16, Scalar),
+    gated_fwd_f32_realigned = GatedFwdRealigned(F32),
+    gated_fwd_f16_realigned = GatedFwdRealigned(F16),
+    gated_fwd_bf16_realigned = GatedFwdRealigned(BF16),
     gated_bwd_f32_v16 = GatedBwd(F32, V16),
     gated_bwd_f32_scalar = GatedBwd(F32, Scalar),
     gated_bwd_f16_v16 = GatedBwd(F16, V16),
@@ -224,6 +230,7 @@ impl KernelId {
         matches!(
             self,
             KernelId::GatedFwd(..)
+                | KernelId::GatedFwdRealigned(..)
                 | KernelId::GatedBwd(..)
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Row(..)
@@ -240,9 +247,10 @@ impl KernelId {
     /// (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`); `cargo xtask ptx` checks every kernel against it.
     pub const fn max_block_threads(self) -> u32 {
         match self {
-            KernelId::GatedFwd(..) | KernelId::GatedBwd(..) | KernelId::GatedFp8Flat(..) => {
-                GATED_THREADS
-            }
+            KernelId::GatedFwd(..)
+            | KernelId::GatedFwdRealigned(..)
+            | KernelId::GatedBwd(..)
+            | KernelId::GatedFp8Flat(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
@@ -264,7 +272,8 @@ impl KernelId {
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
             KernelId::GatedFp8Flat(..) => Some((GATED_THREADS, 8)),
-            // Two rows of 256 threads per SM (128 registers).
+            // Two rows of 512 threads per SM (64 registers): a row's loads in flight while
+            // the other row reduces or stores.
             KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             // Its largest block (unbounded it took up to 255 registers, which no 512-thread
             // block can launch with).

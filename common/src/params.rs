@@ -474,13 +474,13 @@ pub struct RmsNormDwParams {
 
 /// Threads per row (and per block) of the per-token FP8 kernel, fixed so that a thread's
 /// accesses are one address plus immediate offsets. Each thread holds up to
-/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 8192 bf16/f16, 4096
-/// f32 or 1024 unaligned elements are one tile (read once, from registers); longer rows are
+/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 16384 bf16/f16, 8192
+/// f32 or 2048 unaligned elements are one tile (read once, from registers); longer rows are
 /// walked twice, the second time mostly from L2 (see `kernels/src/gated_fp8.rs`).
 pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
 /// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
 /// kernel holds per tile of its row.
-pub const GATED_FP8_ROW_CHUNKS: usize = 2;
+pub const GATED_FP8_ROW_CHUNKS: usize = 4;
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = GATED_FP8_ROW_MAX_THREADS / 32 * 4;
 /// Accesses per lane per step of the flat FP8 kernel's scalar path (one element each); a

@@ -167,6 +167,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     matches!(
         kernel,
         KernelId::GatedFwd(..)
+            | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::RmsNormFwdWFirst(..)

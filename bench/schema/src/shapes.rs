@@ -233,20 +233,52 @@ pub enum Layout {
     Split,
     /// One `[rows, 2I]` matrix `[gate | up]` (the output of a fused gate/up GEMM).
     Interleaved,
+    /// Split, every operand's rows padded to a row stride of `I` rounded up to 64 elements
+    /// (forward only; asked for by name).
+    Padded,
+    /// Split and dense, `a` and `b` one element past their allocation's start, `y` at its
+    /// start (forward only; asked for by name).
+    Offset,
 }
 
 impl Layout {
+    /// The layouts measured when none is named.
     pub const ALL: [Layout; 2] = [Layout::Split, Layout::Interleaved];
+    /// Every layout `parse` knows.
+    pub const NAMED: [Layout; 4] = [
+        Layout::Split,
+        Layout::Interleaved,
+        Layout::Padded,
+        Layout::Offset,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
             Layout::Split => "split",
             Layout::Interleaved => "interleaved",
+            Layout::Padded => "padded",
+            Layout::Offset => "offset",
         }
     }
 
     pub fn parse(s: &str) -> Option<Layout> {
-        Layout::ALL.into_iter().find(|l| l.name() == s)
+        Layout::NAMED.into_iter().find(|l| l.name() == s)
+    }
+
+    /// For the layouts of three separate `[rows, I]` operands: their row stride and the
+    /// element offsets of `a`, `b` and `y` in their allocations; `None` for interleaved.
+    pub const fn split_views(self, cols: usize) -> Option<(usize, [usize; 3])> {
+        match self {
+            Layout::Split => Some((cols, [0, 0, 0])),
+            Layout::Padded => Some((cols.next_multiple_of(64), [0, 0, 0])),
+            Layout::Offset => Some((cols, [1, 1, 0])),
+            Layout::Interleaved => None,
+        }
+    }
+
+    /// Whether an op runs in this layout: the padded and offset views are forward only.
+    pub const fn supports(self, op: Op) -> bool {
+        matches!(self, Layout::Split | Layout::Interleaved) || matches!(op, Op::GatedFwd)
     }
 }
 
@@ -696,7 +728,7 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
     for op in Op::ALL.into_iter().filter(|&op| op_selected(sel, op)) {
         for (act, kind, intermediate, hidden, rows) in &sources {
             if op == Op::GatedFwdFp8 {
-                for &layout in layouts {
+                for &layout in layouts.iter().filter(|l| l.supports(op)) {
                     for scheme in Fp8Scheme::ALL {
                         let variant = Variant::GatedFp8 {
                             act: *act,
@@ -708,7 +740,7 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
                     }
                 }
             } else if op.is_gated() {
-                for &layout in layouts {
+                for &layout in layouts.iter().filter(|l| l.supports(op)) {
                     let variant = Variant::Gated { act: *act, layout };
                     let key = (op, variant, *intermediate);
                     shapes.entry(key).or_default().extend(rows);
