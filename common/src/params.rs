@@ -308,9 +308,9 @@ pub const fn rmsnorm_fwd_tiles(dtype: DType, hidden: u64) -> u64 {
 /// (one block barrier per this many tiles).
 pub const RMSNORM_LOOP_RING_TILES: u32 = 16;
 /// Dynamic shared memory of a looped forward launch (`NormFwdVariant::Loop`): the ring of
-/// per-warp tile sums, 16 warps per tile.
+/// per-warp tile sums (16 warps per tile), then one sum per tile of the ring.
 pub const RMSNORM_LOOP_SMEM_BYTES: u32 =
-    RMSNORM_LOOP_RING_TILES * (RMSNORM_MAX_THREADS_PER_ROW / 32) * 4;
+    RMSNORM_LOOP_RING_TILES * (RMSNORM_MAX_THREADS_PER_ROW / 32 + 1) * 4;
 
 /// Most blocks in a cluster of the split forward (the portable cluster size).
 pub const RMSNORM_SPLIT_MAX_CLUSTER: u64 = 8;

@@ -65,9 +65,9 @@
 //! 16-byte vectors when every operand allows them; the realigned kernel, aligned vectors
 //! staged through shared memory, for rows off the grid up to 8192 16-bit or 5632 f32
 //! elements with a 16-byte aligned weight; one element per access otherwise), and from one
-//! run to the next. Rows longer than 16384 elements at fewer rows than multiprocessors run on
-//! sm_90 as one thread-block cluster per row (a tile of the row per block), which computes the
-//! looped kernel's sums in its order, so the same bits. `dw`
+//! run to the next. Rows longer than 16384 elements at up to a quarter as many rows as
+//! multiprocessors run on sm_90 as one thread-block cluster per row (a tile of the row per
+//! block), which computes the looped kernel's sums in its order, so the same bits. `dw`
 //! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
 //! backward runs give the same bits; no float atomics anywhere.
 //!

@@ -30,7 +30,7 @@ use common::{assert_matches, download, gpu, poison, quick, ulp_at, ulps};
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
-    RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
+    NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
     rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
 };
 use ferrofuse::reference::{
@@ -1177,6 +1177,28 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
         "{} cases failed: {failed:#?}",
         failed.len()
     );
+}
+
+/// Rows of more tiles than the looped kernel's ring holds (33 and 66 tiles: the ring is
+/// combined and reused several times) against the f64 reference, every dtype.
+#[test]
+fn forward_rows_longer_than_the_tile_ring() {
+    let Some((k, s)) = gpu("forward_rows_longer_than_the_tile_ring") else {
+        return;
+    };
+    for dtype in DType::ALL {
+        for (rows, hidden) in [(3usize, 270_000usize), (1, 540_000)] {
+            let c = Fwd {
+                hf: rows == 1,
+                ..Fwd::new(rows, hidden)
+            };
+            let (_, kernel) = forward_any(&k, &s, dtype, &c, fresh_seed());
+            assert!(
+                matches!(kernel, KernelId::RmsNormFwd(_, _, NormFwdVariant::Loop)),
+                "{kernel:?}"
+            );
+        }
+    }
 }
 
 /// One case of [`forward_split_matches_the_looped_kernel_bitwise`].

@@ -63,11 +63,12 @@ pub(super) fn fold_tiles(sum: f32, tile_sum: f32) -> f32 {
 
 /// The looped kernel's form of [`tile_sum`], without a block barrier per tile (which would
 /// hold every warp to the slowest one's loads at each tile): each warp's butterfly sum of the
-/// tile goes to a ring of `RMSNORM_LOOP_RING_TILES` tiles in shared memory, and when the ring
-/// is full or the row ends, one barrier, then the ring's tiles are combined as `row_sum` does
-/// (the warps' sums butterflied in one warp) and added to `sum` in tile order; a second
-/// barrier before the ring is written again. The same bits as [`tile_sum`] then
-/// [`fold_tiles`], tile by tile. Returns the updated `sum`.
+/// tile goes to a ring of `RMSNORM_LOOP_RING_TILES` tiles in shared memory. When the ring is
+/// full or the row ends: a barrier; warp `w` combines the ring's tiles `w, w + warps, ...` as
+/// `row_sum` does (the warps' sums butterflied in one warp) into one slot per tile; a second
+/// barrier; every thread adds the tiles' sums to `sum` in tile order. The next flush's first
+/// barrier keeps the ring and the tile slots from being written again before they are read.
+/// The same bits as [`tile_sum`] then [`fold_tiles`], tile by tile. Returns the new `sum`.
 ///
 /// # Safety
 /// Every thread of the block calls it for every tile `0..tiles` in order; the block is one
@@ -87,8 +88,9 @@ pub(super) unsafe fn ring_tile_sum(sum: f32, acc: f32, me: &Me, tile: u64, tiles
         return sum;
     }
     sync_block();
-    let mut sum = sum;
-    let mut u = tile - tile % ring;
+    let first = tile - tile % ring;
+    let totals = ring as usize * me.warps as usize;
+    let mut u = first + me.warp as u64;
     while u < next {
         let v = if me.lane < me.warps {
             // SAFETY: as above; written before the barrier.
@@ -96,10 +98,21 @@ pub(super) unsafe fn ring_tile_sum(sum: f32, acc: f32, me: &Me, tile: u64, tiles
         } else {
             0.0
         };
-        sum = fold_tiles(sum, warp_sum(v));
-        u += 1;
+        let t = warp_sum(v);
+        if me.lane == 0 {
+            // SAFETY: slot totals + (u % ring) < ring * (warps + 1), inside the allocation.
+            unsafe { *smem.add(totals + (u % ring) as usize) = t };
+        }
+        u += me.warps as u64;
     }
     sync_block();
+    let mut sum = sum;
+    let mut u = first;
+    while u < next {
+        // SAFETY: as above; written before the second barrier.
+        sum = fold_tiles(sum, unsafe { *smem.add(totals + (u % ring) as usize) });
+        u += 1;
+    }
     sum
 }
 
