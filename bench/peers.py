@@ -298,20 +298,37 @@ def _act_grad_ref(a, act):
     return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * 0.044715 * a * a)
 
 
+def _split_views(layout, cols):
+    """Row stride and the element offsets of a, b, y for the padded and offset layouts."""
+    if layout == "padded":
+        return (cols + 63) // 64 * 64, (0, 0, 0)
+    return cols, (1, 1, 0)
+
+
 class GatedFwd:
     def __init__(self, cfg, dev, gen):
         rows, cols, dt = cfg["rows"], cfg["cols"], DTYPES[cfg["dtype"]]
         self.act, self.layout, self.cols = cfg["act"], cfg["layout"], cols
         self.code = ACT_SILU if self.act == "silu" else ACT_GELU_TANH
-        if self.layout == "split":
-            self.inputs = (_rand((rows, cols), dt, dev, gen), _rand((rows, cols), dt, dev, gen))
-        else:
+        if self.layout == "interleaved":
             self.inputs = (_rand((rows, 2 * cols), dt, dev, gen),)
-        self.y = torch.empty((rows, cols), dtype=dt, device=dev)
+            self.y = torch.empty((rows, cols), dtype=dt, device=dev)
+        elif self.layout == "split":
+            self.inputs = (_rand((rows, cols), dt, dev, gen), _rand((rows, cols), dt, dev, gen))
+            self.y = torch.empty((rows, cols), dtype=dt, device=dev)
+        else:
+            # padded, offset: three [rows, I] views at the layout's row stride and
+            # offsets (the benchmark's `Layout::split_views`).
+            stride, offs = _split_views(self.layout, cols)
+            a, b = (_rand((rows * stride + o,), dt, dev, gen).as_strided((rows, cols), (stride, 1), o)
+                    for o in offs[:2])
+            self.inputs = (a, b)
+            self.y = torch.empty((rows * stride + offs[2],), dtype=dt, device=dev).as_strided(
+                (rows, cols), (stride, 1), offs[2])
 
     def eager_fn(self):
         act, cols = self.act, self.cols
-        if self.layout == "split":
+        if self.layout != "interleaved":
             def f(a, b):
                 return (_act(a, act) * b,)
         else:
@@ -320,7 +337,7 @@ class GatedFwd:
         return f
 
     def reference(self):
-        if self.layout == "split":
+        if self.layout != "interleaved":
             a, b = (t.double() for t in self.inputs)
         else:
             x = self.inputs[0].double()
@@ -328,7 +345,7 @@ class GatedFwd:
         return (_act_ref(a, self.act) * b,)
 
     def triton(self):
-        if self.layout == "split":
+        if self.layout != "interleaved":
             a, b = self.inputs
         else:
             x = self.inputs[0]
@@ -341,7 +358,7 @@ class GatedFwd:
         def f():
             gated_fwd_kernel[grid](
                 a, b, y, n, cols, a.stride(0), b.stride(0), y.stride(0),
-                ACT=self.code, FLAT=self.layout == "split", BLOCK=TILE, num_warps=4,
+                ACT=self.code, FLAT=self.layout in ("split", "offset"), BLOCK=TILE, num_warps=4,
             )
             return (y,)
 

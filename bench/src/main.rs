@@ -53,14 +53,18 @@ struct Args {
     /// add+RMSNorm (plain RMSNorm).
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<Shape>,
-    /// The built-in shapes off the 16-byte grid (`ODD_SHAPES` in the schema crate: odd, 2 and
-    /// 4 mod 8, around powers of two, 1 to 16384 rows), as if given with --shapes.
-    #[arg(long, conflicts_with = "shapes")]
+    /// Only the built-in shapes off the 16-byte grid (`ODD_SHAPES` in the schema crate: odd, 2
+    /// and 4 mod 8, around powers of two, 1 to 16384 rows), as if given with --shapes. The
+    /// default run measures them after the models' shapes.
+    #[arg(long, conflicts_with_all = ["shapes", "no_odd_shapes"])]
     odd_shapes: bool,
+    /// The default run without the shapes off the grid (the models' shapes only).
+    #[arg(long)]
+    no_odd_shapes: bool,
     /// Op families (gated, add_rmsnorm) or ops (gated_fwd, gated_bwd, add_rmsnorm_fwd, ...).
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
-    /// Gated layouts: split, interleaved.
+    /// Gated layouts: split, interleaved (the default: both); padded, offset (forward only).
     #[arg(long, value_delimiter = ',')]
     layouts: Vec<String>,
     /// Storage dtypes: bf16 (default), f16, f32.
@@ -111,7 +115,11 @@ fn selection(args: &Args) -> Result<Selection, String> {
     let layouts = args
         .layouts
         .iter()
-        .map(|l| Layout::parse(l).ok_or(format!("unknown layout {l:?}: split or interleaved")))
+        .map(|l| {
+            Layout::parse(l).ok_or(format!(
+                "unknown layout {l:?}: split, interleaved, padded or offset"
+            ))
+        })
         .collect::<Result<_, _>>()?;
     let dtypes = args
         .dtypes
@@ -131,6 +139,7 @@ fn selection(args: &Args) -> Result<Selection, String> {
         } else {
             args.shapes.clone()
         },
+        odd_shapes: !args.no_odd_shapes,
         ops: args.ops.clone(),
         layouts,
         dtypes,

@@ -193,21 +193,23 @@ fn run_gated_group<T: Element>(
     let n = max_rows * i;
     let backward = cfg0.op == Op::GatedBwd;
 
-    // Inputs: split a, b (and dy) as [rows, I]; interleaved x = [a | b] as [rows, 2I].
-    let (in0, in1, a_src, b_src) = match layout {
-        Layout::Split => (
-            random.operand(&stream, n, OFFSETS[0])?,
-            Some(random.operand(&stream, n, OFFSETS[1])?),
+    // Inputs: split a, b (and dy) as [rows, I] (padded, offset: at the layout's row stride and
+    // offsets); interleaved x = [a | b] as [rows, 2I]. `y_view`: y's row stride and offset.
+    let (in0, in1, a_src, b_src, y_view) = match layout.split_views(i) {
+        Some((stride, [oa, ob, oy])) => (
+            random.operand(&stream, max_rows * stride + oa, OFFSETS[0])?,
+            Some(random.operand(&stream, max_rows * stride + ob, OFFSETS[1])?),
             Source {
-                offset: OFFSETS[0],
-                row_stride: i,
+                offset: OFFSETS[0] + oa,
+                row_stride: stride,
             },
             Source {
-                offset: OFFSETS[1],
-                row_stride: i,
+                offset: OFFSETS[1] + ob,
+                row_stride: stride,
             },
+            (stride, oy),
         ),
-        Layout::Interleaved => (
+        None => (
             random.operand(&stream, 2 * n, OFFSETS[0])?,
             None,
             Source {
@@ -218,6 +220,7 @@ fn run_gated_group<T: Element>(
                 offset: OFFSETS[0] + i,
                 row_stride: 2 * i,
             },
+            (i, 0),
         ),
     };
     let dy_src = Source {
@@ -232,7 +235,8 @@ fn run_gated_group<T: Element>(
     // Outputs: y [rows, I]; backward: da, db [rows, I] (split) or dx = [da | db] [rows, 2I].
     let out_len = match (backward, layout) {
         (true, Layout::Interleaved) => 2 * n,
-        _ => n,
+        (true, _) => n,
+        (false, _) => max_rows * y_view.0 + y_view.1,
     };
     // SAFETY (both): poisoned before every use; never read before a kernel wrote them.
     let out0 = unsafe { stream.alloc::<T>(out_len) }.ctx("allocating an output")?;
@@ -264,7 +268,7 @@ fn run_gated_group<T: Element>(
             let a_val = |r: usize, c: usize| a_src.at(random, r, c);
             let b_val = |r: usize, c: usize| b_src.at(random, r, c);
             if !backward {
-                let got = read_rows(&stream, &bufs.out0, &sample, i, 0, i)?;
+                let got = read_rows(&stream, &bufs.out0, &sample, y_view.0, y_view.1, i)?;
                 let mut want = Vec::with_capacity(got.len());
                 for &r in &sample {
                     for c in 0..i {
@@ -344,15 +348,6 @@ fn gated_call<'a, T: Element>(
     } = bufs;
     let (x1, dy, out1) = (x1.as_ref(), dy.as_ref(), out1.as_mut());
     match (cfg.op, layout) {
-        (Op::GatedFwd, Layout::Split) => {
-            let a = Mat::new(x0.slice(..m), rows, i);
-            let b = x1.map(|b| Mat::new(b.slice(..m), rows, i));
-            let mut y = MatMut::new(out0.slice_mut(..m), rows, i);
-            Box::new(move || {
-                let b = b.as_ref().ok_or_else(missing)?;
-                kernels.gated(stream, act, &a, b, &mut y).ctx("gated")
-            })
-        }
         (Op::GatedFwd, Layout::Interleaved) => {
             let x = Mat::new(x0.slice(..2 * m), rows, 2 * i);
             let mut y = MatMut::new(out0.slice_mut(..m), rows, i);
@@ -362,7 +357,18 @@ fn gated_call<'a, T: Element>(
                     .ctx("gated_interleaved")
             })
         }
-        (_, Layout::Split) => {
+        (Op::GatedFwd, _) => {
+            let (stride, [oa, ob, oy]) = layout.split_views(i).unwrap_or((i, [0; 3]));
+            let len = rows * stride;
+            let a = Mat::strided(x0.slice(oa..oa + len), rows, i, stride);
+            let b = x1.map(|b| Mat::strided(b.slice(ob..ob + len), rows, i, stride));
+            let mut y = MatMut::strided(out0.slice_mut(oy..oy + len), rows, i, stride);
+            Box::new(move || {
+                let b = b.as_ref().ok_or_else(missing)?;
+                kernels.gated(stream, act, &a, b, &mut y).ctx("gated")
+            })
+        }
+        (_, Layout::Split | Layout::Padded | Layout::Offset) => {
             let a = Mat::new(x0.slice(..m), rows, i);
             let b = x1.map(|b| Mat::new(b.slice(..m), rows, i));
             let g = dy.map(|g| Mat::new(g.slice(..m), rows, i));
@@ -420,7 +426,7 @@ fn run_gated_fp8_group<T: Element>(
     let i = cfg0.cols;
     let n = max_rows * i;
     let (x0, x1, a_src, b_src) = match layout {
-        Layout::Split => (
+        Layout::Split | Layout::Padded | Layout::Offset => (
             random.operand(&stream, n, OFFSETS[0])?,
             Some(random.operand(&stream, n, OFFSETS[1])?),
             Source {

@@ -8,7 +8,7 @@ use crate::NormFwdVariant as Fwd;
 use crate::{
     DType, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, NormBwdVariant, NormFwdVariant,
     RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
-    ZERO_FILL_THREADS,
+    RMSNORM_REALIGNED_MAX_SMEM_BYTES, ZERO_FILL_THREADS,
 };
 use VecMode::{Scalar, V16};
 
@@ -34,8 +34,9 @@ pub enum NormPath {
     /// As [`VecMode::Scalar`].
     Scalar = 1,
     /// 16-byte vectors at 16-byte boundaries for rows at any offset, of any length and row
-    /// stride: each thread loads the aligned vectors its elements fall in and the warp moves
-    /// the elements into place with shuffles. Needs a 16-byte aligned weight.
+    /// stride: the aligned vectors of the row are staged in shared memory and each thread reads
+    /// its chunks back at the row's offset; stores move the elements into place with warp
+    /// shuffles. Needs a 16-byte aligned weight.
     Realigned = 2,
 }
 
@@ -53,13 +54,16 @@ impl NormPath {
 pub enum KernelId {
     GatedFwd(DType, VecMode),
     GatedBwd(DType, VecMode),
+    /// Gated forward for operands at any element offset and row stride: aligned 16-byte
+    /// vectors of `y`, the inputs realigned in registers (`gated_fwd_{dtype}_realigned`).
+    GatedFwdRealigned(DType),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
-    /// Residual-add + RMSNorm forward on the realigned path ([`NormPath::Realigned`]), 16
-    /// elements per thread (`rmsnorm_fwd_{dtype}_realigned_e16`): rows of any row stride and
-    /// offset that the 16-per-thread geometry holds, with a 16-byte aligned weight, while their
-    /// staging fits the default shared memory ([`crate::rmsnorm_realigned_smem_bytes`]).
-    RmsNormFwdRealigned(DType),
+    /// Residual-add + RMSNorm forward on the realigned path ([`NormPath::Realigned`])
+    /// (`rmsnorm_fwd_{dtype}_realigned_{e16|e32}`): rows of any row stride and offset that a
+    /// register geometry holds, with a 16-byte aligned weight, while their staging fits
+    /// [`crate::RMSNORM_REALIGNED_MAX_SMEM_BYTES`] ([`crate::rmsnorm_realigned_fits`]).
+    RmsNormFwdRealigned(DType, NormFwdVariant),
     /// Residual-add + RMSNorm forward, 16 elements per thread on the v16 path, the weight
     /// loaded with the inputs: for grids of one wave (`rmsnorm_fwd_{dtype}_v16_e16_wfirst`).
     RmsNormFwdWFirst(DType),
@@ -156,6 +160,9 @@ kernel_table! {
     gated_fwd_f16_scalar = GatedFwd(F16, Scalar),
     gated_fwd_bf16_v16 = GatedFwd(BF16, V16),
     gated_fwd_bf16_scalar = GatedFwd(BF16, Scalar),
+    gated_fwd_f32_realigned = GatedFwdRealigned(F32),
+    gated_fwd_f16_realigned = GatedFwdRealigned(F16),
+    gated_fwd_bf16_realigned = GatedFwdRealigned(BF16),
     gated_bwd_f32_v16 = GatedBwd(F32, V16),
     gated_bwd_f32_scalar = GatedBwd(F32, Scalar),
     gated_bwd_f16_v16 = GatedBwd(F16, V16),
@@ -198,9 +205,11 @@ kernel_table! {
     rmsnorm_fwd_f32_v16_e16_wfirst = RmsNormFwdWFirst(F32),
     rmsnorm_fwd_f16_v16_e16_wfirst = RmsNormFwdWFirst(F16),
     rmsnorm_fwd_bf16_v16_e16_wfirst = RmsNormFwdWFirst(BF16),
-    rmsnorm_fwd_f32_realigned_e16 = RmsNormFwdRealigned(F32),
-    rmsnorm_fwd_f16_realigned_e16 = RmsNormFwdRealigned(F16),
-    rmsnorm_fwd_bf16_realigned_e16 = RmsNormFwdRealigned(BF16),
+    rmsnorm_fwd_f32_realigned_e16 = RmsNormFwdRealigned(F32, Fwd::E16),
+    rmsnorm_fwd_f16_realigned_e16 = RmsNormFwdRealigned(F16, Fwd::E16),
+    rmsnorm_fwd_f16_realigned_e32 = RmsNormFwdRealigned(F16, Fwd::E32),
+    rmsnorm_fwd_bf16_realigned_e16 = RmsNormFwdRealigned(BF16, Fwd::E16),
+    rmsnorm_fwd_bf16_realigned_e32 = RmsNormFwdRealigned(BF16, Fwd::E32),
     rmsnorm_fwd_f32_split_e16 = RmsNormFwdSplit(F32, Fwd::E16),
     rmsnorm_fwd_f32_split_e32 = RmsNormFwdSplit(F32, Fwd::E32),
     rmsnorm_fwd_f16_split_e16 = RmsNormFwdSplit(F16, Fwd::E16),
@@ -232,6 +241,7 @@ impl KernelId {
         matches!(
             self,
             KernelId::GatedFwd(..)
+                | KernelId::GatedFwdRealigned(..)
                 | KernelId::GatedBwd(..)
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Row(..)
@@ -249,9 +259,10 @@ impl KernelId {
     /// (`CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`); `cargo xtask ptx` checks every kernel against it.
     pub const fn max_block_threads(self) -> u32 {
         match self {
-            KernelId::GatedFwd(..) | KernelId::GatedBwd(..) | KernelId::GatedFp8Flat(..) => {
-                GATED_THREADS
-            }
+            KernelId::GatedFwd(..)
+            | KernelId::GatedFwdRealigned(..)
+            | KernelId::GatedBwd(..)
+            | KernelId::GatedFp8Flat(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
@@ -274,7 +285,8 @@ impl KernelId {
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
             KernelId::GatedFp8Flat(..) => Some((GATED_THREADS, 8)),
-            // Two rows of 256 threads per SM (128 registers).
+            // Two rows of 512 threads per SM (64 registers): a row's loads in flight while
+            // the other row reduces or stores.
             KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             // Its largest block (unbounded it took up to 255 registers, which no 512-thread
             // block can launch with).
@@ -289,12 +301,21 @@ impl KernelId {
         }
     }
 
+    /// Dynamic shared memory beyond the default 48 KiB that this kernel may be launched with:
+    /// the host raises the function's limit to it when it loads the module.
+    pub const fn dynamic_smem_opt_in(self) -> Option<u32> {
+        match self {
+            KernelId::RmsNormFwdRealigned(..) => Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES),
+            _ => None,
+        }
+    }
+
     /// A norm forward kernel's storage dtype, memory path and row variant (the w-first form is
     /// a v16, 16-per-thread kernel, the split form a v16 looped one); `None` for other kernels.
     pub const fn rmsnorm_forward_form(self) -> Option<(DType, NormPath, NormFwdVariant)> {
         match self {
             KernelId::RmsNormFwd(d, v, n) => Some((d, NormPath::of(v), n)),
-            KernelId::RmsNormFwdRealigned(d) => Some((d, NormPath::Realigned, NormFwdVariant::E16)),
+            KernelId::RmsNormFwdRealigned(d, n) => Some((d, NormPath::Realigned, n)),
             KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
             // The looped row's map and reduction shape, over a cluster's blocks.
             KernelId::RmsNormFwdSplit(d, _) => Some((d, NormPath::V16, NormFwdVariant::Loop)),

@@ -255,13 +255,25 @@ pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType) -> u32
     RMSNORM_SMEM_BYTES + g.rows_per_block * 2 * vectors * 16
 }
 
-/// Whether rows of `hidden` elements of `dtype` can take the realigned forward: they have the
-/// 16-per-thread geometry and their staging fits the default shared memory (16-bit rows up
-/// to 8192 elements, f32 rows up to 5632).
+/// Most dynamic shared memory a realigned forward launch asks for: more than the default
+/// 48 KiB, so the host raises the kernels' limit when it loads them
+/// ([`KernelId::dynamic_smem_opt_in`](crate::KernelId::dynamic_smem_opt_in)), and within the
+/// opt-in limit of every GPU the PTX runs on (99 KiB on sm_86, sm_89 and sm_120, 163 KiB on
+/// sm_80, 227 KiB on sm_90).
+pub const RMSNORM_REALIGNED_MAX_SMEM_BYTES: u32 = 96 * 1024;
+
+/// Whether rows of `hidden` elements of `dtype` can take the realigned forward: they are held
+/// in registers (16 per thread, or 32 for the 16-bit dtypes: the f32 form of 32 needs more
+/// registers than a 512-thread block has) and their staging fits
+/// [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]: 16-bit rows up to 16384 elements, f32 rows up to 8192.
 pub const fn rmsnorm_realigned_fits(dtype: DType, hidden: u64) -> bool {
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden);
-    matches!(variant, NormFwdVariant::E16)
-        && rmsnorm_realigned_smem_bytes(&geometry, dtype) <= DEFAULT_MAX_SMEM_BYTES
+    let held = match variant {
+        NormFwdVariant::E16 => true,
+        NormFwdVariant::E32 => dtype.size_bytes() == 2,
+        NormFwdVariant::Loop => false,
+    };
+    held && rmsnorm_realigned_smem_bytes(&geometry, dtype) <= RMSNORM_REALIGNED_MAX_SMEM_BYTES
 }
 
 /// Forward geometry for rows of `hidden` elements of `dtype`: a warp per row (8 rows per
@@ -526,13 +538,13 @@ pub struct RmsNormDwParams {
 
 /// Threads per row (and per block) of the per-token FP8 kernel, fixed so that a thread's
 /// accesses are one address plus immediate offsets. Each thread holds up to
-/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 8192 bf16/f16, 4096
-/// f32 or 1024 unaligned elements are one tile (read once, from registers); longer rows are
+/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 16384 bf16/f16, 8192
+/// f32 or 2048 unaligned elements are one tile (read once, from registers); longer rows are
 /// walked twice, the second time mostly from L2 (see `kernels/src/gated_fp8.rs`).
 pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
 /// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
 /// kernel holds per tile of its row.
-pub const GATED_FP8_ROW_CHUNKS: usize = 2;
+pub const GATED_FP8_ROW_CHUNKS: usize = 4;
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = GATED_FP8_ROW_MAX_THREADS / 32 * 4;
 /// Accesses per lane per step of the flat FP8 kernel's scalar path (one element each); a

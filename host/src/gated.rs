@@ -7,8 +7,10 @@
 //!
 //! Memory paths: 16-byte vectors when every operand's rows are on the 16-byte grid; one flat
 //! range (scalar head, vector body, scalar tail) when the rows are not but every operand is
-//! dense and at the same offset from the grid ([`GatedPlan`]); otherwise one element per
-//! access, several accesses in flight per thread. All compute the same values.
+//! dense and at the same offset from the grid ([`GatedPlan`]); otherwise, forward, aligned
+//! vectors of the output with the inputs realigned in registers (any offsets and strides:
+//! interleaved halves of odd width, padded rows, views at an offset), and backward one element
+//! per access, several accesses in flight per thread. All compute the same values.
 //!
 //! Safe entry points take inputs as [`Mat`] and outputs as [`MatMut`]; the in-place forms are
 //! their own functions taking the overwritten buffer as `&mut`. The `unsafe` `*_raw` forms take
@@ -57,24 +59,30 @@ fn check_row_length(cols: usize) -> Result<()> {
 /// time, so its grid has a thread per batch, at most one wave (each thread then walks several
 /// batches). Threads stay below 2^31 so the kernel's first-row multiply-high is exact.
 fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
-    let (KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode)) = kernel else {
-        unreachable!("grid_for sizes gated kernels only");
+    let (per_row, vector) = match kernel {
+        KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode) => match mode {
+            VecMode::V16 => ((cols / dtype.lanes_per_16b()) as u64, true),
+            VecMode::Scalar => (cols as u64, false),
+        },
+        KernelId::GatedFwdRealigned(dtype) => (realigned_per_row(dtype, cols), true),
+        _ => unreachable!("grid_for sizes gated kernels only"),
     };
-    let width = match mode {
-        VecMode::V16 => dtype.lanes_per_16b(),
-        VecMode::Scalar => 1,
-    };
-    let per_row = (cols / width) as u64;
     let total = rows as u64 * per_row;
     let block = GATED_THREADS as u64;
     let resident = limits.resident_blocks(kernel) as u64 * block;
-    let threads = match mode {
-        VecMode::V16 if total > resident && total <= 4 * resident => resident,
-        VecMode::V16 => total.min(1 << 31),
-        VecMode::Scalar => total.div_ceil(GATED_SCALAR_BATCH as u64).min(resident),
+    let threads = match vector {
+        true if total > resident && total <= 4 * resident => resident,
+        true => total.min(1 << 31),
+        false => total.div_ceil(GATED_SCALAR_BATCH as u64).min(resident),
     };
     let grid = threads.div_ceil(block);
     (grid as u32, GridWalk::new(per_row, grid * block))
+}
+
+/// Accesses per row of the realigned forward: every 16-byte aligned vector of `y` that a row
+/// of `cols` elements can touch, at any offset.
+fn realigned_per_row(dtype: DType, cols: usize) -> u64 {
+    (cols as u64 * dtype.size_bytes() as u64).div_ceil(16) + 1
 }
 
 /// The launches of one gated call, in stream order: the body and, where the call runs as one
@@ -168,24 +176,32 @@ pub fn plan_gated_forward(
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     check_row_length(a.cols)?;
     let Some(split) = flat_split(dtype, &[a, b, y]) else {
-        return Ok(GatedPlan::single(forward_launch(act, a, b, y, limits)));
+        return Ok(GatedPlan::single(forward_launch(
+            act, a, b, y, true, limits,
+        )));
     };
     Ok(GatedPlan::flat(split, |start, len| {
         let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
-        forward_launch(act, &a, &b, &y, limits)
+        forward_launch(act, &a, &b, &y, false, limits)
     }))
 }
 
-/// The launch of a validated forward call over `a`'s shape.
+/// The launch of a validated forward call over `a`'s shape: the vector path where every
+/// operand's rows are on the 16-byte grid; otherwise the realigned path when `realign` (a
+/// whole call), the scalar path when not (the short head and tail of a flat range).
 fn forward_launch(
     act: Activation,
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
+    realign: bool,
     limits: &GridLimits,
 ) -> Launch<GatedFwdParams> {
     let (dtype, (rows, cols)) = (a.dtype, a.shape());
-    let kernel = KernelId::GatedFwd(dtype, vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]));
+    let kernel = match vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]) {
+        VecMode::Scalar if realign => KernelId::GatedFwdRealigned(dtype),
+        mode => KernelId::GatedFwd(dtype, mode),
+    };
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Launch {
         kernel,

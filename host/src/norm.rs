@@ -63,7 +63,7 @@
 //! same whether it is computed alone or in a batch of any size at any position, at any offset
 //! from the 16-byte grid, whichever memory path runs it ([`NormPath`](crate::NormPath):
 //! 16-byte vectors when every operand allows them; the realigned kernel, aligned vectors
-//! staged through shared memory, for rows off the grid up to 8192 16-bit or 5632 f32
+//! staged through shared memory, for rows off the grid up to 16384 16-bit or 8192 f32
 //! elements with a 16-byte aligned weight; one element per access otherwise), and from one
 //! run to the next. Rows longer than 16384 elements at up to a quarter as many rows as
 //! multiprocessors run on sm_90 as one thread-block cluster per row (a tile of the row per
@@ -372,7 +372,7 @@ pub fn plan_rmsnorm_forward(
     }
     Ok(Launch {
         kernel: if realigned {
-            KernelId::RmsNormFwdRealigned(dtype)
+            KernelId::RmsNormFwdRealigned(dtype, variant)
         } else {
             forward_kernel(dtype, mode, variant, grid, limits)
         },

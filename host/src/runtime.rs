@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
@@ -195,6 +195,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     matches!(
         kernel,
         KernelId::GatedFwd(..)
+            | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::RmsNormFwdWFirst(..)
@@ -250,6 +251,15 @@ impl Kernels {
             .map(|k| module.load_function(k.name()))
             .collect::<Result<Vec<_>, _>>()
             .during("looking up a kernel")?;
+        for (k, f) in KernelId::ALL.iter().zip(&functions) {
+            if let Some(bytes) = k.dynamic_smem_opt_in() {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .during("raising a kernel's shared memory limit")?;
+            }
+        }
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .during("reading the multiprocessor count")? as u32;

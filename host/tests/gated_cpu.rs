@@ -31,6 +31,26 @@ fn abc(dtype: DType, rows: usize, cols: usize) -> (MatDesc, MatDesc, MatDesc) {
     )
 }
 
+/// Five disjoint `rows x cols` matrices for a backward call (`a`, `b`, `dy`, `da`, `db`), the
+/// gradients `3 << shift` and `4 << shift` bytes past the inputs' copies.
+fn backward_mats(dtype: DType, rows: usize, cols: usize, shift: u32) -> [MatDesc; 5] {
+    let (a, b, dy) = abc(dtype, rows, cols);
+    let (da, db, _) = abc(dtype, rows, cols);
+    [
+        a,
+        b,
+        dy,
+        MatDesc {
+            addr: da.addr + (3 << shift),
+            ..da
+        },
+        MatDesc {
+            addr: db.addr + (4 << shift),
+            ..db
+        },
+    ]
+}
+
 /// The forward's plan, expected to be one launch.
 fn fwd(
     a: &MatDesc,
@@ -65,20 +85,59 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     // 1 x 14336 bf16: 1792 vectors, one per thread, 14 blocks of 128.
     let (a, b, y) = abc(DType::BF16, 1, 14336);
     assert_eq!(fwd(&a, &b, &y).unwrap().grid, 14);
-    // Scalar path: one element per access, a thread per batch of them.
+    // Realigned forward (rows off the grid): an access per 16-byte vector of `y` that a row
+    // can touch, ceil(4097 * 2 / 16) + 1 = 514 per row, one per thread.
     let (a, b, y) = abc(DType::BF16, 3, 4097);
-    assert_eq!(
-        fwd(&a, &b, &y).unwrap().grid,
-        (3 * 4097usize).div_ceil(GATED_SCALAR_BATCH * 128) as u32
-    );
-    // At most one wave of them: 3000 x 11001 elements in rows 8 apart (not dense, so not one
-    // flat range), 4.1 M batches, 132 x 2 x 128 threads.
+    let l = fwd(&a, &b, &y).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFwdRealigned(DType::BF16));
+    assert_eq!(l.grid, (3 * 514usize).div_ceil(128) as u32);
+    assert_eq!(l.params.walk, GridWalk::new(514, l.grid as u64 * 128));
+    // Beyond four waves of the resident threads, one access per thread: 3000 x 11001 in rows
+    // 8 apart (not dense, so not one flat range), 1377 accesses per row.
     let (a, b, y) = abc(DType::BF16, 3000, 11009);
     let (a, b, y) = [a, b, y].map(|m| MatDesc { cols: 11001, ..m }).into();
     let l = fwd(&a, &b, &y).unwrap();
-    assert_eq!(l.kernel, KernelId::GatedFwd(DType::BF16, VecMode::Scalar));
-    assert_eq!(l.grid, 264);
-    assert_eq!(l.params.walk, GridWalk::new(11001, 264 * 128));
+    assert_eq!(l.kernel, KernelId::GatedFwdRealigned(DType::BF16));
+    assert_eq!(l.grid, (3000 * 1377usize).div_ceil(128) as u32);
+    assert_eq!(l.params.walk, GridWalk::new(1377, l.grid as u64 * 128));
+    // The backward's scalar path: one element per access, a thread per batch of them, at
+    // most one wave (132 x 2 x 128 threads).
+    let [a, b, dy, da, db] = backward_mats(DType::BF16, 3, 4097, 20);
+    let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+    assert_eq!(
+        p.body.kernel,
+        KernelId::GatedBwd(DType::BF16, VecMode::Scalar)
+    );
+    assert_eq!(
+        p.body.grid,
+        (3 * 4097usize).div_ceil(GATED_SCALAR_BATCH * 128) as u32
+    );
+    let (a, b, dy) = [a, b, dy]
+        .map(|m| MatDesc {
+            rows: 3000,
+            len: 3000 * 11009,
+            cols: 11001,
+            row_stride: 11009,
+            ..m
+        })
+        .into();
+    let (da, db) = (
+        MatDesc {
+            addr: BASE + (1 << 30),
+            ..a
+        },
+        MatDesc {
+            addr: BASE + (2 << 30),
+            ..a
+        },
+    );
+    let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+    assert_eq!(
+        p.body.kernel,
+        KernelId::GatedBwd(DType::BF16, VecMode::Scalar)
+    );
+    assert_eq!(p.body.grid, 264);
+    assert_eq!(p.body.params.walk, GridWalk::new(11001, 264 * 128));
     let (a, b, y) = abc(DType::F32, 0, 4096);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().grid,
@@ -154,20 +213,29 @@ fn grid_walk_matches_division() {
     }
 }
 
+/// Forward calls off the 16-byte grid that are not one flat range run the realigned kernel.
 #[test]
-fn scalar_path_when_vectors_do_not_fit() {
+fn realigned_path_when_vectors_do_not_fit() {
+    // Interleaved `[gate | up]` of odd I: the two halves of a row at different offsets.
+    let x = mat(BASE, DType::BF16, 64, 2 * 4097);
+    let (gate, up) = x.interleaved_halves().unwrap();
+    let y = mat(BASE + (1 << 30), DType::BF16, 64, 4097);
+    assert_eq!(
+        fwd(&gate, &up, &y).unwrap().kernel,
+        KernelId::GatedFwdRealigned(DType::BF16)
+    );
     // Row length not a multiple of the vector.
     let (a, b, y) = abc(DType::BF16, 5, 4097);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().kernel,
-        KernelId::GatedFwd(DType::BF16, VecMode::Scalar)
+        KernelId::GatedFwdRealigned(DType::BF16)
     );
     // An address aligned to the element but not to 16 bytes.
     let (a, b, mut y) = abc(DType::F16, 4, 64);
     y.addr += 2;
     assert_eq!(
         fwd(&a, &b, &y).unwrap().kernel,
-        KernelId::GatedFwd(DType::F16, VecMode::Scalar)
+        KernelId::GatedFwdRealigned(DType::F16)
     );
     // A row stride that breaks the alignment of later rows.
     let (mut a, b, y) = abc(DType::F32, 4, 64);
@@ -175,7 +243,7 @@ fn scalar_path_when_vectors_do_not_fit() {
     a.len = 4 * 66;
     assert_eq!(
         fwd(&a, &b, &y).unwrap().kernel,
-        KernelId::GatedFwd(DType::F32, VecMode::Scalar)
+        KernelId::GatedFwdRealigned(DType::F32)
     );
     // One row: its stride does not matter.
     let (mut a, b, y) = abc(DType::F32, 1, 64);
@@ -633,18 +701,7 @@ fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     let (a, b, y) = abc(dt, 3, 4097);
     assert!(fwd(&a, &b, &y).is_ok());
     // The backward splits the same way.
-    let (a, b, dy) = abc(dt, rows, cols);
-    let (da, db, _) = abc(dt, rows, cols);
-    let (da, db) = (
-        MatDesc {
-            addr: da.addr + (3 << 24),
-            ..da
-        },
-        MatDesc {
-            addr: db.addr + (4 << 24),
-            ..db
-        },
-    );
+    let [a, b, dy, da, db] = backward_mats(dt, rows, cols, 24);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
     assert_eq!(p.body.kernel, KernelId::GatedBwd(dt, VecMode::V16));
     assert_eq!(p.tail.map(|t| t.params.cols), Some((n % 8) as u64));

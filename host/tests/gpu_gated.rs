@@ -27,6 +27,10 @@ enum Layout {
     /// grid: the flat range's scalar head runs when the call is large enough).
     SplitOffset,
     Interleaved,
+    /// Split, each operand at its own element offset and padded row stride (`a` one element
+    /// into its buffer at stride `I + 1`, `b` three at `I + 3`, `y` two at `I + 5`): every
+    /// row of every operand at its own offset from the 16-byte grid (the realigned forward).
+    Mixed,
 }
 
 /// (rows, intermediate): odd and real model sizes, one row to many rows.
@@ -206,6 +210,43 @@ fn forward_case<T: Element>(
             .unwrap_or_else(|e| panic!("{what}: {e}"));
             to_f64(&download(s, &db)[1..])
         }
+        (Layout::Mixed, _) => {
+            assert!(!inplace, "no in-place form at different strides");
+            let (sa, sb, sy) = (cols + 1, cols + 3, cols + 5);
+            let spread = |v: &[T], off: usize, stride: usize| {
+                let mut out = vec![poison::<T>(); off + rows * stride];
+                for r in 0..rows {
+                    out[off + r * stride..off + r * stride + cols]
+                        .copy_from_slice(&v[r * cols..(r + 1) * cols]);
+                }
+                out
+            };
+            let (da, db) = (upload(s, &spread(&a, 1, sa)), upload(s, &spread(&b, 3, sb)));
+            let mut y = upload(s, &vec![poison::<T>(); 2 + rows * sy]);
+            let (ma, mb) = (
+                Mat::strided(da.slice(1..), rows, cols, sa),
+                Mat::strided(db.slice(3..), rows, cols, sb),
+            );
+            let mut my = MatMut::strided(y.slice_mut(2..), rows, cols, sy);
+            k.gated(s, act, &ma, &mb, &mut my)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let y = download(s, &y);
+            let y = to_f64(&y);
+            assert!(
+                y[..2].iter().all(|v| v.is_nan()),
+                "{what}: written before y"
+            );
+            let pad: Vec<f64> = (0..rows)
+                .flat_map(|r| y[2 + r * sy + cols..2 + (r + 1) * sy].to_vec())
+                .collect();
+            assert!(
+                pad.iter().all(|v| v.is_nan()),
+                "{what}: padding of y was written"
+            );
+            (0..rows)
+                .flat_map(|r| y[2 + r * sy..2 + r * sy + cols].to_vec())
+                .collect()
+        }
         (Layout::Interleaved, false) => {
             let xs = padded(2 * cols);
             let dx = upload(s, &interleave(&a, &b, rows, cols, xs));
@@ -298,7 +339,7 @@ fn backward_case<T: Element>(
                 to_f64(&download(s, &db)[1..]),
             )
         }
-        Layout::Split => {
+        Layout::Split | Layout::Mixed => {
             let (da_in, db_in) = (upload(s, &a), upload(s, &b));
             let mut da = upload(s, &vec![poison::<T>(); n]);
             let mut db = upload(s, &vec![poison::<T>(); n]);
@@ -414,6 +455,11 @@ fn forward_split_offset_inplace() {
 }
 
 #[test]
+fn forward_mixed_offsets_and_strides() {
+    forward_all(Layout::Mixed, false, "forward_mixed_offsets_and_strides");
+}
+
+#[test]
 fn forward_interleaved() {
     forward_all(Layout::Interleaved, false, "forward_interleaved");
 }
@@ -459,6 +505,7 @@ fn forward_middle_regime() {
                 (Layout::Split, false),
                 (Layout::Split, true),
                 (Layout::Interleaved, false),
+                (Layout::Mixed, false),
             ] {
                 typed!(
                     dtype,

@@ -44,7 +44,7 @@ enum Layout {
 fn shapes() -> Vec<(usize, usize)> {
     if quick() {
         // A one-tile row with several per-token rows per block, and a two-tile bf16/f16 row.
-        return vec![(3, 384), (2, 28672)];
+        return vec![(3, 384), (2, 14336), (2, 28672)];
     }
     vec![
         (1, 128),

@@ -822,9 +822,11 @@ fn forward_every_placement_option_and_layout() {
         return;
     };
     let hidden: Vec<usize> = if quick() {
-        vec![3, 896, 16384, 20000, 100000]
+        vec![3, 896, 12289, 16384, 20000, 100000]
     } else {
-        vec![1, 3, 769, 896, 4096, 5125, 16384, 65536, 70001, 100000]
+        vec![
+            1, 3, 769, 896, 4096, 5125, 7001, 12289, 16384, 65536, 70001, 100000,
+        ]
     };
     let mut cases = Vec::new();
     let mut i = 0usize;
@@ -1085,7 +1087,7 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
     // Odd sizes: rows start at every offset from the 16-byte grid within one batch, and the
     // realigned kernel (up to its geometry's limit) and the scalar one give the same bits, in
     // any batch.
-    for h in [1usize, 3, 769, 1001, 4095, 5125] {
+    for h in [1usize, 3, 769, 1001, 4095, 5125, 7001, 8193, 12289, 16383] {
         let c = Fwd::new(64, h);
         let seed = fresh_seed();
         let inp = fwd_inputs::<bf16>(&c, seed);

@@ -25,14 +25,16 @@ use ferrofuse::{
     VecMode,
 };
 use ferrofuse_common::{
-    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_GEMMA, RMSNORM_HF,
+    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const HIDDEN: [usize; 16] = [
-    1, 3, 8, 256, 257, 512, 769, 896, 2048, 3584, 4096, 5120, 5125, 7168, 8192, 16384,
+const HIDDEN: [usize; 19] = [
+    1, 3, 8, 256, 257, 512, 769, 896, 2048, 3584, 4096, 5120, 5125, 7168, 8192, 8193, 11001, 16383,
+    16384,
 ];
 const BIG_HIDDEN: [usize; 4] = [16385, 65536, 70001, 1 << 20];
 
@@ -440,6 +442,11 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                     RMSNORM_SMEM_BYTES
                 };
                 assert_eq!(l.shared_mem_bytes, smem);
+                let limit = l
+                    .kernel
+                    .dynamic_smem_opt_in()
+                    .unwrap_or(DEFAULT_MAX_SMEM_BYTES);
+                assert!(smem <= limit, "{what}: {smem} bytes of shared memory");
                 assert_eq!(l.params.threads_per_row, first.params.threads_per_row);
                 assert_eq!(l.params.rows_per_block, first.params.rows_per_block);
                 assert_eq!(
@@ -452,6 +459,7 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
             let mut t = fwd_descs(dtype, 7, hidden, true);
             t.x.addr += dtype.size_bytes() as u64;
             let s = fwd(&t).unwrap();
+            assert!(s.kernel.exists(), "{dtype:?} H={hidden}: {:?}", s.kernel);
             assert_eq!(s.block, first.block);
             assert_eq!(
                 (s.params.threads_per_row, s.params.rows_per_block),
@@ -634,12 +642,19 @@ fn vector_kernel_only_when_every_operand_allows_it() {
         t.rstd.as_mut().unwrap().addr += 4;
         assert_eq!(mode(&t), NormPath::V16);
         // A row length that is not a multiple of the vector: realigned while its staging fits
-        // (16-bit rows up to 8192 elements, f32 up to 5632), scalar beyond.
+        // (16-bit rows up to 16384 elements, f32 up to 8192), scalar beyond.
+        let longest = if size == 4 { 8192 } else { 16384 };
+        for h in [hidden + 1, longest - 1] {
+            assert_eq!(
+                mode(&fwd_descs(dtype, 7, h, true)),
+                NormPath::Realigned,
+                "H={h}"
+            );
+        }
         assert_eq!(
-            mode(&fwd_descs(dtype, 7, hidden + 1, true)),
-            NormPath::Realigned
+            mode(&fwd_descs(dtype, 7, longest + 1, true)),
+            NormPath::Scalar
         );
-        assert_eq!(mode(&fwd_descs(dtype, 7, 8193, true)), NormPath::Scalar);
         // A single row does not need a vector-multiple stride.
         let mut t = fwd_descs(dtype, 1, hidden, true);
         t.x.row_stride = hidden + 1;

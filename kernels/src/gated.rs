@@ -20,6 +20,20 @@
 //! column of the first access come from a host-precomputed multiply-high, later ones by adding
 //! the grid step: no division in the kernel ([`GridWalk`]).
 //!
+//! # The realigned forward (`gated_fwd_{dtype}_realigned`)
+//! For operands at any element offset and row stride (an interleaved `[gate | up]` input of
+//! odd `I` puts the two halves of a row at different offsets from the 16-byte grid, and the
+//! output at a third). The output drives: row `r`'s accesses are the 16-byte aligned vectors of
+//! `y` that its row touches (`ceil(cols * size / 16) + 1` per row, the last one possibly
+//! empty), walked as above. An access whose `y` vector lies inside the row and whose `a` and
+//! `b` bytes lie inside theirs loads, for each input, the one or two aligned vectors its 16
+//! bytes span and moves them into place in registers (a word select and a funnel shift: the
+//! offset is a whole number of elements); the second vector is the first one of the next
+//! lane's access, so it mostly comes from L1 and HBM still sees each byte once. The few
+//! accesses at a row's ends (at most two or three per row and operand) go element by element,
+//! predicated. Only bytes of the operands' own rows are read, so padding and the other half of
+//! an interleaved row are never touched.
+//!
 //! # Programmatic dependent launch (sm_90)
 //! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
 //! then let the next one launch); see `mem.rs`.
@@ -35,7 +49,10 @@
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 use ferrofuse_common::{Activation, GATED_SCALAR_BATCH, GatedBwdParams, GatedFwdParams, GridWalk};
 
-use crate::mem::{Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync};
+use crate::mem::{
+    Bf16, Elem, F16, F32, VecMode, access_width, funnel_shift_right, grid, grid_dependency_sync,
+    ld_v4_if, st_v4,
+};
 
 /// Byte address of access `(row, col)` (`col` counted in accesses) of a matrix at `base`.
 #[inline(always)]
@@ -162,6 +179,109 @@ unsafe fn fwd_scalar<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
     }
 }
 
+/// The 16 bytes at byte offset `sh` (< 16) of the 32 bytes `lo : hi` (little-endian).
+#[inline(always)]
+fn realign(lo: [u32; 4], hi: [u32; 4], sh: u64) -> [u32; 4] {
+    let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+    let (q, bits) = (sh >> 2, ((sh & 3) * 8) as u32);
+    // Word `k + q` for k < 5 by selects (a run-time index into registers would go through
+    // local memory).
+    let mut u = [0u32; 5];
+    unroll!(k < 5 => {
+        u[k] = match q {
+            0 => w[k],
+            1 => w[k + 1],
+            2 => w[k + 2],
+            _ => w[k + 3],
+        };
+    });
+    let mut out = [0u32; 4];
+    unroll!(j < 4 => {
+        out[j] = funnel_shift_right(u[j], u[j + 1], bits);
+    });
+    out
+}
+
+/// One input's 16 bytes starting at `at` (any element offset), when they and the aligned
+/// vectors that hold them lie inside `[lo, end)`: returns whether they do and the loads (two
+/// aligned vectors, the second predicated off when `at` is aligned; both off when outside).
+#[inline(always)]
+unsafe fn load_realigned(
+    at: u64,
+    lo: u64,
+    end: u64,
+    whole: bool,
+) -> (bool, [u32; 4], [u32; 4], u64) {
+    let (base, sh) = (at & !15, at & 15);
+    let ok = whole && base >= lo && base + if sh == 0 { 16 } else { 32 } <= end;
+    // SAFETY: when `ok`, both vectors are inside `[lo, end)`, a row of the operand (caller).
+    let (v0, v1) = unsafe { (ld_v4_if(base, ok), ld_v4_if(base + 16, ok && sh != 0)) };
+    (ok, v0, v1, sh)
+}
+
+/// The realigned forward; see the module docs.
+#[inline(always)]
+unsafe fn fwd_realigned<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
+    grid_dependency_sync();
+    let walk = &p.walk;
+    let (mut i, step, total) = start(p.rows, walk);
+    let mut at = cursor(walk, i);
+    let size = E::BYTES;
+    let row_bytes = p.cols * size;
+    while i < total {
+        let ya = p.y + at.row * p.y_stride * size;
+        let (aa, ba) = (
+            p.a + at.row * p.a_stride * size,
+            p.b + at.row * p.b_stride * size,
+        );
+        // This access's aligned vector of `y`; `off` is its byte offset from the row's start
+        // (negative, wrapped, for a vector that starts before the row).
+        let v = (ya & !15) + at.col * 16;
+        let off = v.wrapping_sub(ya);
+        let whole = v >= ya && v + 16 <= ya + row_bytes;
+        // SAFETY: `[aa, aa + row_bytes)` and `[ba, ba + row_bytes)` are rows of `a` and `b`
+        // (the host checked the allocations cover rows x cols at these strides).
+        let (a_ok, a0, a1, a_sh) =
+            unsafe { load_realigned(aa.wrapping_add(off), aa, aa + row_bytes, whole) };
+        // SAFETY: as above.
+        let (b_ok, b0, b1, b_sh) =
+            unsafe { load_realigned(ba.wrapping_add(off), ba, ba + row_bytes, whole) };
+        if a_ok && b_ok {
+            let a = E::unpack(realign(a0, a1, a_sh));
+            let b = E::unpack(realign(b0, b1, b_sh));
+            let mut y = [0.0f32; 8];
+            unroll!(l < E::LANES => {
+                y[l] = A::value(a[l]) * b[l];
+            });
+            // SAFETY: `v` is an aligned 16-byte vector inside row `at.row` of `y`. Every byte
+            // this thread loaded from `b` precedes the store; when `y` is exactly `b`, `b`'s
+            // bytes are this vector's own (same offset, so one aligned load).
+            unsafe { st_v4(v, E::pack(&y)) };
+        } else {
+            // A row's ends: element by element, the lanes inside the row.
+            let mut a = [0u32; 8];
+            let mut b = [0u32; 8];
+            let mut ok = [false; 8];
+            unroll!(l < E::LANES => {
+                let o = off.wrapping_add(l as u64 * size);
+                ok[l] = o < row_bytes;
+                // SAFETY: where `ok[l]`, element `o / size` of the row is inside `a` and `b`.
+                unsafe {
+                    a[l] = E::load_bits_if(aa.wrapping_add(o), ok[l]);
+                    b[l] = E::load_bits_if(ba.wrapping_add(o), ok[l]);
+                }
+            });
+            unroll!(l < E::LANES => {
+                let y = A::value(E::widen(a[l])) * E::widen(b[l]);
+                // SAFETY: as for the loads, inside `y`'s row.
+                unsafe { E::store_if(v + l as u64 * size, y, ok[l]) };
+            });
+        }
+        at = advance(walk, at);
+        i += step;
+    }
+}
+
 #[inline(always)]
 unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
     if M == VecMode::Scalar {
@@ -252,6 +372,41 @@ macro_rules! dispatch_act {
             None => {}
         }
     };
+}
+
+/// [`dispatch_act!`] for a body without a memory-path parameter.
+macro_rules! dispatch_act_realigned {
+    ($body:ident, $e:ty, $p:expr) => {
+        match Activation::from_u32($p.act) {
+            Some(Activation::Silu) => $body::<$e, Silu>($p),
+            Some(Activation::GeluErf) => $body::<$e, GeluErf>($p),
+            Some(Activation::GeluTanh) => $body::<$e, GeluTanh>($p),
+            Some(Activation::Relu) => $body::<$e, Relu>($p),
+            // The host only passes valid activations.
+            None => {}
+        }
+    };
+}
+
+macro_rules! realigned_entries {
+    ($($fwd:ident: $e:ty;)*) => {$(
+        /// Gated forward on the realigned path; see the module docs. Launch: `GATED_THREADS`
+        /// threads, the planned grid.
+        ///
+        /// # Safety
+        /// The host launcher's checks: valid, element-aligned, in-bounds tensors; allowed
+        /// aliasing only.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd(p: GatedFwdParams) {
+            unsafe { dispatch_act_realigned!(fwd_realigned, $e, &p) }
+        }
+    )*};
+}
+
+realigned_entries! {
+    gated_fwd_f32_realigned: F32;
+    gated_fwd_f16_realigned: F16;
+    gated_fwd_bf16_realigned: Bf16;
 }
 
 macro_rules! entries {

@@ -22,15 +22,14 @@
 //!   element is loaded once and written once, the scale once per group: the traffic of the
 //!   plain kernel with a one-byte output.
 //! - **Row** (`gated_fp8_row_*`: per token). One block of [`GATED_FP8_ROW_MAX_THREADS`] (512)
-//!   threads per row; thread `t` owns accesses `t + 512 j`, `j < chunks` (<=
-//!   [`GATED_FP8_ROW_CHUNKS`], 2) per tile, loaded back to back (predicated) and kept packed
-//!   in registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
+//!   threads per row, two blocks per SM; thread `t` owns accesses `t + 512 j`, `j < chunks`
+//!   (<= [`GATED_FP8_ROW_CHUNKS`], 4), loaded back to back (predicated) and kept packed in
+//!   registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
 //!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
-//!   (up to 1024 accesses: 8192 bf16/f16, 4096 f32) is read once. A longer row is walked
-//!   twice, tile by tile: once for the maximum, once for the output; the second walk finds
-//!   the row in L2 (two rows per SM, 57 KB each for 14336 bf16: 15 MB in all, well below
-//!   its 50 MB), so HBM still sees one read. Holding 14336-element rows in registers took 252 registers a
-//!   thread, one row per SM at a time, and ran at 35% of the copy ceiling (`bench/TUNING.md`).
+//!   (up to 2048 accesses: 16384 bf16/f16, 8192 f32) is read once, and two such rows per SM
+//!   keep their loads in flight while the other one reduces or stores. A longer row is walked
+//!   twice in tiles of two accesses per thread: once for the maximum, once for the output;
+//!   the second walk finds the row in L2 (two rows per SM), so HBM still sees one read.
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
@@ -421,27 +420,27 @@ unsafe fn row_max(v: f32, lane: u32, warp: u32, warps: u32, slot: u32) -> f32 {
 /// The raw loads of one tile of a row, this thread's accesses `first + j * tpr`, `j < chunks`.
 /// Kept packed (half the registers of the f32 `y` for 16-bit dtypes): `y` is computed once
 /// for the maximum and again for the stores.
-struct Tile {
-    a: [[u32; 4]; GATED_FP8_ROW_CHUNKS],
-    b: [[u32; 4]; GATED_FP8_ROW_CHUNKS],
-    ok: [bool; GATED_FP8_ROW_CHUNKS],
+struct Tile<const N: usize> {
+    a: [[u32; 4]; N],
+    b: [[u32; 4]; N],
+    ok: [bool; N],
 }
 
 /// Loads one tile of a row (see [`Tile`]), predicated and back to back.
 #[inline(always)]
-unsafe fn row_tile<E: Elem, const M: VecMode>(
+unsafe fn row_tile<E: Elem, const M: VecMode, const N: usize>(
     p: &GatedFp8Params,
     row: u64,
     live: bool,
     first: u64,
     tpr: u64,
-) -> Tile {
+) -> Tile<N> {
     let mut t = Tile {
-        a: [[0u32; 4]; GATED_FP8_ROW_CHUNKS],
-        b: [[0u32; 4]; GATED_FP8_ROW_CHUNKS],
-        ok: [false; GATED_FP8_ROW_CHUNKS],
+        a: [[0u32; 4]; N],
+        b: [[0u32; 4]; N],
+        ok: [false; N],
     };
-    unroll!(j < GATED_FP8_ROW_CHUNKS => {
+    unroll!(j < N => {
         let c = first + j as u64 * tpr;
         t.ok[j] = live && (j as u32) < p.chunks && c < p.walk.per_row;
         // SAFETY: where `ok[j]`, access c of row `row` is inside `a` and `b` (the host's
@@ -456,9 +455,9 @@ unsafe fn row_tile<E: Elem, const M: VecMode>(
 
 /// The largest `|y|` of a tile.
 #[inline(always)]
-fn tile_amax<E: Elem, const M: VecMode, A: GatedAct>(t: &Tile) -> f32 {
+fn tile_amax<E: Elem, const M: VecMode, A: GatedAct, const N: usize>(t: &Tile<N>) -> f32 {
     let mut amax = 0.0f32;
-    unroll!(j < GATED_FP8_ROW_CHUNKS => {
+    unroll!(j < N => {
         let y = gated::<E, M, A>(t.a[j], t.b[j]);
         amax = amax.max(access_amax(const { access_width::<E, M>() }, &y, t.ok[j]));
     });
@@ -468,9 +467,9 @@ fn tile_amax<E: Elem, const M: VecMode, A: GatedAct>(t: &Tile) -> f32 {
 /// Stores one tile of a row (see [`row_tile`]) under `scale` (`inv` = `reciprocal(scale)`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct>(
+unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct, const N: usize>(
     p: &GatedFp8Params,
-    t: &Tile,
+    t: &Tile<N>,
     row: u64,
     first: u64,
     tpr: u64,
@@ -478,7 +477,7 @@ unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct>(
     inv: f32,
 ) {
     let w = const { access_width::<E, M>() };
-    unroll!(j < GATED_FP8_ROW_CHUNKS => {
+    unroll!(j < N => {
         let c = first + j as u64 * tpr;
         let y = gated::<E, M, A>(t.a[j], t.b[j]);
         let q = quantize(w, &y, scale, inv);
@@ -506,8 +505,8 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
     if tile >= p.walk.per_row {
         // The whole row in registers: one read, one write.
         // SAFETY: the host's checks (see `row_tile`).
-        let t = unsafe { row_tile::<E, M>(p, row, live, t_row, tpr) };
-        let amax = tile_amax::<E, M, A>(&t);
+        let t = unsafe { row_tile::<E, M, GATED_FP8_ROW_CHUNKS>(p, row, live, t_row, tpr) };
+        let amax = tile_amax::<E, M, A, GATED_FP8_ROW_CHUNKS>(&t);
         // SAFETY: `slot + warps` <= the block's warps, which the dynamic shared memory holds;
         // every thread of the block gets here once.
         let amax = unsafe { row_max(amax, lane, warp, warps, slot) };
@@ -515,16 +514,30 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
         // SAFETY: the row's scale is inside the scale matrix for a live row.
         unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
         // SAFETY: as for the loads.
-        unsafe { row_store::<E, M, A>(p, &t, row, t_row, tpr, scale, reciprocal(scale)) };
+        unsafe {
+            row_store::<E, M, A, GATED_FP8_ROW_CHUNKS>(
+                p,
+                &t,
+                row,
+                t_row,
+                tpr,
+                scale,
+                reciprocal(scale),
+            )
+        };
         return;
     }
-    // Longer rows: the maximum over every tile, then each tile again for the output.
+    // Longer rows: the maximum over every tile, then each tile again for the output, in tiles
+    // of `LOOP_CHUNKS` accesses per thread (the registers of a whole-row tile as well as the
+    // loop's state spilled).
+    const LOOP_CHUNKS: usize = 2;
+    let tile = TPR * LOOP_CHUNKS as u64;
     let mut amax = 0.0f32;
     let mut first = t_row;
     while first < p.walk.per_row + t_row {
         // SAFETY: as above.
-        let t = unsafe { row_tile::<E, M>(p, row, live, first, tpr) };
-        amax = amax.max(tile_amax::<E, M, A>(&t));
+        let t = unsafe { row_tile::<E, M, LOOP_CHUNKS>(p, row, live, first, tpr) };
+        amax = amax.max(tile_amax::<E, M, A, LOOP_CHUNKS>(&t));
         first += tile;
     }
     // SAFETY: as above.
@@ -537,8 +550,8 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
     while first < p.walk.per_row + t_row {
         // SAFETY: as above.
         unsafe {
-            let t = row_tile::<E, M>(p, row, live, first, tpr);
-            row_store::<E, M, A>(p, &t, row, first, tpr, scale, inv);
+            let t = row_tile::<E, M, LOOP_CHUNKS>(p, row, live, first, tpr);
+            row_store::<E, M, A, LOOP_CHUNKS>(p, &t, row, first, tpr, scale, inv);
         }
         first += tile;
     }

@@ -51,6 +51,19 @@ pub fn ptxas() -> Result<PathBuf, String> {
         "xtask: installing ptxas ({NVCC_WHEEL}) into {}",
         dir.display()
     );
+    pip_install(&dir, &[NVCC_WHEEL], "ptxas")?;
+    if !ptxas.exists() {
+        return Err(format!(
+            "{NVCC_WHEEL} installed but {} is missing",
+            ptxas.display()
+        ));
+    }
+    Ok(ptxas)
+}
+
+/// `pip install --no-deps --target dir wheels...`: the wheels' files only, outside any Python
+/// environment, so nothing else on the machine changes.
+fn pip_install(dir: &Path, wheels: &[&str], what: &str) -> Result<(), String> {
     run(Command::new(python())
         .args([
             "-m",
@@ -61,18 +74,11 @@ pub fn ptxas() -> Result<PathBuf, String> {
             "--no-deps",
             "--target",
         ])
-        .arg(&dir)
-        .arg(NVCC_WHEEL))
+        .arg(dir)
+        .args(wheels))
     .map_err(|e| {
-        format!("could not install ptxas with pip ({e}); needs python3 with pip and PyPI access")
-    })?;
-    if !ptxas.exists() {
-        return Err(format!(
-            "{NVCC_WHEEL} installed but {} is missing",
-            ptxas.display()
-        ));
-    }
-    Ok(ptxas)
+        format!("could not install {what} with pip ({e}); needs python3 with pip and PyPI access")
+    })
 }
 
 /// The CUDA 13.0 wheels ferrofuse-candle is built with, installed into `.tools/cuda`:
@@ -171,21 +177,7 @@ pub fn candle_cuda() -> Result<CandleCuda, String> {
             "xtask: installing the CUDA 13.0 wheels for candle into {}",
             dir.display()
         );
-        run(Command::new(python())
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--target",
-            ])
-            .arg(&dir)
-            .args(CANDLE_WHEELS))
-        .map_err(|e| {
-            format!("could not install the CUDA wheels with pip ({e}); needs python3 with pip and PyPI access")
-        })?;
+        pip_install(&dir, &CANDLE_WHEELS, "the CUDA wheels")?;
         std::fs::create_dir_all(&link).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(&stub).map_err(|e| e.to_string())?;
         for (name, target) in [

@@ -82,11 +82,11 @@ pub const TOKENS: [usize; 8] = [1, 4, 16, 64, 256, 1024, 4096, 16384];
 /// not change the traffic or the work).
 pub const NORM_EPS: f64 = 1e-6;
 
-/// Shapes off the 16-byte grid of the 16-bit dtypes (`--odd-shapes`): row lengths that are odd,
-/// 2 or 4 mod 8, just below and above powers of two, from 7 to 131071 elements, at 1 to 16384
-/// rows, as tensor-parallel splits and odd checkpoints produce them. Each one's bytes are near
-/// those of an aligned shape of the models', for comparison.
-pub const ODD_SHAPES: [Shape; 18] = [
+/// Shapes off the 16-byte grid of the 16-bit dtypes (measured in the default run, alone with
+/// `--odd-shapes`): row lengths that are odd, 2 or 4 mod 8, just below and above powers of two,
+/// from 1 to 131071 elements, at 1 to 16384 rows, as tensor-parallel splits and odd checkpoints
+/// produce them. Most have the bytes of an aligned shape of the models', for comparison.
+pub const ODD_SHAPES: [Shape; 19] = [
     Shape {
         rows: 1,
         cols: 65535,
@@ -120,6 +120,10 @@ pub const ODD_SHAPES: [Shape; 18] = [
         cols: 1001,
     },
     Shape { rows: 256, cols: 7 },
+    Shape {
+        rows: 4096,
+        cols: 1,
+    },
     Shape {
         rows: 1000,
         cols: 4097,
@@ -229,20 +233,52 @@ pub enum Layout {
     Split,
     /// One `[rows, 2I]` matrix `[gate | up]` (the output of a fused gate/up GEMM).
     Interleaved,
+    /// Split, every operand's rows padded to a row stride of `I` rounded up to 64 elements
+    /// (forward only; asked for by name).
+    Padded,
+    /// Split and dense, `a` and `b` one element past their allocation's start, `y` at its
+    /// start (forward only; asked for by name).
+    Offset,
 }
 
 impl Layout {
+    /// The layouts measured when none is named.
     pub const ALL: [Layout; 2] = [Layout::Split, Layout::Interleaved];
+    /// Every layout `parse` knows.
+    pub const NAMED: [Layout; 4] = [
+        Layout::Split,
+        Layout::Interleaved,
+        Layout::Padded,
+        Layout::Offset,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
             Layout::Split => "split",
             Layout::Interleaved => "interleaved",
+            Layout::Padded => "padded",
+            Layout::Offset => "offset",
         }
     }
 
     pub fn parse(s: &str) -> Option<Layout> {
-        Layout::ALL.into_iter().find(|l| l.name() == s)
+        Layout::NAMED.into_iter().find(|l| l.name() == s)
+    }
+
+    /// For the layouts of three separate `[rows, I]` operands: their row stride and the
+    /// element offsets of `a`, `b` and `y` in their allocations; `None` for interleaved.
+    pub const fn split_views(self, cols: usize) -> Option<(usize, [usize; 3])> {
+        match self {
+            Layout::Split => Some((cols, [0, 0, 0])),
+            Layout::Padded => Some((cols.next_multiple_of(64), [0, 0, 0])),
+            Layout::Offset => Some((cols, [1, 1, 0])),
+            Layout::Interleaved => None,
+        }
+    }
+
+    /// Whether an op runs in this layout: the padded and offset views are forward only.
+    pub const fn supports(self, op: Op) -> bool {
+        matches!(self, Layout::Split | Layout::Interleaved) || matches!(op, Op::GatedFwd)
     }
 }
 
@@ -521,6 +557,10 @@ pub struct Selection {
     /// Shapes given by hand, instead of the models' at the token counts (so not together with
     /// `models` or `tokens`): the gated ops with SiLU, the norm as plain RMSNorm.
     pub shapes: Vec<Shape>,
+    /// Also measure [`ODD_SHAPES`] (as if given by hand) beside every model's shapes at the
+    /// default token counts: on in the default run, ignored once `models`, `tokens` or `shapes`
+    /// narrow the selection.
+    pub odd_shapes: bool,
     /// Op families by name (`gated`, `add_rmsnorm`) or exact op names; empty: both families.
     pub ops: Vec<String>,
     /// Gated layouts; empty: both.
@@ -542,6 +582,7 @@ impl Default for Selection {
             models: Vec::new(),
             tokens: Vec::new(),
             shapes: Vec::new(),
+            odd_shapes: true,
             ops: Vec::new(),
             layouts: Vec::new(),
             dtypes: Vec::new(),
@@ -569,6 +610,9 @@ impl fmt::Display for Selection {
                 list(self.models.clone()),
                 list(self.tokens.iter().map(|t| t.to_string()).collect()),
             )?;
+            if self.odd_shapes && self.models.is_empty() && self.tokens.is_empty() {
+                write!(f, ", the shapes off the grid")?;
+            }
         } else {
             write!(
                 f,
@@ -653,30 +697,38 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
     };
 
     // What to measure, before ops and layouts: (activation, norm, I, H, rows) per model, or
-    // per shape given by hand.
+    // per shape given by hand (the built-in shapes off the grid count as given by hand).
+    let by_hand = |shapes: &[Shape]| {
+        shapes
+            .iter()
+            .map(|s| (Act::Silu, NormKind::Rms, s.cols, s.cols, vec![s.rows]))
+            .collect::<Vec<_>>()
+    };
     let sources: Vec<(Act, NormKind, usize, usize, Vec<usize>)> = if sel.shapes.is_empty() {
         let tokens = if sel.tokens.is_empty() {
             TOKENS.to_vec()
         } else {
             sel.tokens.clone()
         };
-        MODELS
+        let models = MODELS
             .iter()
             .filter(|m| sel.models.is_empty() || sel.models.iter().any(|k| k == m.key))
-            .map(|m| (m.act, m.norm, m.intermediate, m.hidden, tokens.clone()))
-            .collect()
+            .map(|m| (m.act, m.norm, m.intermediate, m.hidden, tokens.clone()));
+        let odd = if sel.odd_shapes && sel.models.is_empty() && sel.tokens.is_empty() {
+            by_hand(&ODD_SHAPES)
+        } else {
+            Vec::new()
+        };
+        models.chain(odd).collect()
     } else {
-        sel.shapes
-            .iter()
-            .map(|s| (Act::Silu, NormKind::Rms, s.cols, s.cols, vec![s.rows]))
-            .collect()
+        by_hand(&sel.shapes)
     };
     // (op, variant, cols) -> the rows to measure it at; the map orders and dedups both.
     let mut shapes: BTreeMap<(Op, Variant, usize), BTreeSet<usize>> = BTreeMap::new();
     for op in Op::ALL.into_iter().filter(|&op| op_selected(sel, op)) {
         for (act, kind, intermediate, hidden, rows) in &sources {
             if op == Op::GatedFwdFp8 {
-                for &layout in layouts {
+                for &layout in layouts.iter().filter(|l| l.supports(op)) {
                     for scheme in Fp8Scheme::ALL {
                         let variant = Variant::GatedFp8 {
                             act: *act,
@@ -688,7 +740,7 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
                     }
                 }
             } else if op.is_gated() {
-                for &layout in layouts {
+                for &layout in layouts.iter().filter(|l| l.supports(op)) {
                     let variant = Variant::Gated { act: *act, layout };
                     let key = (op, variant, *intermediate);
                     shapes.entry(key).or_default().extend(rows);
@@ -734,8 +786,14 @@ mod tests {
     fn default_plan_covers_every_model_shape_once() {
         let configs = plan(&Selection::default()).unwrap();
         // Gated: silu at 11008, 14336, 18944, 28672 and gelu_tanh at 14336, two layouts each;
-        // norm: rms at 3584, 4096, 8192 and gemma_rms at 3584. Eight token counts, bf16.
-        assert_eq!(configs.len(), (5 * 2 + 4) * 8);
+        // norm: rms at 3584, 4096, 8192 and gemma_rms at 3584. Eight token counts, bf16. Then
+        // SwiGLU in two layouts and add + RMSNorm at each shape off the grid.
+        assert_eq!(configs.len(), (5 * 2 + 4) * 8 + 3 * ODD_SHAPES.len());
+        let models_only = Selection {
+            odd_shapes: false,
+            ..Selection::default()
+        };
+        assert_eq!(plan(&models_only).unwrap().len(), (5 * 2 + 4) * 8);
         assert!(configs.iter().all(|c| c.dtype == Dtype::Bf16));
         assert!(configs.iter().all(|c| !c.op.is_backward()));
         let mut keys: Vec<_> = configs

@@ -790,25 +790,28 @@ norm_entries! {
 }
 
 macro_rules! realigned_entries {
-    ($($e:ty => $name:ident;)*) => {$(
-        /// RMSNorm forward on the realigned path, 16 elements per thread; see the module docs
-        /// and `realign`.
+    ($($e:ty, $ept:literal => $name:ident;)*) => {$(
+        /// RMSNorm forward on the realigned path, `$ept` elements per thread; see the module
+        /// docs and `realign`.
         ///
         /// # Safety
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, { Path::Realigned }, 16, false>(&p) }
+            unsafe { fwd_regs::<$e, { Path::Realigned }, $ept, false>(&p) }
         }
     )*};
 }
 
-// Rows up to 16 elements per thread only: the 32-per-thread and looped forms needed more
-// registers than a 512-thread block has (they spilled); those rows run on the scalar path.
+// The rows `rmsnorm_realigned_fits` admits: held in registers (the f32 form of 32 per thread
+// spills at 128 registers), staging within `RMSNORM_REALIGNED_MAX_SMEM_BYTES`. Looped rows
+// would need a staging per tile.
 realigned_entries! {
-    F32 => rmsnorm_fwd_f32_realigned_e16;
-    F16 => rmsnorm_fwd_f16_realigned_e16;
-    Bf16 => rmsnorm_fwd_bf16_realigned_e16;
+    F32, 16 => rmsnorm_fwd_f32_realigned_e16;
+    F16, 16 => rmsnorm_fwd_f16_realigned_e16;
+    F16, 32 => rmsnorm_fwd_f16_realigned_e32;
+    Bf16, 16 => rmsnorm_fwd_bf16_realigned_e16;
+    Bf16, 32 => rmsnorm_fwd_bf16_realigned_e32;
 }
 
 macro_rules! w_first_entries {
