@@ -105,6 +105,10 @@ struct Args {
     /// brings.
     #[arg(long)]
     no_pdl: bool,
+    /// Run the add + RMSNorm forward's long rows at few rows one block per row instead of on
+    /// a thread-block cluster (sm_90+; the same bits), to see what the split brings.
+    #[arg(long)]
+    no_cluster_split: bool,
 }
 
 fn selection(args: &Args) -> Result<Selection, String> {
@@ -293,6 +297,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let mut h = Harness::new(device, budgets)?;
     if args.no_pdl {
         h.kernels.set_programmatic_launch(false);
+    }
+    if args.no_cluster_split {
+        h.kernels.set_cluster_split(false);
     }
     let (gpu, driver) = device_info(h.context());
     println!(

@@ -321,6 +321,69 @@ pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
     }
 }
 
+/// Tiles of a looped forward row (`NormFwdVariant::Loop`): [`RMSNORM_MAX_THREADS_PER_ROW`]
+/// threads of 16 elements each per tile, the last tile partial. The row's sum of squares is
+/// summed per tile (each tile's threads combined as `reduce::row_sum` does), then the tiles'
+/// sums added in tile order: one shape that a block looping over the tiles and a cluster of
+/// blocks holding a tile or two each both compute (see [`rmsnorm_split_geometry`]).
+pub const fn rmsnorm_fwd_tiles(dtype: DType, hidden: u64) -> u64 {
+    let lanes = dtype.lanes_per_16b() as u64;
+    let per_tile = RMSNORM_MAX_THREADS_PER_ROW as u64 * (16 / lanes);
+    hidden.div_ceil(lanes).div_ceil(per_tile)
+}
+
+/// Tiles whose per-warp sums the looped forward holds in shared memory before combining them
+/// (one block barrier per this many tiles).
+pub const RMSNORM_LOOP_RING_TILES: u32 = 16;
+/// Dynamic shared memory of a looped forward launch (`NormFwdVariant::Loop`): the ring of
+/// per-warp tile sums (16 warps per tile), then one sum per tile of the ring.
+pub const RMSNORM_LOOP_SMEM_BYTES: u32 =
+    RMSNORM_LOOP_RING_TILES * (RMSNORM_MAX_THREADS_PER_ROW / 32 + 1) * 4;
+
+/// Most blocks in a cluster of the split forward (the portable cluster size).
+pub const RMSNORM_SPLIT_MAX_CLUSTER: u64 = 8;
+
+/// Most tiles one block of the split forward holds in registers.
+pub const RMSNORM_SPLIT_MAX_TILES_PER_BLOCK: u64 = 2;
+
+/// Dynamic shared memory of a split forward launch: the two reduction buffers, then from f32
+/// slot [`RMSNORM_SPLIT_PARTIALS_SLOT`] the block's tile sums and from
+/// [`RMSNORM_SPLIT_GATHER_SLOT`] the whole row's, gathered from the cluster.
+pub const RMSNORM_SPLIT_SMEM_BYTES: u32 = RMSNORM_SMEM_BYTES + 32 * 4;
+/// First f32 slot of a split block's own tile sums.
+pub const RMSNORM_SPLIT_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;
+/// First f32 slot of the row's tile sums gathered from the cluster's blocks.
+pub const RMSNORM_SPLIT_GATHER_SLOT: u32 = RMSNORM_SPLIT_PARTIALS_SLOT + 8;
+
+const _: () = assert!(
+    (RMSNORM_SPLIT_GATHER_SLOT as u64
+        + RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK)
+        * 4
+        <= RMSNORM_SPLIT_SMEM_BYTES as u64
+);
+
+/// The split forward for looped rows (sm_90 thread-block clusters): a row's tiles spread over
+/// the blocks of one cluster, `tiles_per_block` each (blocks of
+/// [`RMSNORM_MAX_THREADS_PER_ROW`] threads, 16 elements per thread per tile, so
+/// `NormFwdVariant::E16` for one tile and `E32` for two), and the cluster's size. The same
+/// element-to-thread map and reduction shape as the looped kernel ([`rmsnorm_fwd_tiles`]), so
+/// the same bits. `None` for rows that are not looped or have more tiles than a cluster
+/// holds.
+pub const fn rmsnorm_split_geometry(dtype: DType, hidden: u64) -> Option<(NormFwdVariant, u32)> {
+    let (variant, _) = rmsnorm_fwd_geometry(dtype, hidden);
+    if !matches!(variant, NormFwdVariant::Loop) {
+        return None;
+    }
+    let tiles = rmsnorm_fwd_tiles(dtype, hidden);
+    if tiles <= RMSNORM_SPLIT_MAX_CLUSTER {
+        Some((NormFwdVariant::E16, tiles as u32))
+    } else if tiles <= RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK {
+        Some((NormFwdVariant::E32, tiles.div_ceil(2) as u32))
+    } else {
+        None
+    }
+}
+
 /// Backward geometry: 16 elements per thread up to 8192 per row for bf16, 4096 for f16 and
 /// f32 (at most [`rmsnorm_bwd_max_threads_per_row`] threads), then
 /// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of 4096.
@@ -407,7 +470,8 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
 /// on `x`); nothing else overlaps an output. Each element is read and written by one thread,
 /// reads first. `eps` is finite and > 0 (the host checks). Launch: the geometry of
 /// [`rmsnorm_fwd_geometry`], `ceil(rows / rows_per_block)` blocks, [`RMSNORM_SMEM_BYTES`]
-/// of dynamic shared memory.
+/// of dynamic shared memory ([`RMSNORM_LOOP_SMEM_BYTES`] for looped rows); or the split form
+/// of [`rmsnorm_split_geometry`] (`rows` clusters, [`RMSNORM_SPLIT_SMEM_BYTES`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RmsNormFwdParams {

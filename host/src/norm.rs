@@ -65,7 +65,10 @@
 //! 16-byte vectors when every operand allows them; the realigned kernel, aligned vectors
 //! staged through shared memory, for rows off the grid up to 16384 16-bit or 8192 f32
 //! elements with a 16-byte aligned weight; one element per access otherwise), and from one
-//! run to the next. `dw` is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
+//! run to the next. Rows longer than 16384 elements at up to a quarter as many rows as
+//! multiprocessors run on sm_90 as one thread-block cluster per row (a tile of the row per
+//! block), which computes the looped kernel's sums in its order, so the same bits. `dw`
+//! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
 //! backward runs give the same bits; no float atomics anywhere.
 //!
 //! # Backward
@@ -83,9 +86,10 @@
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
-    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
-    RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+    VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
@@ -357,6 +361,15 @@ pub fn plan_rmsnorm_forward(
     if opts.numerics == NormNumerics::HfLlama {
         flags |= RMSNORM_HF;
     }
+    if let Some((kernel, blocks)) = split_forward(dtype, mode, rows, hidden, limits) {
+        return Ok(Launch {
+            kernel,
+            grid: grid_u32("rows", blocks)?,
+            block: geometry.block_threads(),
+            shared_mem_bytes: RMSNORM_SPLIT_SMEM_BYTES,
+            params: fwd_params(t, opts.eps, flags, &geometry),
+        });
+    }
     Ok(Launch {
         kernel: if realigned {
             KernelId::RmsNormFwdRealigned(dtype, variant)
@@ -367,29 +380,74 @@ pub fn plan_rmsnorm_forward(
         block: geometry.block_threads(),
         shared_mem_bytes: if realigned {
             rmsnorm_realigned_smem_bytes(&geometry, dtype)
+        } else if variant == NormFwdVariant::Loop {
+            RMSNORM_LOOP_SMEM_BYTES
         } else {
             RMSNORM_SMEM_BYTES
         },
-        params: RmsNormFwdParams {
-            x: x.addr,
-            residual: residual.map_or(0, |m| m.addr),
-            w: w.addr,
-            y: t.y.addr,
-            h: h.map_or(0, |m| m.addr),
-            rstd: rstd.map_or(0, |m| m.addr),
-            x_stride: x.row_stride as u64,
-            residual_stride: residual.map_or(0, |m| m.row_stride as u64),
-            y_stride: t.y.row_stride as u64,
-            h_stride: h.map_or(0, |m| m.row_stride as u64),
-            rstd_stride: rstd.map_or(0, |m| m.row_stride as u64),
-            rows: rows as u64,
-            hidden: hidden as u64,
-            eps: opts.eps,
-            flags,
-            threads_per_row: geometry.threads_per_row,
-            rows_per_block: geometry.rows_per_block,
-        },
+        params: fwd_params(t, opts.eps, flags, &geometry),
     })
+}
+
+/// The cluster-split forward and its grid (`rows` clusters), where it applies: looped rows on
+/// the vector path, on a device with clusters, at most a quarter as many rows as
+/// multiprocessors (one block per row would leave most of the GPU idle; from 64 rows on an
+/// H200 the one-block kernel was as fast or faster). It computes the same bits as the looped
+/// kernel (`rmsnorm_split_geometry`), so the choice by `rows` keeps batch invariance.
+fn split_forward(
+    dtype: DType,
+    mode: VecMode,
+    rows: usize,
+    hidden: usize,
+    limits: &GridLimits,
+) -> Option<(KernelId, u64)> {
+    let (variant, cluster) = rmsnorm_split_geometry(dtype, hidden as u64)?;
+    (limits.clusters
+        && mode == VecMode::V16
+        && rows > 0
+        && rows as u64 * 4 <= limits.sm_count as u64)
+        .then(|| {
+            (
+                KernelId::RmsNormFwdSplit(dtype, variant),
+                rows as u64 * cluster as u64,
+            )
+        })
+}
+
+/// The forward's parameters for checked operands.
+fn fwd_params(
+    t: &RmsNormFwdDescs,
+    eps: f32,
+    flags: u32,
+    geometry: &NormGeometry,
+) -> RmsNormFwdParams {
+    let (x, residual, h, rstd, w) = (
+        &t.x,
+        t.residual.as_ref(),
+        t.h.as_ref(),
+        t.rstd.as_ref(),
+        &t.weight,
+    );
+    let (rows, hidden) = x.shape();
+    RmsNormFwdParams {
+        x: x.addr,
+        residual: residual.map_or(0, |m| m.addr),
+        w: w.addr,
+        y: t.y.addr,
+        h: h.map_or(0, |m| m.addr),
+        rstd: rstd.map_or(0, |m| m.addr),
+        x_stride: x.row_stride as u64,
+        residual_stride: residual.map_or(0, |m| m.row_stride as u64),
+        y_stride: t.y.row_stride as u64,
+        h_stride: h.map_or(0, |m| m.row_stride as u64),
+        rstd_stride: rstd.map_or(0, |m| m.row_stride as u64),
+        rows: rows as u64,
+        hidden: hidden as u64,
+        eps,
+        flags,
+        threads_per_row: geometry.threads_per_row,
+        rows_per_block: geometry.rows_per_block,
+    }
 }
 
 /// Validates a backward call and decides its two launches; needs no GPU. The storage dtype is
@@ -855,7 +913,7 @@ impl Kernels {
             h: io.h,
             rstd,
         };
-        let launch = plan_rmsnorm_forward(&t, opts, self.limits())?;
+        let launch = plan_rmsnorm_forward(&t, opts, &self.norm_limits())?;
         // SAFETY: live views borrowed for this call. Outputs are `&mut` borrows and inputs
         // shared ones, so an output can alias nothing but the input it replaces in its
         // placement (exactly, read before written element by element); the plan re-checks.
@@ -876,7 +934,7 @@ impl Kernels {
         opts: &RmsNormOptions,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_rmsnorm_forward(t, opts, self.limits())?;
+        let launch = plan_rmsnorm_forward(t, opts, &self.norm_limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
         // alignment and aliasing.
         unsafe { self.launch(stream, &launch) }

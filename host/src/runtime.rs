@@ -10,7 +10,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePt
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
     GatedBwdParams, GatedFwdParams, KernelId, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
-    ZERO_FILL_THREADS,
+    ZERO_FILL_THREADS, rmsnorm_split_geometry,
 };
 
 use crate::error::{DriverContext, Error, Result};
@@ -99,14 +99,29 @@ pub fn device_count() -> Result<usize> {
 ///
 /// # Safety
 /// Implementors must be the exact parameter type of the entries they are launched with.
-pub unsafe trait KernelParams: Copy {}
+pub unsafe trait KernelParams: Copy {
+    /// Blocks per thread-block cluster that `kernel` is launched with (1: no clusters).
+    fn cluster_blocks(&self, _kernel: KernelId) -> u32 {
+        1
+    }
+}
 // SAFETY: these are the parameter types of the gated entries (see ferrofuse-common).
 unsafe impl KernelParams for GatedFwdParams {}
 unsafe impl KernelParams for GatedBwdParams {}
 // SAFETY: the parameter type of the gated FP8 entries (see ferrofuse-common).
 unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {}
 // SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
-unsafe impl KernelParams for RmsNormFwdParams {}
+unsafe impl KernelParams for RmsNormFwdParams {
+    /// The split forward runs a row on one cluster of `rmsnorm_split_geometry`'s size.
+    fn cluster_blocks(&self, kernel: KernelId) -> u32 {
+        match kernel {
+            KernelId::RmsNormFwdSplit(dtype, _) => {
+                rmsnorm_split_geometry(dtype, self.hidden).map_or(1, |(_, n)| n)
+            }
+            _ => 1,
+        }
+    }
+}
 unsafe impl KernelParams for RmsNormBwdParams {}
 unsafe impl KernelParams for RmsNormDwParams {}
 
@@ -132,6 +147,9 @@ pub struct Kernels {
     limits: GridLimits,
     /// Launch with programmatic stream serialization (sm_90+): see [`Kernels::launch`].
     programmatic: AtomicBool,
+    /// Plan the cluster-split norm forward where it applies (sm_90+): see
+    /// [`Kernels::set_cluster_split`].
+    cluster_split: AtomicBool,
     /// Whether this device and the PTX allow it (decided once, at load).
     programmatic_supported: bool,
     _module: Arc<CudaModule>,
@@ -143,6 +161,9 @@ pub struct Kernels {
 pub struct GridLimits {
     pub sm_count: u32,
     blocks_per_sm: [u32; KernelId::COUNT],
+    /// Whether the module and device run thread-block clusters (sm_90+), so a plan may
+    /// choose a kernel launched in clusters.
+    pub clusters: bool,
 }
 
 impl GridLimits {
@@ -151,7 +172,14 @@ impl GridLimits {
         Self {
             sm_count,
             blocks_per_sm: [blocks_per_sm; KernelId::COUNT],
+            clusters: false,
         }
+    }
+
+    /// The same limits, with thread-block clusters available or not.
+    pub fn with_clusters(mut self, clusters: bool) -> Self {
+        self.clusters = clusters;
+        self
     }
 
     /// Blocks of `kernel` the whole device holds at once (at least one per multiprocessor).
@@ -244,6 +272,8 @@ impl Kernels {
             }
         }
         let programmatic = ptx.programmatic_launch();
+        // The sm_90 module is the one with cluster code, and runs on sm_90+ only.
+        limits.clusters = ptx.min_compute_capability >= 90;
         Ok(Self {
             ctx: ctx.clone(),
             ptx,
@@ -251,6 +281,7 @@ impl Kernels {
             limits,
             programmatic: AtomicBool::new(programmatic),
             programmatic_supported: programmatic,
+            cluster_split: AtomicBool::new(true),
             _module: module,
         })
     }
@@ -286,6 +317,23 @@ impl Kernels {
             .store(on && self.programmatic_supported, Ordering::Relaxed);
     }
 
+    /// Turns the cluster-split norm forward (long rows at few rows per call, sm_90+) off or
+    /// back on (on by default). Both forms compute the same bits; for measuring the split and
+    /// for tests that compare the two.
+    pub fn set_cluster_split(&self, on: bool) {
+        self.cluster_split.store(on, Ordering::Relaxed);
+    }
+
+    /// The limits the norm forward plans with: [`Kernels::limits`], without clusters while
+    /// [`Kernels::set_cluster_split`] has the split off.
+    pub(crate) fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
+        if self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters {
+            std::borrow::Cow::Borrowed(&self.limits)
+        } else {
+            std::borrow::Cow::Owned(self.limits.clone().with_clusters(false))
+        }
+    }
+
     /// The stream must belong to this context.
     pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
@@ -299,7 +347,7 @@ impl Kernels {
     pub fn launch_empty(&self, stream: &CudaStream) -> Result<()> {
         self.check_stream(stream)?;
         // SAFETY: the entry takes no parameters and touches no memory.
-        unsafe { self.launch_raw(KernelId::Empty, 1, 32, 0, stream, &mut []) }
+        unsafe { self.launch_raw(KernelId::Empty, 1, 32, 0, 1, stream, &mut []) }
     }
 
     /// Writes zeros over `buf` with the `zero_fill` kernel, on the SMs rather than through
@@ -342,6 +390,7 @@ impl Kernels {
                 grid,
                 ZERO_FILL_THREADS,
                 0,
+                1,
                 stream,
                 &mut args,
             )
@@ -374,6 +423,7 @@ impl Kernels {
                 launch.grid,
                 launch.block,
                 launch.shared_mem_bytes,
+                launch.params.cluster_blocks(launch.kernel),
                 stream,
                 &mut args,
             )
@@ -386,22 +436,27 @@ impl Kernels {
     /// Every such sm_90 entry executes `griddepcontrol.wait` before its first global memory
     /// access, which waits for the preceding grid to complete and its writes to be visible, so
     /// stream order is kept for any predecessor, PDL-aware or not. Otherwise `cuLaunchKernel`.
+    /// `cluster` > 1: `cuLaunchKernelEx` with that cluster dimension (x), whatever the PDL
+    /// setting; `grid` is a multiple of it (the plan's).
     ///
     /// # Safety
     /// `args` point to the entry's parameters, each of the type it takes, and every address
     /// in them stays valid for what the kernel does with it until the kernel has run.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn launch_raw(
         &self,
         kernel: KernelId,
         grid: u32,
         block: u32,
         shared_mem_bytes: u32,
+        cluster: u32,
         stream: &CudaStream,
         args: &mut [*mut c_void],
     ) -> Result<()> {
         let function = self.functions[kernel.index()].cu_function();
         self.ctx.bind_to_thread().during("binding the context")?;
-        if !(self.programmatic_launch() && kernel.syncs_grid_dependency()) {
+        let programmatic = self.programmatic_launch() && kernel.syncs_grid_dependency();
+        if !programmatic && cluster <= 1 {
             // SAFETY: the caller's contract.
             return unsafe {
                 cudarc::driver::result::launch_kernel(
@@ -415,13 +470,24 @@ impl Kernels {
             }
             .during("launching a kernel");
         }
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
-            value: unsafe { std::mem::zeroed() },
-        };
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
+        let zero = || unsafe { std::mem::zeroed::<sys::CUlaunchAttributeValue>() };
+        let mut attrs = [
+            sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: zero(),
+            },
+            sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                pad: [0; 4],
+                value: zero(),
+            },
+        ];
+        attrs[0].value.programmaticStreamSerializationAllowed = programmatic as i32;
+        attrs[1].value.clusterDim.x = cluster.max(1);
+        attrs[1].value.clusterDim.y = 1;
+        attrs[1].value.clusterDim.z = 1;
         let config = sys::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,
@@ -431,10 +497,10 @@ impl Kernels {
             blockDimZ: 1,
             sharedMemBytes: shared_mem_bytes,
             hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: if cluster > 1 { 2 } else { 1 },
         };
-        // SAFETY: the caller's contract; `config` and `attr` outlive the call, which copies
+        // SAFETY: the caller's contract; `config` and `attrs` outlive the call, which copies
         // them.
         unsafe { sys::cuLaunchKernelEx(&config, function, args.as_mut_ptr(), std::ptr::null_mut()) }
             .result()

@@ -30,7 +30,7 @@ use common::{assert_matches, download, gpu, poison, quick, ulp_at, ulps};
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
-    RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
+    NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
     rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
 };
 use ferrofuse::reference::{
@@ -822,9 +822,11 @@ fn forward_every_placement_option_and_layout() {
         return;
     };
     let hidden: Vec<usize> = if quick() {
-        vec![3, 896, 12289, 16384, 20000]
+        vec![3, 896, 12289, 16384, 20000, 100000]
     } else {
-        vec![1, 3, 769, 896, 4096, 5125, 7001, 12289, 16384, 65536, 70001]
+        vec![
+            1, 3, 769, 896, 4096, 5125, 7001, 12289, 16384, 65536, 70001, 100000,
+        ]
     };
     let mut cases = Vec::new();
     let mut i = 0usize;
@@ -851,6 +853,10 @@ fn forward_every_placement_option_and_layout() {
                             // kernels run as well as the w-first ones.
                             rows: if h <= 4096 && i % 4 == 3 {
                                 2000
+                            } else if h > 16384 && i % 4 == 3 {
+                                // Looped rows: more rows than multiprocessors, so the
+                                // one-block kernel runs as well as the cluster split.
+                                150
                             } else {
                                 [1, 2, 7][i % 3]
                             },
@@ -876,8 +882,11 @@ fn forward_every_placement_option_and_layout() {
         kernel
     });
     report("forward_every_placement_option_and_layout", &worst);
+    // The split forward only where the device runs clusters.
+    let clusters = k.limits().clusters;
     assert_covered("forward_every_placement_option_and_layout", &seen, |k| {
         k.rmsnorm_forward_form().is_some()
+            && (clusters || !matches!(k, KernelId::RmsNormFwdSplit(..)))
     });
 }
 
@@ -922,10 +931,12 @@ fn assert_same_row(what: &str, a: &Bits, ra: usize, b: &Bits, rb: usize) {
             "{what}: h of row {ra} differs from row {rb}"
         );
     }
-    assert_eq!(
-        a.rstd[ra], b.rstd[rb],
-        "{what}: rstd of row {ra} vs row {rb}"
-    );
+    if !a.rstd.is_empty() {
+        assert_eq!(
+            a.rstd[ra], b.rstd[rb],
+            "{what}: rstd of row {ra} vs row {rb}"
+        );
+    }
 }
 
 /// Rows `idx` of `inp` as a new case's inputs.
@@ -1100,6 +1111,115 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
             ));
             assert_same_row(&format!("{what}: row {p} alone"), &alone, 0, &full, p);
         }
+    }
+}
+
+/// The cluster-split forward (long rows, few rows per call) against the f64 reference, and
+/// bit for bit against the looped one-block kernel on the same rows (the split turned off),
+/// for one and two tiles per block, every option set, rows alone and in small batches.
+#[test]
+fn forward_split_matches_the_looped_kernel_bitwise() {
+    let Some((k, s)) = gpu("forward_split_matches_the_looped_kernel_bitwise") else {
+        return;
+    };
+    if !k.limits().clusters {
+        eprintln!("skipping forward_split_matches_the_looped_kernel_bitwise: no clusters");
+        return;
+    }
+    // Tiles (16-bit, f32): 20000 -> 3, 3; 32768 -> 4, 4; 65536 -> 8, 8 (one per block);
+    // 100000 -> 13, 13 and 131072 -> 16, 16 (two per block).
+    // Quick (the sanitizer runs): one and two tiles per block, two option sets.
+    let hidden: &[usize] = if quick() {
+        &[20000, 100000]
+    } else {
+        &[20000, 32768, 65536, 100000, 131072]
+    };
+    let mut i = 0usize;
+    let mut failed = Vec::new();
+    for &h in hidden {
+        for dtype in DType::ALL {
+            for opt in 0..16u32 {
+                if quick() && opt != 0 && opt != 15 {
+                    continue;
+                }
+                i += 1;
+                let c = Fwd {
+                    placement: PLACEMENTS[i % PLACEMENTS.len()],
+                    gemma: opt & 1 != 0,
+                    hf: opt & 2 != 0,
+                    w_f32: opt & 4 != 0 && dtype != DType::F32,
+                    rstd: opt & 8 != 0 || i.is_multiple_of(3),
+                    layout: if i.is_multiple_of(2) {
+                        Layout::Dense
+                    } else {
+                        Layout::Padded
+                    },
+                    ..Fwd::new([1, 2, 7, 32][i % 4], h)
+                };
+                let seed = fresh_seed();
+                // Every case runs; the failures are listed at the end.
+                let run = || match (dtype, c.w_f32) {
+                    (DType::F32, _) => split_vs_loop::<f32, f32>(&k, &s, &c, seed),
+                    (DType::F16, false) => split_vs_loop::<f16, f16>(&k, &s, &c, seed),
+                    (DType::F16, true) => split_vs_loop::<f16, f32>(&k, &s, &c, seed),
+                    (DType::BF16, false) => split_vs_loop::<bf16, bf16>(&k, &s, &c, seed),
+                    (DType::BF16, true) => split_vs_loop::<bf16, f32>(&k, &s, &c, seed),
+                    (DType::F8E4M3, _) => unreachable!("the norm runs the storage dtypes"),
+                };
+                k.set_cluster_split(true);
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+                    failed.push(format!("{} {c:?} seed {seed}", dtype.name()));
+                }
+            }
+        }
+    }
+    k.set_cluster_split(true);
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// Rows of more tiles than the looped kernel's ring holds (33 and 66 tiles: the ring is
+/// combined and reused several times) against the f64 reference, every dtype.
+#[test]
+fn forward_rows_longer_than_the_tile_ring() {
+    let Some((k, s)) = gpu("forward_rows_longer_than_the_tile_ring") else {
+        return;
+    };
+    for dtype in DType::ALL {
+        for (rows, hidden) in [(3usize, 270_000usize), (1, 540_000)] {
+            let c = Fwd {
+                hf: rows == 1,
+                ..Fwd::new(rows, hidden)
+            };
+            let (_, kernel) = forward_any(&k, &s, dtype, &c, fresh_seed());
+            assert!(
+                matches!(kernel, KernelId::RmsNormFwd(_, _, NormFwdVariant::Loop)),
+                "{kernel:?}"
+            );
+        }
+    }
+}
+
+/// One case of [`forward_split_matches_the_looped_kernel_bitwise`].
+fn split_vs_loop<T: Element, W: Element>(k: &Kernels, s: &Arc<CudaStream>, c: &Fwd, seed: u64) {
+    let what = format!("{} {c:?} seed {seed}", T::DTYPE.name());
+    let inp = fwd_inputs::<T>(c, seed);
+    let split = run_forward::<T, W>(k, s, c, &inp, &what);
+    assert!(
+        matches!(split.kernel, KernelId::RmsNormFwdSplit(..)),
+        "{what}: planned {:?}",
+        split.kernel
+    );
+    check_forward(c, &inp, &split, &what);
+    k.set_cluster_split(false);
+    let looped = run_forward::<T, W>(k, s, c, &inp, &what);
+    k.set_cluster_split(true);
+    let (a, b) = (bits_of(&split), bits_of(&looped));
+    for r in 0..c.rows {
+        assert_same_row(&format!("{what}: split vs looped"), &a, r, &b, r);
     }
 }
 

@@ -436,6 +436,8 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                 assert_eq!(l.block, first.block);
                 let smem = if form.1 == NormPath::Realigned {
                     rmsnorm_realigned_smem_bytes(&rmsnorm_forward_geometry(dtype, hidden).1, dtype)
+                } else if form.2 == NormFwdVariant::Loop {
+                    ferrofuse_common::RMSNORM_LOOP_SMEM_BYTES
                 } else {
                     RMSNORM_SMEM_BYTES
                 };
@@ -1279,4 +1281,62 @@ fn kernel_table_holds_every_norm_entry() {
         }
     }
     assert_eq!(count, 18 + 12 + 3);
+}
+
+/// With clusters, looped rows on the vector path at up to a quarter as many rows as
+/// multiprocessors take the split forward: one cluster per row, one tile per block up to 8 tiles, two up to 16, the
+/// same form (v16, looped) and parameters as the looped kernel, its own shared memory.
+/// Never on the scalar path, without clusters, beyond `sm_count / 4` rows, or for shorter rows.
+#[test]
+fn split_forward_plan() {
+    use ferrofuse_common::{RMSNORM_SPLIT_SMEM_BYTES, rmsnorm_fwd_tiles, rmsnorm_split_geometry};
+    let cl = limits().with_clusters(true);
+    let opts = opts();
+    for dtype in DType::ALL {
+        for hidden in [
+            16384usize, 16392, 20000, 32768, 65536, 65544, 100000, 131072, 131080, 262144,
+        ] {
+            let tiles = rmsnorm_fwd_tiles(dtype, hidden as u64);
+            let (variant, geometry) = rmsnorm_forward_geometry(dtype, hidden);
+            let geom = rmsnorm_split_geometry(dtype, hidden as u64);
+            let what = format!("{dtype:?} H={hidden}");
+            match geom {
+                None => assert!(variant != NormFwdVariant::Loop || tiles > 16, "{what}"),
+                Some((v, n)) => {
+                    assert_eq!(variant, NormFwdVariant::Loop, "{what}");
+                    let per_block = if v == NormFwdVariant::E16 { 1 } else { 2 };
+                    assert!(n as u64 * per_block >= tiles && n <= 8, "{what}");
+                    assert!((n as u64 - 1) * per_block < tiles, "{what}: an empty block");
+                    assert_eq!(per_block == 1, tiles <= 8, "{what}");
+                }
+            }
+            for rows in [1usize, 2, 7, 32, 33, 34, 64, 132, 1000] {
+                let t = fwd_descs(dtype, rows, hidden, true);
+                let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
+                let l = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
+                let what = format!("{what} rows={rows}");
+                assert_eq!(l.params, looped.params, "{what}");
+                assert_eq!(l.block, looped.block, "{what}");
+                assert_eq!(
+                    l.kernel.rmsnorm_forward_form(),
+                    looped.kernel.rmsnorm_forward_form(),
+                    "{what}"
+                );
+                match geom {
+                    Some((v, n)) if rows <= 33 => {
+                        assert_eq!(l.kernel, KernelId::RmsNormFwdSplit(dtype, v), "{what}");
+                        assert_eq!(l.grid as usize, rows * n as usize, "{what}");
+                        assert_eq!(l.shared_mem_bytes, RMSNORM_SPLIT_SMEM_BYTES, "{what}");
+                        assert_eq!(geometry.threads_per_row, RMSNORM_MAX_THREADS_PER_ROW);
+                    }
+                    _ => assert_eq!(l, looped, "{what}"),
+                }
+                // Off the vector grid: the looped scalar kernel, clusters or not.
+                let mut t = t;
+                t.x.addr += dtype.size_bytes() as u64;
+                let s = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
+                assert!(!matches!(s.kernel, KernelId::RmsNormFwdSplit(..)), "{what}");
+            }
+        }
+    }
 }

@@ -15,8 +15,9 @@
 //!
 //! # Determinism and batch invariance
 //! A row's reduction has one fixed shape: each thread accumulates `h*h` with `fma` over its
-//! chunks in order (tile, then chunk, then lane), then `reduce::row_sum` combines the threads
-//! (warp butterfly, then the per-warp values through shared memory, butterfly again). Nothing
+//! chunks in order (chunk, then lane), then `reduce::row_sum` combines the threads (warp
+//! butterfly, then the per-warp values through shared memory, butterfly again); a looped row
+//! does so per tile and adds the tiles' sums in tile order (`split`). Nothing
 //! in that order depends on the number of rows, on the block the row lands in, or on timing.
 //! The `v16` and `scalar` kernels of one variant run the same arithmetic in the same order
 //! and differ only in how they touch memory (one 16-byte access vs. `L` masked scalar ones,
@@ -33,7 +34,8 @@
 //! program order makes them visible. In the f32 numerics mode the looped path therefore
 //! normalises `h` as stored (rounded to the storage dtype); the statistics still use the f32
 //! sum. Recomputing `x + residual` instead would need two more reads and is impossible when
-//! `h` was written over one of them.
+//! `h` was written over one of them. At few rows (sm_90), a looped row can instead run on a
+//! thread-block cluster, a tile or two per block, with the same bits (`split.rs`).
 //!
 //! # Aliasing
 //! A chunk is read and written by one thread only, and each thread issues a chunk's loads
@@ -43,10 +45,12 @@
 //! # Files
 //! Here, in this order: chunk access, the thread's place in its row, the forward kernels and
 //! every entry. `backward.rs`: the backward kernels (rows and `dw` partials, then the
-//! fixed-order `dw` sum).
+//! fixed-order `dw` sum). `split.rs`: the looped row's reduction shape and the cluster-split
+//! forward.
 
 mod backward;
 mod realign;
+mod split;
 
 use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
@@ -644,8 +648,9 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     prefetch_first(p.x);
     grid_dependency_sync();
 
-    // Pass 1: h = x + residual, stored; sum of squares in the fixed order (tile, chunk, lane).
-    let mut acc = 0.0f32;
+    // Pass 1: h = x + residual, stored; sum of squares per tile (chunk, lane), the tiles'
+    // sums added in order: the shape the split kernel computes too (`split`).
+    let mut sum_sq = 0.0f32;
     let mut tile = 0u64;
     let x_row = Row::of(p.x, p.x_stride, row);
     let res_row = Row::of(p.residual, p.residual_stride, row);
@@ -671,13 +676,15 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
             // SAFETY: as above; h may be x or residual, loaded above.
             unsafe { store_chunk::<E, M>(h_row, c, hidden, live && has_res && c < nchunks, &h[j]) };
         });
+        let mut acc = 0.0f32;
         unroll!(j < k => {
             unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
         });
+        // SAFETY: every thread of the block gets here, at every tile; the host gave the launch
+        // RMSNORM_LOOP_SMEM_BYTES.
+        sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, &me, tile, tiles) };
         tile += 1;
     }
-    // SAFETY: every thread of the block gets here.
-    let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
     let rstd = rstd_of(sum_sq, hidden, p.eps);
     if !live {
         return;

@@ -1,0 +1,379 @@
+//! Add + RMSNorm forward of a looped row (longer than 32 elements per thread of a 512-thread
+//! block) split over the blocks of a thread-block cluster (sm_90), for calls with too few
+//! rows to fill the GPU one block per row.
+//!
+//! # The shared reduction shape
+//! A looped row is cut into tiles of 512 threads x 16 elements (`rmsnorm_fwd_tiles`); thread
+//! `t` of a tile owns its chunks `t, t + 512, ...` as in the looped kernel. The row's sum of
+//! squares is fixed by `hidden` and the dtype alone: per tile, each thread's `fma` chain over
+//! its chunks (chunk, then lane), combined by [`tile_sum`]; then the tiles' sums added in tile
+//! order from 0 by [`fold_tiles`]. The looped kernel (`fwd_loop`) computes each tile's sum as
+//! it walks the row; the split kernel gives each block of the cluster one or two tiles, each
+//! block publishes its tiles' sums in shared memory, and every block gathers the cluster's
+//! through distributed shared memory and folds them in the same order. Both therefore compute
+//! the same bits, and the host may pick either by the number of rows.
+//!
+//! The split kernel keeps its tiles of `h` in registers, so it reads `x`, `residual` and `w`
+//! once; it normalises `h` rounded to the storage dtype, as the looped kernel does when it
+//! reads back the `h` it stored (rounding `x` changes nothing, so without a residual too).
+//!
+//! # Cluster protocol
+//! Blocks `c * n .. c * n + n` of the grid form cluster `c` (`n` = its size, the launch's
+//! cluster dimension), which is row `c`; block rank `r` holds tiles `r * TPC ..`. Thread 0
+//! writes the block's tile sums, then every thread arrives at the cluster barrier (release)
+//! and waits (acquire): the sums of every block are then visible. Threads `i < tiles` each
+//! read tile `i`'s sum from its block into this block's gather slots, and arrive at a second
+//! cluster barrier, whose wait is the block's last instruction: no block exits, releasing its
+//! shared memory, while another may still read it.
+
+use core::intrinsics::fmaf32;
+use core::num::NonZeroU64;
+
+use ferrofuse_common::NormPath as Path;
+use ferrofuse_common::{
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_RING_TILES, RMSNORM_SPLIT_GATHER_SLOT,
+    RMSNORM_SPLIT_PARTIALS_SLOT, RMSNORM_W_F32, RmsNormFwdParams,
+};
+
+use super::{
+    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_w, normalize, prefetch_first, round_to,
+    rstd_of, store_chunk,
+};
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync};
+use crate::reduce::{row_sum, smem_f32, sync_block, warp_sum};
+
+/// The sum of one tile's `acc` (each thread's `fma` chain over its chunks of the tile) over
+/// the block, every thread getting the same bits. Reduction buffer by the tile's parity: the
+/// next tile's barrier keeps a fast warp from writing it again before a slow one read it.
+///
+/// # Safety
+/// Every thread of the block calls it, with the same `tile`; the block is one row of
+/// `RMSNORM_MAX_THREADS_PER_ROW` threads and has `RMSNORM_SMEM_BYTES` of dynamic shared memory.
+#[inline(always)]
+pub(super) unsafe fn tile_sum(acc: f32, me: &Me, tile: u64) -> f32 {
+    // SAFETY: buffer (tile & 1)'s slots are the block's warps, inside the allocation.
+    unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot((tile & 1) as u32)) }
+}
+
+/// Adds tile `i`'s sum to the row's sum of the tiles before it (from 0, in tile order).
+#[inline(always)]
+pub(super) fn fold_tiles(sum: f32, tile_sum: f32) -> f32 {
+    sum + tile_sum
+}
+
+/// The looped kernel's form of [`tile_sum`], without a block barrier per tile (which would
+/// hold every warp to the slowest one's loads at each tile): each warp's butterfly sum of the
+/// tile goes to a ring of `RMSNORM_LOOP_RING_TILES` tiles in shared memory. When the ring is
+/// full or the row ends: a barrier; warp `w` combines the ring's tiles `w, w + warps, ...` as
+/// `row_sum` does (the warps' sums butterflied in one warp) into one slot per tile; a second
+/// barrier; every thread adds the tiles' sums to `sum` in tile order. The next flush's first
+/// barrier keeps the ring and the tile slots from being written again before they are read.
+/// The same bits as [`tile_sum`] then [`fold_tiles`], tile by tile. Returns the new `sum`.
+///
+/// # Safety
+/// Every thread of the block calls it for every tile `0..tiles` in order; the block is one
+/// row of `RMSNORM_MAX_THREADS_PER_ROW` threads with `RMSNORM_LOOP_SMEM_BYTES` of dynamic
+/// shared memory.
+#[inline(always)]
+pub(super) unsafe fn ring_tile_sum(sum: f32, acc: f32, me: &Me, tile: u64, tiles: u64) -> f32 {
+    let ring = RMSNORM_LOOP_RING_TILES as u64;
+    let smem = smem_f32();
+    let s = warp_sum(acc);
+    if me.lane == 0 {
+        // SAFETY: (tile % ring) * warps + warp < ring * 16, inside RMSNORM_LOOP_SMEM_BYTES.
+        unsafe { *smem.add(((tile % ring) * me.warps as u64 + me.warp as u64) as usize) = s };
+    }
+    let next = tile + 1;
+    if !(next.is_multiple_of(ring) || next == tiles) {
+        return sum;
+    }
+    sync_block();
+    let first = tile - tile % ring;
+    let totals = ring as usize * me.warps as usize;
+    let mut u = first + me.warp as u64;
+    while u < next {
+        let v = if me.lane < me.warps {
+            // SAFETY: as above; written before the barrier.
+            unsafe { *smem.add(((u % ring) * me.warps as u64 + me.lane as u64) as usize) }
+        } else {
+            0.0
+        };
+        let t = warp_sum(v);
+        if me.lane == 0 {
+            // SAFETY: slot totals + (u % ring) < ring * (warps + 1), inside the allocation.
+            unsafe { *smem.add(totals + (u % ring) as usize) = t };
+        }
+        u += me.warps as u64;
+    }
+    sync_block();
+    let mut sum = sum;
+    let mut u = first;
+    while u < next {
+        // SAFETY: as above; written before the second barrier.
+        sum = fold_tiles(sum, unsafe { *smem.add(totals + (u % ring) as usize) });
+        u += 1;
+    }
+    sum
+}
+
+/// The cluster special registers and barriers (sm_90). On older archs the split entries
+/// exist but trap: the host never launches them there.
+#[cfg(ferrofuse_pdl)]
+mod cluster {
+    unsafe extern "C" {
+        // LLVM intrinsics, not `asm!`: they are convergent, and the barriers order memory
+        // as far as LLVM knows (no load or store moves across them).
+        #[link_name = "llvm.nvvm.read.ptx.sreg.cluster.ctarank"]
+        fn ctarank() -> u32;
+        #[link_name = "llvm.nvvm.read.ptx.sreg.cluster.nctarank"]
+        fn nctarank() -> u32;
+        #[link_name = "llvm.nvvm.barrier.cluster.arrive"]
+        fn barrier_arrive();
+        #[link_name = "llvm.nvvm.barrier.cluster.wait"]
+        fn barrier_wait();
+        #[link_name = "llvm.nvvm.mapa"]
+        fn mapa(p: *const f32, rank: u32) -> *const f32;
+    }
+
+    /// This block's rank in its cluster.
+    #[inline(always)]
+    pub fn rank() -> u32 {
+        // SAFETY: reading a special register.
+        unsafe { ctarank() }
+    }
+
+    /// Blocks in this block's cluster.
+    #[inline(always)]
+    pub fn size() -> u32 {
+        // SAFETY: reading a special register.
+        unsafe { nctarank() }
+    }
+
+    /// Arrives at the cluster barrier (release: this thread's writes before it are visible to
+    /// the cluster's threads after their wait).
+    ///
+    /// # Safety
+    /// Every thread of every block of the cluster arrives, then waits, the same number of
+    /// times.
+    #[inline(always)]
+    pub unsafe fn arrive() {
+        // SAFETY: caller's contract.
+        unsafe { barrier_arrive() }
+    }
+
+    /// Waits for every thread of the cluster to arrive (acquire).
+    ///
+    /// # Safety
+    /// As for [`arrive`]; after this thread's arrive.
+    #[inline(always)]
+    pub unsafe fn wait() {
+        // SAFETY: caller's contract.
+        unsafe { barrier_wait() }
+    }
+
+    /// The f32 at `local` (this block's shared memory) in the block of rank `rank`.
+    ///
+    /// # Safety
+    /// `local` is in this block's shared memory, `rank` < [`size`], and that block has not
+    /// exited (the cluster protocol in the module docs).
+    #[inline(always)]
+    pub unsafe fn read_remote(local: *const f32, rank: u32) -> f32 {
+        // SAFETY: caller's contract; `mapa` gives the generic address of the same offset in
+        // that block's shared memory.
+        unsafe { *mapa(local, rank) }
+    }
+}
+
+/// The split forward: `TPC` tiles per block (1 or 2), 512 threads, v16 path.
+///
+/// # Safety
+/// Launched as `plan_rmsnorm_forward` decides for the split kernel: `rows * n` blocks of
+/// `threads_per_row` (512) threads in clusters of `n` = `rmsnorm_split_geometry`'s size,
+/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked, the v16 path.
+#[inline(always)]
+unsafe fn fwd_split<E: Elem, const TPC: usize>(p: &RmsNormFwdParams) {
+    const M: Path = Path::V16;
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<true>(tpr);
+    // Never 0 (every block is in a cluster of at least itself).
+    let Some(cluster_size) = NonZeroU64::new(cluster::size() as u64) else {
+        return;
+    };
+    let rank = cluster::rank();
+    let row = grid::block_x() / cluster_size;
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let first_tile = rank as u64 * TPC as u64;
+    // Chunk `q` of this thread: tile `first_tile + q / k`, as in the looped kernel.
+    let chunk = |q: usize| -> (u64, bool) {
+        let c = (first_tile + (q / k) as u64) * per_tile + me.t + (q % k) as u64 * me.tpr;
+        (c, c < nchunks)
+    };
+    // As in fwd_regs.
+    prefetch_first(p.x);
+    let x_row = Row::hoisted::<E>(p.x, p.x_stride, row);
+    let res_row = Row::hoisted::<E>(p.residual, p.residual_stride, row);
+    let h_row = Row::hoisted::<E>(p.h, p.h_stride, row);
+    let y_row = Row::hoisted::<E>(p.y, p.y_stride, row);
+    grid_dependency_sync();
+
+    // Every load of x, residual and w first (predicated: in flight together); chunks past
+    // the row stay 0 and add nothing.
+    let mut x = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut r = [[0.0f32; 8]; MAX_CHUNKS];
+    unroll!(q < TPC * k => {
+        let (c, inside) = chunk(q);
+        // SAFETY: when inside, row < rows and c < nchunks: inside every operand (host-checked).
+        unsafe {
+            x[q] = load_chunk::<E, M>(x_row, c, hidden, inside);
+            r[q] = load_chunk::<E, M>(res_row, c, hidden, inside && has_res);
+        }
+    });
+    let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+    unroll!(j < TPC => {
+        let (c0, _) = chunk(j * k);
+        // SAFETY: the host checked the weight; chunks past the row are not read.
+        let wj = unsafe { load_w::<E, M>(p.w, c0, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+        unroll!(i < k => { w[j * k + i] = wj[i]; });
+    });
+    let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+    unroll!(q < TPC * k => { h[q] = add_residual::<E>(&x[q], &r[q], has_res, hf); });
+    unroll!(q < TPC * k => {
+        let (c, inside) = chunk(q);
+        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above.
+        unsafe { store_chunk::<E, M>(h_row, c, hidden, inside && has_res, &h[q]) };
+    });
+    let smem = smem_f32();
+    unroll!(j < TPC => {
+        let mut acc = 0.0f32;
+        unroll!(i < k => {
+            unroll!(l < E::LANES => { acc = fmaf32(h[j * k + i][l], h[j * k + i][l], acc); });
+        });
+        // SAFETY: every thread of the block calls it with the same tile (the launch contract).
+        let s = unsafe { tile_sum(acc, &me, j as u64) };
+        if me.t == 0 {
+            // SAFETY: slot PARTIALS + j < PARTIALS + 2, inside RMSNORM_SPLIT_SMEM_BYTES.
+            unsafe { *smem.add((RMSNORM_SPLIT_PARTIALS_SLOT as usize) + j) = s };
+        }
+    });
+    // SAFETY (both barriers): every thread of every block of the cluster runs this straight
+    // line once (no early return after the first).
+    unsafe {
+        cluster::arrive();
+        cluster::wait();
+    }
+    if me.t < tiles {
+        let tpc = TPC as u64;
+        let local = RMSNORM_SPLIT_PARTIALS_SLOT as usize + (me.t % tpc) as usize;
+        // SAFETY: tile t lives in block t / TPC < cluster size (the host sized the cluster to
+        // the row's tiles), which waits at the second barrier before exiting; the gather slot
+        // t < 16 is inside the allocation.
+        unsafe {
+            let v = cluster::read_remote(smem.add(local), (me.t / tpc) as u32);
+            *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + me.t as usize) = v;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { cluster::arrive() };
+    sync_block();
+    let mut sum_sq = 0.0f32;
+    let mut i = 0u64;
+    while i < tiles {
+        // SAFETY: written before the block barrier above.
+        sum_sq = fold_tiles(sum_sq, unsafe {
+            *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + i as usize)
+        });
+        i += 1;
+    }
+    let rstd = rstd_of(sum_sq, hidden, p.eps);
+    if rank == 0 && me.t == 0 && p.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
+    }
+    unroll!(q < TPC * k => {
+        let (c, inside) = chunk(q);
+        let y = normalize::<E>(&round_to::<E>(&h[q]), rstd, &w[q], hf);
+        // SAFETY: as above; y may be x, whose chunk this thread loaded above.
+        unsafe { store_chunk::<E, M>(y_row, c, hidden, inside, &y) };
+    });
+    // SAFETY: as above.
+    unsafe { cluster::wait() };
+}
+
+/// Archs without clusters: the split entries are never launched there (the host plans them
+/// only for modules with clusters), so a barrier aborts the kernel.
+#[cfg(not(ferrofuse_pdl))]
+mod cluster {
+    #[inline(always)]
+    pub fn rank() -> u32 {
+        0
+    }
+
+    #[inline(always)]
+    pub fn size() -> u32 {
+        1
+    }
+
+    /// # Safety
+    /// None needed: it aborts the kernel.
+    #[inline(always)]
+    pub unsafe fn arrive() {
+        // SAFETY: `trap` only aborts the kernel.
+        unsafe { core::arch::asm!("trap;", options(nostack)) };
+    }
+
+    /// # Safety
+    /// As for [`arrive`].
+    #[inline(always)]
+    pub unsafe fn wait() {
+        // SAFETY: as above.
+        unsafe { arrive() };
+    }
+
+    /// # Safety
+    /// `local` is in this block's shared memory.
+    #[inline(always)]
+    pub unsafe fn read_remote(local: *const f32, _rank: u32) -> f32 {
+        // SAFETY: caller's contract.
+        unsafe { *local }
+    }
+}
+
+macro_rules! split_entries {
+    ($($e:ty => $one:ident, $two:ident;)*) => {$(
+        /// RMSNorm forward of a looped row, one tile per block of a cluster; see the module
+        /// docs.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $one(p: RmsNormFwdParams) {
+            unsafe { fwd_split::<$e, 1>(&p) }
+        }
+
+        /// RMSNorm forward of a looped row, two tiles per block of a cluster.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $two(p: RmsNormFwdParams) {
+            unsafe { fwd_split::<$e, 2>(&p) }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name`.
+split_entries! {
+    F32 => rmsnorm_fwd_f32_split_e16, rmsnorm_fwd_f32_split_e32;
+    F16 => rmsnorm_fwd_f16_split_e16, rmsnorm_fwd_f16_split_e32;
+    Bf16 => rmsnorm_fwd_bf16_split_e16, rmsnorm_fwd_bf16_split_e32;
+}
