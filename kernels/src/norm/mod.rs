@@ -46,6 +46,7 @@
 //! fixed-order `dw` sum).
 
 mod backward;
+mod fp8;
 mod realign;
 
 use core::intrinsics::fmaf32;
