@@ -401,6 +401,50 @@ const FP8_TOLERANCE: f64 = 0.05;
 /// The static scale of the FP8 runs: the inputs are uniform in [-4, 4), so `|y| < 16`.
 const FP8_STATIC_SCALE: f32 = 16.0 / 448.0;
 
+/// The dequantised FP8 output `got` against the f64 reference `want`, within [`FP8_TOLERANCE`].
+fn check_fp8(cfg: &Config, got: &[f64], want: &[f64]) -> Result<()> {
+    let err = rel_l2_error(got, want);
+    if err.is_nan() || err > FP8_TOLERANCE {
+        return Err(format!(
+            "{}: y_q * scale is wrong: relative L2 error {err:.3e} (tolerance {FP8_TOLERANCE})",
+            cfg.label()
+        ));
+    }
+    Ok(())
+}
+
+/// The library's scaling for a benchmark scheme (groups of 128, row-major) and the shape of
+/// its scale tensor for `rows x cols`.
+fn fp8_scaling(
+    scheme: Fp8Scheme,
+    rows: usize,
+    cols: usize,
+) -> (ferrofuse::Fp8Scaling, (usize, usize)) {
+    match scheme {
+        Fp8Scheme::Static => (ferrofuse::Fp8Scaling::Static, (1, 1)),
+        Fp8Scheme::PerToken => (ferrofuse::Fp8Scaling::per_token(), (rows, 1)),
+        Fp8Scheme::Group128 => (
+            ferrofuse::Fp8Scaling::per_group(128, ferrofuse::ScaleLayout::RowMajor),
+            (rows, cols / 128),
+        ),
+    }
+}
+
+/// The scale of element `(r, c)` of a `cols`-wide FP8 output, from the written scales.
+fn fp8_scale_at(
+    scheme: Fp8Scheme,
+    fixed: f32,
+    scales: &[f32],
+    (r, c): (usize, usize),
+    cols: usize,
+) -> f64 {
+    (match scheme {
+        Fp8Scheme::Static => fixed,
+        Fp8Scheme::PerToken => scales[r],
+        Fp8Scheme::Group128 => scales[r * (cols / 128) + c / 128],
+    }) as f64
+}
+
 fn run_gated_fp8_group<T: Element>(
     h: &mut Harness,
     random: &Random<T>,
@@ -461,18 +505,7 @@ fn run_gated_fp8_group<T: Element>(
     for cfg in group {
         let rows = cfg.rows;
         let result = (|| -> Result<Timings> {
-            let scaling = match scheme {
-                Fp8Scheme::Static => ferrofuse::Fp8Scaling::Static,
-                Fp8Scheme::PerToken => ferrofuse::Fp8Scaling::per_token(),
-                Fp8Scheme::Group128 => {
-                    ferrofuse::Fp8Scaling::per_group(128, ferrofuse::ScaleLayout::RowMajor)
-                }
-            };
-            let (sr, sc) = match scheme {
-                Fp8Scheme::Static => (1, 1),
-                Fp8Scheme::PerToken => (rows, 1),
-                Fp8Scheme::Group128 => (rows, i / 128),
-            };
+            let (scaling, (sr, sc)) = fp8_scaling(scheme, rows, i);
             let m = rows * i;
             let a = Mat::new(x0.slice(..m), rows, i);
             let b = x1.as_ref().map(|b| Mat::new(b.slice(..m), rows, i));
@@ -507,23 +540,13 @@ fn run_gated_fp8_group<T: Element>(
             let mut want = Vec::with_capacity(q.len());
             for (k, &r) in sample.iter().enumerate() {
                 for c in 0..i {
-                    let s = match scheme {
-                        Fp8Scheme::Static => FP8_STATIC_SCALE,
-                        Fp8Scheme::PerToken => all_scales[r],
-                        Fp8Scheme::Group128 => all_scales[r * (i / 128) + c / 128],
-                    } as f64;
+                    let s = fp8_scale_at(scheme, FP8_STATIC_SCALE, &all_scales, (r, c), i);
                     got.push(q[k * i + c] * s);
                     let (av, bv) = (a_src.at(random, r, c), b_src.at(random, r, c));
                     want.push(ferrofuse::reference::act(activation, av) * bv);
                 }
             }
-            let err = rel_l2_error(&got, &want);
-            if err.is_nan() || err > FP8_TOLERANCE {
-                return Err(format!(
-                    "{}: y_q * scale is wrong: relative L2 error {err:.3e} (tolerance {FP8_TOLERANCE})",
-                    cfg.label()
-                ));
-            }
+            check_fp8(cfg, &got, &want)?;
             Ok(timings)
         })();
         done(cfg, result);
@@ -589,18 +612,7 @@ fn run_norm_fp8_group<T: Element>(
     for cfg in group {
         let rows = cfg.rows;
         let result = (|| -> Result<Timings> {
-            let scaling = match scheme {
-                Fp8Scheme::Static => ferrofuse::Fp8Scaling::Static,
-                Fp8Scheme::PerToken => ferrofuse::Fp8Scaling::per_token(),
-                Fp8Scheme::Group128 => {
-                    ferrofuse::Fp8Scaling::per_group(128, ferrofuse::ScaleLayout::RowMajor)
-                }
-            };
-            let (sr, sc) = match scheme {
-                Fp8Scheme::Static => (1, 1),
-                Fp8Scheme::PerToken => (rows, 1),
-                Fp8Scheme::Group128 => (rows, hh / 128),
-            };
+            let (scaling, (sr, sc)) = fp8_scaling(scheme, rows, hh);
             let m = rows * hh;
             let xv = Mat::new(x.slice(..m), rows, hh);
             let rv = Mat::new(res.slice(..m), rows, hh);
@@ -639,21 +651,11 @@ fn run_norm_fp8_group<T: Element>(
                     .collect();
                 want.extend(rmsnorm_exact(&hrow, &w_eff, NORM_EPS));
                 for c in 0..hh {
-                    let s = match scheme {
-                        Fp8Scheme::Static => static_scale,
-                        Fp8Scheme::PerToken => all_scales[r],
-                        Fp8Scheme::Group128 => all_scales[r * (hh / 128) + c / 128],
-                    } as f64;
+                    let s = fp8_scale_at(scheme, static_scale, &all_scales, (r, c), hh);
                     got.push(q[k * hh + c] * s);
                 }
             }
-            let err = rel_l2_error(&got, &want);
-            if err.is_nan() || err > FP8_TOLERANCE {
-                return Err(format!(
-                    "{}: y_q * scale is wrong: relative L2 error {err:.3e} (tolerance {FP8_TOLERANCE})",
-                    cfg.label()
-                ));
-            }
+            check_fp8(cfg, &got, &want)?;
             Ok(timings)
         })();
         done(cfg, result);

@@ -284,6 +284,11 @@ impl KernelId {
             // Its largest block (unbounded it took up to 255 registers, which no 512-thread
             // block can launch with).
             KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
+            // Two 512-thread rows per SM (64 registers) on the 16-per-thread vector path,
+            // which holds the weight through the reduction.
+            KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
+            }
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),

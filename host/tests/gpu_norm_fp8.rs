@@ -20,12 +20,13 @@ mod common;
 
 use std::sync::Arc;
 
+use common::fp8::*;
 use common::*;
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::Fp8Placement;
-use ferrofuse::reference::fp8::{Scaling, e4m3_bits, e4m3_value, quantize_rows};
+use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
     DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, Kernels, Mat, MatMut, NormNumerics,
@@ -66,76 +67,6 @@ fn shapes() -> Vec<(usize, usize)> {
         (2, 7),
         (9, 2048),
     ]
-}
-
-fn schemes(cols: usize) -> Vec<Fp8Scaling> {
-    let mut v = vec![
-        Fp8Scaling::Static,
-        Fp8Scaling::per_token(),
-        Fp8Scaling::PerToken {
-            min_scale: DEFAULT_MIN_SCALE,
-            scale_ub: Some(2.0),
-        },
-    ];
-    if cols.is_multiple_of(128) {
-        v.push(Fp8Scaling::per_group(128, ScaleLayout::RowMajor));
-    }
-    if cols.is_multiple_of(64) {
-        v.push(Fp8Scaling::per_group(64, ScaleLayout::ColMajor));
-    }
-    v
-}
-
-fn reference_scaling(s: Fp8Scaling, static_scale: f32) -> Scaling {
-    match s {
-        Fp8Scaling::Static => Scaling::Static {
-            scale: static_scale,
-        },
-        Fp8Scaling::PerToken {
-            min_scale,
-            scale_ub,
-        } => Scaling::PerToken {
-            min_scale,
-            scale_ub,
-        },
-        Fp8Scaling::PerGroup {
-            group, min_scale, ..
-        } => Scaling::PerGroup { group, min_scale },
-    }
-}
-
-/// The scale tensor's `(rows, cols, row_stride)` for `scaling` over `rows x cols`.
-fn scale_layout(s: Fp8Scaling, rows: usize, cols: usize) -> (usize, usize, usize) {
-    match s {
-        Fp8Scaling::Static => (1, 1, 1),
-        Fp8Scaling::PerToken { .. } => (rows, 1, 1),
-        Fp8Scaling::PerGroup {
-            group,
-            layout: ScaleLayout::RowMajor,
-            ..
-        } => (rows, cols / group, cols / group),
-        Fp8Scaling::PerGroup { group, .. } => (cols / group, rows, rows.next_multiple_of(4)),
-    }
-}
-
-/// The kernel's scales in row-major order (row, then group).
-fn scales_row_major(s: Fp8Scaling, got: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let (sr, sc, stride) = scale_layout(s, rows, cols);
-    match s {
-        Fp8Scaling::PerGroup {
-            layout: ScaleLayout::ColMajor,
-            ..
-        } => (0..rows)
-            .flat_map(|r| (0..sr).map(move |g| got[g * stride + r]))
-            .collect(),
-        _ => (0..sr)
-            .flat_map(|r| (0..sc).map(move |c| got[r * stride + c]))
-            .collect(),
-    }
-}
-
-fn same_byte(a: u8, b: u8) -> bool {
-    a == b || (a & 0x7f == 0x7f && b & 0x7f == 0x7f)
 }
 
 /// The inputs of a call: x, residual, the weight, and the weight as f32 to pass instead.
@@ -448,17 +379,6 @@ fn case<T: Element>(
             "{what}: some values saturate to 448"
         );
     }
-}
-
-macro_rules! typed {
-    ($dtype:expr, $f:ident::<T>($($arg:expr),*)) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F16 => $f::<f16>($($arg),*),
-            DType::BF16 => $f::<bf16>($($arg),*),
-            DType::F8E4M3 => unreachable!("inputs are storage dtypes"),
-        }
-    };
 }
 
 fn run(test: &'static str, off: usize) {

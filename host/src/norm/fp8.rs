@@ -278,22 +278,7 @@ impl Kernels {
         let (rstd, _gr) = optional_desc_mut(stream, "rstd", rstd)?;
         let (weight, _gw) = weight.desc(stream);
         let (y, _gy) = y.desc_mut(stream);
-        let (scales, _gs) = match scales {
-            Fp8Scales::Read(s) if !scaling.writes_scales() => {
-                check_devices(stream, &[("scales", s.stream())])?;
-                s.desc(stream)
-            }
-            Fp8Scales::Write(s) if scaling.writes_scales() => {
-                check_devices(stream, &[("scales", s.stream())])?;
-                s.desc_mut(stream)
-            }
-            _ => {
-                return Err(Error::InvalidArgument {
-                    what: "FP8 scales (Fp8Scales::Read for Static, Write for PerToken/PerGroup)",
-                    value: format!("{scaling:?}"),
-                });
-            }
-        };
+        let (scales, _gs) = scales.describe(stream, &scaling)?;
         // Each view's device is checked before it is described (a description records the
         // access on the stream).
         let (x, residual, h, _g) = match io {

@@ -152,6 +152,17 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
             unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
         }
     }
+    // On the vector path with a storage-dtype weight, 16 per thread: every chunk's weight
+    // loaded with the inputs, so its latency hides behind the reduction (one memory round
+    // trip less on the row's path; the w-first form of the storage-dtype forward). Otherwise
+    // each chunk's just before its use (registers).
+    let w_early = M == Path::V16 && !w_f32 && EPT == 16;
+    let mut w_all = [[0.0f32; 8]; MAX_CHUNKS];
+    if w_early {
+        // SAFETY: the host checked the weight.
+        w_all =
+            unsafe { load_w::<E, M>(n.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
+    }
     unroll!(j < k => {
         let (c, inside) = chunk(j);
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
@@ -168,12 +179,18 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
         // SAFETY: row < rows; the host checked the rstd vector.
         unsafe { F32::store(n.rstd + row * n.rstd_stride * 4, rstd) };
     }
-    // y over h, chunk by chunk, the weight of each chunk loaded just before its use.
+    // y over h.
     unroll!(j < k => {
         let (c, _) = chunk(j);
-        // SAFETY: the host checked the weight.
-        let w = unsafe { load_w::<E, M>(n.w, c, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
-        h[j] = normalize::<E>(&h[j], rstd, &w[0], hf);
+        let w = if w_early {
+            w_all[j]
+        } else {
+            // SAFETY: the host checked the weight.
+            let one =
+                unsafe { load_w::<E, M>(n.w, c, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
+            one[0]
+        };
+        h[j] = normalize::<E>(&h[j], rstd, &w, hf);
     });
     let y = &h;
     let (q_base, q_stride) = (n.y, n.y_stride);
