@@ -23,6 +23,10 @@ Implementations:
   1024-element tile for the gated activation (the interleaved layout through the row stride),
   one program per row for the add+RMSNorm forward, a fixed grid of programs over runs of rows
   for its backward (Liger-Kernel's design).
+- add_rmsnorm_fwd_fp8 (FP8 e4m3 y, h in the storage dtype): eager and torch.compile run the
+  add, the norm in f32, then the quantisation as for gated_fwd_fp8; Triton: a row per program
+  (the scale static, the row's amax, or each 128-column group's amax over a reshaped row).
+  `torch_compile_quant_only` quantises the plain norm's storage-dtype `y`.
 - gated_fwd_fp8 (FP8 e4m3 output): eager and torch.compile run `act(a) * b`, then the scale
   (static; per token from the row's amax; per 128-column group), the clamp to +-448 and
   `.to(torch.float8_e4m3fn)`; Triton: a tile per program (static), a row per program
@@ -255,6 +259,44 @@ def gated_fp8_group_kernel(
     tl.store(s_ptr + pid, scale)
     q = tl.clamp(y / scale, -448.0, 448.0)
     tl.store(q_ptr + row * cols + col, q.to(tl.float8e4nv))
+
+
+@triton.jit
+def add_rmsnorm_fp8_kernel(
+    x_ptr, r_ptr, w_ptr, h_ptr, q_ptr, s_ptr, stride, H, eps, min_scale,
+    GEMMA: tl.constexpr, SCHEME: tl.constexpr, BLOCK: tl.constexpr,
+):
+    # One program per row, as add_rmsnorm_fwd_kernel, then the FP8 output: SCHEME 0 static
+    # (s_ptr read), 1 per token (the row's amax), 2 per 128-column group (BLOCK a multiple
+    # of 128; groups past the row masked).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+    h = x + r
+    tl.store(h_ptr + row * stride + cols, h.to(h_ptr.dtype.element_ty), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if GEMMA:
+        w = 1.0 + w
+    y = h * rstd * w
+    if SCHEME == 0:
+        q = tl.clamp(y / tl.load(s_ptr), -448.0, 448.0)
+        tl.store(q_ptr + row * H + cols, q.to(tl.float8e4nv), mask=mask)
+    elif SCHEME == 1:
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0) / 448.0, min_scale)
+        tl.store(s_ptr + row, scale)
+        q = tl.clamp(y / scale, -448.0, 448.0)
+        tl.store(q_ptr + row * H + cols, q.to(tl.float8e4nv), mask=mask)
+    else:
+        g = tl.reshape(y, (BLOCK // 128, 128))
+        scale = tl.maximum(tl.max(tl.abs(g), axis=1) / 448.0, min_scale)
+        q = tl.clamp(g / scale[:, None], -448.0, 448.0)
+        gi = tl.arange(0, BLOCK // 128)
+        tl.store(s_ptr + row * (H // 128) + gi, scale, mask=gi < H // 128)
+        gc = tl.reshape(cols, (BLOCK // 128, 128))
+        tl.store(q_ptr + row * H + gc, q.to(tl.float8e4nv), mask=gc < H)
 
 
 @triton.jit
@@ -661,7 +703,88 @@ class GatedFwdFp8:
         return f
 
 
+class AddRmsNormFwdFp8:
+    """Add + RMSNorm with an FP8 output: `h = x + r` stored, the norm in f32, then the scale
+    (static; per token from the row's amax; per 128-column group), the clamp to +-448 and
+    `.to(torch.float8_e4m3fn)`; `quant_only` quantises the storage-dtype `y` of the plain
+    norm (our `add_rmsnorm_fwd` plus it is the unfused path)."""
+
+    tol = 0.05
+
+    def __init__(self, cfg, dev, gen):
+        rows, cols, dt = cfg["rows"], cfg["cols"], DTYPES[cfg["dtype"]]
+        self.gemma, self.eps, self.cols, self.rows = cfg["norm"] == "gemma_rms", cfg["eps"], cols, rows
+        self.scaling = cfg["scaling"]
+        w = _rand((cols,), dt, dev, gen, -0.5, 0.5) if self.gemma else _rand((cols,), dt, dev, gen, 0.5, 1.5)
+        self.inputs = (_rand((rows, cols), dt, dev, gen), _rand((rows, cols), dt, dev, gen), w)
+        # |y| < 4 * sqrt(3) * 1.5 < 11 for inputs in [-4, 4).
+        self.scale = torch.tensor([11.0 / FP8_MAX], dtype=torch.float32, device=dev)
+        self.h = torch.empty((rows, cols), dtype=dt, device=dev)
+        self.q = torch.empty((rows, cols), dtype=FP8, device=dev)
+        groups = cols // 128 if self.scaling == "group128" else 1
+        self.s = torch.empty((rows, groups), dtype=torch.float32, device=dev)
+
+    def _quant(self):
+        return GatedFwdFp8._quant(self)
+
+    def eager_fn(self):
+        eps, gemma, quant = self.eps, self.gemma, self._quant()
+
+        def f(x, r, w):
+            h = x + r
+            hf = h.float()
+            wf = (1.0 + w.float()) if gemma else w.float()
+            y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * wf
+            return (h,) + quant(y)
+
+        return f
+
+    def quant_only(self):
+        x, r, w = self.inputs
+        h = x + r
+        self.y_storage = F.rms_norm(h, (self.cols,), (1.0 + w.float()).to(w.dtype) if self.gemma else w, self.eps)
+        quant = self._quant()
+
+        # `h` as the plain norm stored it, passed through (no work) so the outputs line up
+        # with eager's for the check.
+        def f(h, y):
+            return (h,) + quant(y)
+
+        return f, (h, self.y_storage)
+
+    def reference(self):
+        x, r, w = (t.double() for t in self.inputs)
+        h = x + r
+        y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * ((1.0 + w) if self.gemma else w)
+        if self.scaling == "static":
+            s = self.scale.double()
+            return (h, (y / s).clamp(-FP8_MAX, FP8_MAX), s)
+        if self.scaling == "per_token":
+            s = (y.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+            return (h, (y / s).clamp(-FP8_MAX, FP8_MAX), s)
+        g = y.unflatten(-1, (self.cols // 128, 128))
+        s = (g.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+        return (h, (g / s).clamp(-FP8_MAX, FP8_MAX).flatten(-2), s.squeeze(-1))
+
+    def triton(self):
+        x, r, w = self.inputs
+        h, q, rows, cols = self.h, self.q, self.rows, self.cols
+        scheme = {"static": 0, "per_token": 1, "group128": 2}[self.scaling]
+        s = self.scale if scheme == 0 else self.s
+        block = max(triton.next_power_of_2(cols), 128)
+
+        def f():
+            add_rmsnorm_fp8_kernel[(rows,)](
+                x, r, w, h, q, s, x.stride(0), cols, self.eps, FP8_MIN_SCALE,
+                GEMMA=self.gemma, SCHEME=scheme, BLOCK=block, num_warps=_norm_warps(block),
+            )
+            return (h, q, s)
+
+        return f
+
+
 OPS = {
+    "add_rmsnorm_fwd_fp8": AddRmsNormFwdFp8,
     "gated_fwd": GatedFwd,
     "gated_bwd": GatedBwd,
     "gated_fwd_fp8": GatedFwdFp8,
@@ -954,6 +1077,12 @@ def self_test(args):
             for norm in ("rms", "gemma_rms"):
                 for op in ("add_rmsnorm_fwd", "add_rmsnorm_bwd"):
                     cases.append({"op": op, "variant": norm, "norm": norm, "eps": 1e-6,
+                                  "dtype": dtype, "rows": rows, "cols": cols})
+                for scaling in ("static", "per_token", "group128"):
+                    if scaling == "group128" and cols % 128:
+                        continue
+                    cases.append({"op": "add_rmsnorm_fwd_fp8", "variant": f"{norm}_{scaling}",
+                                  "norm": norm, "eps": 1e-6, "scaling": scaling,
                                   "dtype": dtype, "rows": rows, "cols": cols})
     if args.quick_self_test:
         cases = [c for c in cases if c["rows"] == 3]

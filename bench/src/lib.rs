@@ -30,10 +30,14 @@ pub fn plan_config(c: &Config) -> PlanConfig {
             None,
             None,
         ),
-        Variant::Norm { kind } => (None, None, Some(kind.name().to_string()), Some(NORM_EPS)),
+        Variant::Norm { kind } | Variant::NormFp8 { kind, .. } => {
+            (None, None, Some(kind.name().to_string()), Some(NORM_EPS))
+        }
     };
     let scaling = match c.variant {
-        Variant::GatedFp8 { scheme, .. } => Some(scheme.name().to_string()),
+        Variant::GatedFp8 { scheme, .. } | Variant::NormFp8 { scheme, .. } => {
+            Some(scheme.name().to_string())
+        }
         _ => None,
     };
     PlanConfig {

@@ -174,6 +174,7 @@ fn run_group_typed<T: Element>(
         Op::GatedFwd | Op::GatedBwd => run_gated_group(h, random, group, done),
         Op::GatedFwdFp8 => run_gated_fp8_group(h, random, group, done),
         Op::AddRmsNormFwd | Op::AddRmsNormBwd => run_norm_group(h, random, group, done),
+        Op::AddRmsNormFwdFp8 => run_norm_fp8_group(h, random, group, done),
     }
 }
 
@@ -406,6 +407,50 @@ const FP8_TOLERANCE: f64 = 0.05;
 /// The static scale of the FP8 runs: the inputs are uniform in [-4, 4), so `|y| < 16`.
 const FP8_STATIC_SCALE: f32 = 16.0 / 448.0;
 
+/// The dequantised FP8 output `got` against the f64 reference `want`, within [`FP8_TOLERANCE`].
+fn check_fp8(cfg: &Config, got: &[f64], want: &[f64]) -> Result<()> {
+    let err = rel_l2_error(got, want);
+    if err.is_nan() || err > FP8_TOLERANCE {
+        return Err(format!(
+            "{}: y_q * scale is wrong: relative L2 error {err:.3e} (tolerance {FP8_TOLERANCE})",
+            cfg.label()
+        ));
+    }
+    Ok(())
+}
+
+/// The library's scaling for a benchmark scheme (groups of 128, row-major) and the shape of
+/// its scale tensor for `rows x cols`.
+fn fp8_scaling(
+    scheme: Fp8Scheme,
+    rows: usize,
+    cols: usize,
+) -> (ferrofuse::Fp8Scaling, (usize, usize)) {
+    match scheme {
+        Fp8Scheme::Static => (ferrofuse::Fp8Scaling::Static, (1, 1)),
+        Fp8Scheme::PerToken => (ferrofuse::Fp8Scaling::per_token(), (rows, 1)),
+        Fp8Scheme::Group128 => (
+            ferrofuse::Fp8Scaling::per_group(128, ferrofuse::ScaleLayout::RowMajor),
+            (rows, cols / 128),
+        ),
+    }
+}
+
+/// The scale of element `(r, c)` of a `cols`-wide FP8 output, from the written scales.
+fn fp8_scale_at(
+    scheme: Fp8Scheme,
+    fixed: f32,
+    scales: &[f32],
+    (r, c): (usize, usize),
+    cols: usize,
+) -> f64 {
+    (match scheme {
+        Fp8Scheme::Static => fixed,
+        Fp8Scheme::PerToken => scales[r],
+        Fp8Scheme::Group128 => scales[r * (cols / 128) + c / 128],
+    }) as f64
+}
+
 fn run_gated_fp8_group<T: Element>(
     h: &mut Harness,
     random: &Random<T>,
@@ -466,18 +511,7 @@ fn run_gated_fp8_group<T: Element>(
     for cfg in group {
         let rows = cfg.rows;
         let result = (|| -> Result<Timings> {
-            let scaling = match scheme {
-                Fp8Scheme::Static => ferrofuse::Fp8Scaling::Static,
-                Fp8Scheme::PerToken => ferrofuse::Fp8Scaling::per_token(),
-                Fp8Scheme::Group128 => {
-                    ferrofuse::Fp8Scaling::per_group(128, ferrofuse::ScaleLayout::RowMajor)
-                }
-            };
-            let (sr, sc) = match scheme {
-                Fp8Scheme::Static => (1, 1),
-                Fp8Scheme::PerToken => (rows, 1),
-                Fp8Scheme::Group128 => (rows, i / 128),
-            };
+            let (scaling, (sr, sc)) = fp8_scaling(scheme, rows, i);
             let m = rows * i;
             let a = Mat::new(x0.slice(..m), rows, i);
             let b = x1.as_ref().map(|b| Mat::new(b.slice(..m), rows, i));
@@ -512,23 +546,122 @@ fn run_gated_fp8_group<T: Element>(
             let mut want = Vec::with_capacity(q.len());
             for (k, &r) in sample.iter().enumerate() {
                 for c in 0..i {
-                    let s = match scheme {
-                        Fp8Scheme::Static => FP8_STATIC_SCALE,
-                        Fp8Scheme::PerToken => all_scales[r],
-                        Fp8Scheme::Group128 => all_scales[r * (i / 128) + c / 128],
-                    } as f64;
+                    let s = fp8_scale_at(scheme, FP8_STATIC_SCALE, &all_scales, (r, c), i);
                     got.push(q[k * i + c] * s);
                     let (av, bv) = (a_src.at(random, r, c), b_src.at(random, r, c));
                     want.push(ferrofuse::reference::act(activation, av) * bv);
                 }
             }
-            let err = rel_l2_error(&got, &want);
-            if err.is_nan() || err > FP8_TOLERANCE {
-                return Err(format!(
-                    "{}: y_q * scale is wrong: relative L2 error {err:.3e} (tolerance {FP8_TOLERANCE})",
-                    cfg.label()
-                ));
+            check_fp8(cfg, &got, &want)?;
+            Ok(timings)
+        })();
+        done(cfg, result);
+    }
+    Ok(())
+}
+
+/// The add+RMSNorm forward with FP8 output (`Kernels::rmsnorm_fp8`): `Fp8Placement::Add`
+/// (`h` into its own buffer), f32 numerics, no `rstd` output, the scales of the variant's
+/// scheme (per group: 128 columns, row-major).
+fn run_norm_fp8_group<T: Element>(
+    h: &mut Harness,
+    random: &Random<T>,
+    group: &[Config],
+    done: &mut dyn FnMut(&Config, Result<Timings>),
+) -> Result<()> {
+    let stream = h.stream.clone();
+    let cfg0 = &group[0];
+    let Variant::NormFp8 { kind, scheme } = cfg0.variant else {
+        return Err(format!("{}: not a norm FP8 variant", cfg0.label()));
+    };
+    let gemma = kind == NormKind::Gemma;
+    let hh = cfg0.cols;
+    let max_rows = group.iter().map(|c| c.rows).max().unwrap_or(0);
+    let n = max_rows * hh;
+    let mut rng = SmallRng::seed_from_u64(0x5EED_1000 + hh as u64);
+    let (lo, hi) = if gemma { (-0.5, 0.5) } else { (0.5, 1.5) };
+    let w_host: Vec<T> = (0..hh)
+        .map(|_| T::from_f64(rng.random_range(lo..hi)))
+        .collect();
+    let w = stream.clone_htod(&w_host).ctx("uploading the weight")?;
+    let w_eff: Vec<f64> = w_host
+        .iter()
+        .map(|v| rmsnorm_weight(v.to_f64(), gemma))
+        .collect();
+    let (src0, src1) = (
+        Source {
+            offset: OFFSETS[0],
+            row_stride: hh,
+        },
+        Source {
+            offset: OFFSETS[1],
+            row_stride: hh,
+        },
+    );
+    let x = random.operand(&stream, n, src0.offset)?;
+    let res = random.operand(&stream, n, src1.offset)?;
+    // SAFETY: written by every call before it is read.
+    let mut hbuf = unsafe { stream.alloc::<T>(n.max(1)) }.ctx("allocating h")?;
+    let mut y = stream
+        .alloc_zeros::<ferrofuse::F8E4M3>(n.max(1))
+        .ctx("allocating an output")?;
+    let scale_len = (max_rows * hh.div_ceil(128)).max(max_rows).max(1);
+    let mut scales = stream
+        .alloc_zeros::<f32>(scale_len)
+        .ctx("allocating the scales")?;
+    // Inputs in [-4, 4): |y| stays below ~ 4 * sqrt(3) * 1.5 < 11.
+    let static_scale = 11.0f32 / 448.0;
+    let fixed = stream
+        .clone_htod(&[static_scale])
+        .ctx("uploading the scale")?;
+    let kernels = h.kernels.clone();
+    for cfg in group {
+        let rows = cfg.rows;
+        let result = (|| -> Result<Timings> {
+            let (scaling, (sr, sc)) = fp8_scaling(scheme, rows, hh);
+            let m = rows * hh;
+            let xv = Mat::new(x.slice(..m), rows, hh);
+            let rv = Mat::new(res.slice(..m), rows, hh);
+            let wv = Mat::new(w.slice(..), 1, hh);
+            let fixed = Mat::new(fixed.slice(..), 1, 1);
+            let mut hv = MatMut::new(hbuf.slice_mut(..m.max(1)), rows, hh);
+            let mut yv = MatMut::new(y.slice_mut(..m.max(1)), rows, hh);
+            let mut sv = MatMut::new(scales.slice_mut(..(sr * sc).max(1)), sr, sc);
+            let opts = RmsNormOptions::new(NORM_EPS as f32).with_gemma(gemma);
+            let mut call = || -> Result<()> {
+                let out = match scheme {
+                    Fp8Scheme::Static => ferrofuse::Fp8Scales::Read(&fixed),
+                    _ => ferrofuse::Fp8Scales::Write(&mut sv),
+                };
+                let io = ferrofuse::norm::Fp8Placement::Add {
+                    x: &xv,
+                    residual: &rv,
+                    h: &mut hv,
+                };
+                kernels
+                    .rmsnorm_fp8(&stream, io, &wv, &mut yv, scaling, out, None, &opts)
+                    .ctx("rmsnorm_fp8")
+            };
+            call()?;
+            h.sync()?;
+            let timings = time_modes(h, cfg, &mut call)?;
+            h.sync()?;
+            // Sampled rows, dequantised, against the f64 reference.
+            let sample = sample_rows(rows);
+            let q = read_rows(&stream, &y, &sample, hh, 0, hh)?;
+            let all_scales = stream.clone_dtoh(&scales).ctx("reading the scales")?;
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            for (k, &r) in sample.iter().enumerate() {
+                let hrow: Vec<f64> = (0..hh)
+                    .map(|c| src0.at(random, r, c) + src1.at(random, r, c))
+                    .collect();
+                want.extend(rmsnorm_exact(&hrow, &w_eff, NORM_EPS));
+                for c in 0..hh {
+                    let s = fp8_scale_at(scheme, static_scale, &all_scales, (r, c), hh);
+                    got.push(q[k * hh + c] * s);
+                }
             }
+            check_fp8(cfg, &got, &want)?;
             Ok(timings)
         })();
         done(cfg, result);

@@ -85,6 +85,9 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
+    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers
+    /// (`rmsnorm_fp8_{dtype}_{v16|scalar}_{e16|e32}`; see `RmsNormFp8Params`).
+    RmsNormFp8(DType, VecMode, NormFwdVariant),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     Empty,
 }
@@ -231,6 +234,18 @@ kernel_table! {
     gated_fp8_row_f16_scalar = GatedFp8Row(F16, Scalar),
     gated_fp8_row_bf16_v16 = GatedFp8Row(BF16, V16),
     gated_fp8_row_bf16_scalar = GatedFp8Row(BF16, Scalar),
+    rmsnorm_fp8_f32_v16_e16 = RmsNormFp8(F32, V16, Fwd::E16),
+    rmsnorm_fp8_f32_v16_e32 = RmsNormFp8(F32, V16, Fwd::E32),
+    rmsnorm_fp8_f32_scalar_e16 = RmsNormFp8(F32, Scalar, Fwd::E16),
+    rmsnorm_fp8_f32_scalar_e32 = RmsNormFp8(F32, Scalar, Fwd::E32),
+    rmsnorm_fp8_f16_v16_e16 = RmsNormFp8(F16, V16, Fwd::E16),
+    rmsnorm_fp8_f16_v16_e32 = RmsNormFp8(F16, V16, Fwd::E32),
+    rmsnorm_fp8_f16_scalar_e16 = RmsNormFp8(F16, Scalar, Fwd::E16),
+    rmsnorm_fp8_f16_scalar_e32 = RmsNormFp8(F16, Scalar, Fwd::E32),
+    rmsnorm_fp8_bf16_v16_e16 = RmsNormFp8(BF16, V16, Fwd::E16),
+    rmsnorm_fp8_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32),
+    rmsnorm_fp8_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16),
+    rmsnorm_fp8_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32),
 }
 
 impl KernelId {
@@ -246,6 +261,7 @@ impl KernelId {
                 | KernelId::GatedBwd(..)
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Row(..)
+                | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdRealigned(..)
                 | KernelId::RmsNormFwdWFirst(..)
@@ -268,7 +284,8 @@ impl KernelId {
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
-            | KernelId::RmsNormFwdSplit(..) => RMSNORM_MAX_THREADS_PER_ROW,
+            | KernelId::RmsNormFwdSplit(..)
+            | KernelId::RmsNormFp8(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) => rmsnorm_bwd_max_threads_per_row(d),
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
@@ -281,7 +298,8 @@ impl KernelId {
     /// entry, for kernels whose register count ptxas must hold down: without them it spends
     /// registers on instruction-level parallelism (the per-token FP8 kernel took 255 and
     /// spilled; the flat one 47-55, below full occupancy). `None`: no directive (the kernels
-    /// that fit without one, whose PTX stays as it was).
+    /// that fit without one, whose PTX stays as it was). A `.minnctapersm` of 0 is not
+    /// written.
     pub const fn launch_bounds(self) -> Option<(u32, u32)> {
         match self {
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
@@ -292,18 +310,26 @@ impl KernelId {
             KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             // Its largest block (unbounded it took up to 255 registers, which no 512-thread
             // block can launch with).
-            KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
+            KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
+            // Two 512-thread rows per SM (64 registers) on the 16-per-thread vector path,
+            // which holds the weight through the reduction.
+            KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
+            }
+            // Its largest block, one per SM at least: the register budget of 512 threads (with
+            // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
+            KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
             // The register-resident backward of bf16 rows: its 512-thread blocks must launch
             // (unbounded the scalar path took up to 147 registers).
             KernelId::RmsNormBwd(DType::BF16, _, NormBwdVariant::E16) => {
-                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1))
+                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
             // One tile per block: two blocks per SM (64 registers), so that a cluster's
-            // blocks and a few rows' clusters share multiprocessors; two tiles: one.
+            // blocks and a few rows' clusters share multiprocessors; two tiles: its block.
             KernelId::RmsNormFwdSplit(_, NormFwdVariant::E16) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
-            KernelId::RmsNormFwdSplit(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
+            KernelId::RmsNormFwdSplit(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
             _ => None,
         }
     }

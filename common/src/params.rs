@@ -633,3 +633,44 @@ pub struct GatedFp8Params {
     /// Accesses per thread per tile (row kernel).
     pub chunks: u32,
 }
+
+// ---------------------------------------------------------------------------------------------
+// Residual-add + RMSNorm with an FP8 E4M3 output (`rmsnorm_fp8_*` kernels).
+// ---------------------------------------------------------------------------------------------
+
+/// The add + RMSNorm forward of [`RmsNormFwdParams`] with `y` quantised to FP8 E4M3:
+/// `y_q[r, c] = e4m3(y[r, c] / scale)`, `y` the f32 value the storage-dtype forward rounds
+/// (same geometry, same order of every sum, so the same bits). In `norm`, `y` is the FP8
+/// output (one byte per element) and `y_stride` its row stride in bytes; `h`, `rstd` and the
+/// rest mean what they mean there. The scale follows [`crate::fp8`]`::FP8_*` `scheme`:
+///
+/// - `FP8_STATIC`: one f32 at `scale`, read by the kernel;
+/// - `FP8_PER_TOKEN`: one f32 per row, `dynamic_scale(max_c |y[r, c]|, min_scale, scale_ub)`,
+///   written at `scale + r * scale_row * 4`;
+/// - `FP8_PER_GROUP`: one f32 per group of `group_lanes` consecutive 16-byte chunks of a row
+///   (`dynamic_scale` of the group's largest magnitude, no upper bound), group `g` of row `r`
+///   at `scale + (r * scale_row + g * scale_group) * 4` (row-major or column-major as in
+///   [`GatedFp8Params`]); `group_shift` = log2(`group_lanes`).
+///
+/// Only the register-resident geometries ([`NormFwdVariant::E16`], [`NormFwdVariant::E32`]:
+/// rows up to 16384 elements). Launch: as the norm forward ([`rmsnorm_fwd_geometry`],
+/// `ceil(rows / rows_per_block)` blocks, [`RMSNORM_SMEM_BYTES`] of dynamic shared memory).
+/// Aliasing: `h` may be exactly `x` or exactly `residual`; `y` and the scales overlap nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RmsNormFp8Params {
+    pub norm: RmsNormFwdParams,
+    pub scale: u64,
+    pub scale_row: u64,
+    pub scale_group: u64,
+    /// Lower bound of a dynamic scale (> 0).
+    pub min_scale: f32,
+    /// Upper bound of the per-token `amax` (+inf: none).
+    pub scale_ub: f32,
+    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`.
+    pub scheme: u32,
+    pub group_shift: u32,
+    /// Chunks (and lanes) a group spans: a power of two, at most 32 (per-group).
+    pub group_lanes: u32,
+    pub _pad: u32,
+}

@@ -20,8 +20,11 @@ use ferrofuse_common::DType;
 pub use ferrofuse_common::fp8::{DEFAULT_MIN_SCALE, E4M3_MAX};
 pub use float8::F8E4M3;
 
+use cudarc::driver::{CudaStream, SyncOnDrop};
+
 use crate::error::{Error, Result};
 use crate::tensor::{Mat, MatDesc, MatMut};
+use crate::validate::check_devices;
 
 /// Where a per-group scale matrix keeps its elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -162,4 +165,30 @@ pub enum Fp8Scales<'s, 'a> {
     Read(&'s Mat<'a, f32>),
     /// The scales the kernel writes, for [`Fp8Scaling::PerToken`] / [`Fp8Scaling::PerGroup`].
     Write(&'s mut MatMut<'a, f32>),
+}
+
+impl<'s> Fp8Scales<'s, '_> {
+    /// The scale tensor of a safe call, described on `stream` after its device check: read
+    /// for [`Fp8Scaling::Static`], written for the dynamic schemes (any other pairing is
+    /// [`Error::InvalidArgument`]).
+    pub(crate) fn describe(
+        self,
+        stream: &'s CudaStream,
+        scaling: &Fp8Scaling,
+    ) -> Result<(MatDesc, SyncOnDrop<'s>)> {
+        match self {
+            Fp8Scales::Read(s) if !scaling.writes_scales() => {
+                check_devices(stream, &[("scales", s.stream())])?;
+                Ok(s.desc(stream))
+            }
+            Fp8Scales::Write(s) if scaling.writes_scales() => {
+                check_devices(stream, &[("scales", s.stream())])?;
+                Ok(s.desc_mut(stream))
+            }
+            _ => Err(Error::InvalidArgument {
+                what: "FP8 scales (Fp8Scales::Read for Static, Write for PerToken/PerGroup)",
+                value: format!("{scaling:?}"),
+            }),
+        }
+    }
 }

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
 use crate::runtime::{GridLimits, KernelParams, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
-use crate::validate::{check_aliasing, check_devices, check_shape, vec_mode};
+use crate::validate::{check_aliasing, check_shape, vec_mode};
 use cudarc::driver::CudaStream;
 
 /// The kernels' first-row multiply-high is exact for rows of fewer than 2^32 accesses.
@@ -697,22 +697,7 @@ impl Kernels {
         scales: Fp8Scales<'_, '_>,
     ) -> Result<()> {
         let (y, _gy) = y.desc_mut(stream);
-        let (scales, _gs) = match scales {
-            Fp8Scales::Read(s) if !scaling.writes_scales() => {
-                check_devices(stream, &[("scales", s.stream())])?;
-                s.desc(stream)
-            }
-            Fp8Scales::Write(s) if scaling.writes_scales() => {
-                check_devices(stream, &[("scales", s.stream())])?;
-                s.desc_mut(stream)
-            }
-            _ => {
-                return Err(Error::InvalidArgument {
-                    what: "FP8 scales (Fp8Scales::Read for Static, Write for PerToken/PerGroup)",
-                    value: format!("{scaling:?}"),
-                });
-            }
-        };
+        let (scales, _gs) = scales.describe(stream, &scaling)?;
         let launch = plan_gated_forward_fp8(act, a, b, &y, scaling, &scales, self.limits())?;
         // SAFETY: planned from live views borrowed for this call (y and the written scales
         // mutably, so they alias no input); the plan checked shapes, sizes, alignment and

@@ -173,6 +173,36 @@ pub fn rmsnorm_forward_row<T: Element>(
     RmsNormRow { h: stored, y, rstd }
 }
 
+/// The f32 `y` of one row exactly as the forward kernels compute it, given the `rstd` they
+/// computed (its sum is the kernels' own order, which this does not repeat): `h = x +
+/// residual` (one f32 addition; rounded to `T` in the HF mode), `n = h * rstd` (rounded to
+/// `T` in the HF mode), `y = n * w_eff` with `w_eff` the weight (`w`, already f32) or Gemma's
+/// `1 + w` in f32. The FP8 outputs are this `y` quantised ([`fp8::quantize_rows`]).
+pub fn rmsnorm_y_f32<T: Element>(
+    x: &[T],
+    residual: Option<&[T]>,
+    w: &[f32],
+    rstd: f32,
+    opts: &RmsNormRef,
+) -> Vec<f32> {
+    let round = |v: f32| T::from_f64(v as f64).to_f64() as f32;
+    x.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mut h = a.to_f64() as f32;
+            if let Some(r) = residual {
+                h += r[i].to_f64() as f32;
+            }
+            let w_eff = if opts.gemma { 1.0 + w[i] } else { w[i] };
+            if opts.hf {
+                round(round(h) * rstd) * w_eff
+            } else {
+                h * rstd * w_eff
+            }
+        })
+        .collect()
+}
+
 /// Plain RMSNorm in exact arithmetic, `y = h * rstd(h) * w_eff` (for finite differences).
 pub fn rmsnorm_exact(h: &[f64], w_eff: &[f64], eps: f64) -> Vec<f64> {
     let rstd = rmsnorm_rstd(h, eps);

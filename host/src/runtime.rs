@@ -110,6 +110,8 @@ unsafe impl KernelParams for GatedFwdParams {}
 unsafe impl KernelParams for GatedBwdParams {}
 // SAFETY: the parameter type of the gated FP8 entries (see ferrofuse-common).
 unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {}
+// SAFETY: the parameter type of the norm FP8 entries (see ferrofuse-common).
+unsafe impl KernelParams for ferrofuse_common::RmsNormFp8Params {}
 // SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
 unsafe impl KernelParams for RmsNormFwdParams {
     /// The split forward runs a row on one cluster of `rmsnorm_split_geometry`'s size.

@@ -58,7 +58,18 @@ impl Element for half::bf16 {
         self.to_f64()
     }
     fn from_f64(v: f64) -> Self {
-        half::bf16::from_f64(v)
+        // Through f32 rounded to odd (truncated, then the last bit set when inexact): one
+        // correct rounding to bf16 (f32 keeps more than two extra bits). `half`'s own
+        // `bf16::from_f64` drops the low 32 bits of the f64 before rounding, which turns
+        // values just above a halfway point into ties (and rounds them to even, down).
+        let mut t = v as f32;
+        if (t as f64).abs() > v.abs() {
+            t = f32::from_bits(t.to_bits() - 1);
+        }
+        if t.is_finite() && t as f64 != v {
+            t = f32::from_bits(t.to_bits() | 1);
+        }
+        half::bf16::from_f32(t)
     }
 }
 

@@ -410,17 +410,6 @@ fn for_each_dtype(test: &'static str, f: impl Fn(&Kernels, &Arc<CudaStream>, &mu
     });
 }
 
-macro_rules! typed {
-    ($dtype:expr, $f:ident::<T>($($arg:expr),*)) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F16 => $f::<f16>($($arg),*),
-            DType::BF16 => $f::<bf16>($($arg),*),
-            DType::F8E4M3 => unreachable!("inputs are storage dtypes"),
-        }
-    };
-}
-
 fn forward_all(layout: Layout, inplace: bool, test: &'static str) {
     for_each_dtype(test, |k, s, rng, dtype| {
         for act in Activation::ALL {

@@ -22,14 +22,13 @@ mod common;
 
 use std::sync::Arc;
 
+use common::fp8::*;
 use common::*;
 use ferrofuse::cudarc::driver::CudaStream;
-use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::reference::fp8::{Scaling, e4m3_bits, e4m3_value, quantize_rows};
+use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::{
-    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, Kernels, Mat, MatMut, ScaleLayout,
-    reference,
+    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, Kernels, Mat, MatMut, reference,
 };
 use rand::rngs::StdRng;
 
@@ -59,77 +58,6 @@ fn shapes() -> Vec<(usize, usize)> {
         (1, 40960),
         (2, 7),
     ]
-}
-
-fn schemes(cols: usize) -> Vec<Fp8Scaling> {
-    let mut v = vec![
-        Fp8Scaling::Static,
-        Fp8Scaling::per_token(),
-        Fp8Scaling::PerToken {
-            min_scale: DEFAULT_MIN_SCALE,
-            scale_ub: Some(3.0),
-        },
-    ];
-    if cols.is_multiple_of(128) {
-        v.push(Fp8Scaling::per_group(128, ScaleLayout::RowMajor));
-    }
-    if cols.is_multiple_of(64) {
-        v.push(Fp8Scaling::per_group(64, ScaleLayout::ColMajor));
-    }
-    v
-}
-
-fn reference_scaling(s: Fp8Scaling, static_scale: f32) -> Scaling {
-    match s {
-        Fp8Scaling::Static => Scaling::Static {
-            scale: static_scale,
-        },
-        Fp8Scaling::PerToken {
-            min_scale,
-            scale_ub,
-        } => Scaling::PerToken {
-            min_scale,
-            scale_ub,
-        },
-        Fp8Scaling::PerGroup {
-            group, min_scale, ..
-        } => Scaling::PerGroup { group, min_scale },
-    }
-}
-
-/// The scale tensor's `(rows, cols, row_stride)` for `scaling` over `rows x cols`.
-fn scale_layout(s: Fp8Scaling, rows: usize, cols: usize) -> (usize, usize, usize) {
-    match s {
-        Fp8Scaling::Static => (1, 1, 1),
-        Fp8Scaling::PerToken { .. } => (rows, 1, 1),
-        Fp8Scaling::PerGroup {
-            group,
-            layout: ScaleLayout::RowMajor,
-            ..
-        } => (rows, cols / group, cols / group),
-        // Padded to a multiple of 4 rows, as TMA wants.
-        Fp8Scaling::PerGroup { group, .. } => (cols / group, rows, rows.next_multiple_of(4)),
-    }
-}
-
-/// The scale of `row`, group `g` from the kernel's scale tensor, row-major order.
-fn scales_row_major(s: Fp8Scaling, got: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let (sr, sc, stride) = scale_layout(s, rows, cols);
-    match s {
-        Fp8Scaling::PerGroup {
-            layout: ScaleLayout::ColMajor,
-            ..
-        } => (0..rows)
-            .flat_map(|r| (0..sr).map(move |g| got[g * stride + r]))
-            .collect(),
-        _ => (0..sr)
-            .flat_map(|r| (0..sc).map(move |c| got[r * stride + c]))
-            .collect(),
-    }
-}
-
-fn same_byte(a: u8, b: u8) -> bool {
-    a == b || (a & 0x7f == 0x7f && b & 0x7f == 0x7f)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -319,17 +247,6 @@ fn case<T: Element>(
             "{what}: zero row"
         );
     }
-}
-
-macro_rules! typed {
-    ($dtype:expr, $f:ident::<T>($($arg:expr),*)) => {
-        match $dtype {
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F16 => $f::<f16>($($arg),*),
-            DType::BF16 => $f::<bf16>($($arg),*),
-            DType::F8E4M3 => unreachable!("inputs are storage dtypes"),
-        }
-    };
 }
 
 fn run(test: &'static str, layout: Layout) {

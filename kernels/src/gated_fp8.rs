@@ -78,7 +78,7 @@ fn max_xor(v: f32, mask: u32) -> f32 {
 /// The maximum over aligned runs of `lanes` lanes (a power of two <= 32); every lane of a
 /// run gets it. Called by the whole warp with the same `lanes`.
 #[inline(always)]
-fn run_max(mut v: f32, lanes: u32) -> f32 {
+pub(crate) fn run_max(mut v: f32, lanes: u32) -> f32 {
     let mut mask = 16;
     while mask > 0 {
         if mask < lanes {
@@ -112,7 +112,7 @@ fn e4m3x2(lo: f32, hi: f32) -> u32 {
 /// The E4M3 bytes of `y[l] / scale` for the `w` lanes of one access (`inv` =
 /// `reciprocal(scale)`), packed little-endian: word 0 holds lanes 0-3, word 1 lanes 4-7.
 #[inline(always)]
-fn quantize(w: u64, y: &[f32; 8], scale: f32, inv: f32) -> [u32; 2] {
+pub(crate) fn quantize(w: u64, y: &[f32; 8], scale: f32, inv: f32) -> [u32; 2] {
     let mut q = [0.0f32; 8];
     unroll!(l < w as usize => {
         q[l] = div_by(y[l], scale, inv);
@@ -130,7 +130,7 @@ fn quantize(w: u64, y: &[f32; 8], scale: f32, inv: f32) -> [u32; 2] {
 /// Stores the `w` bytes (1, 4 or 8) of one access at `p` when `pred` (aligned to `w` bytes;
 /// predicated).
 #[inline(always)]
-unsafe fn store_q(w: u64, p: u64, q: [u32; 2], pred: bool) {
+pub(crate) unsafe fn store_q(w: u64, p: u64, q: [u32; 2], pred: bool) {
     // SAFETY (all arms): when `pred`, `p` is a valid global address of `w` bytes aligned to
     // `w` (caller); otherwise nothing is accessed.
     unsafe {
@@ -155,7 +155,7 @@ unsafe fn store_q(w: u64, p: u64, q: [u32; 2], pred: bool) {
 
 /// Stores one f32 at `p` when `pred` (4-byte aligned; predicated).
 #[inline(always)]
-unsafe fn store_f32_if(p: u64, v: f32, pred: bool) {
+pub(crate) unsafe fn store_f32_if(p: u64, v: f32, pred: bool) {
     // SAFETY: when `pred`, `p` is a valid, 4-byte aligned global address (caller).
     unsafe {
         asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.f32 [{0}], {1}; }}",
@@ -166,7 +166,7 @@ unsafe fn store_f32_if(p: u64, v: f32, pred: bool) {
 
 /// Loads the f32 at `p`.
 #[inline(always)]
-unsafe fn load_f32(p: u64) -> f32 {
+pub(crate) unsafe fn load_f32(p: u64) -> f32 {
     let v: f32;
     // SAFETY: `p` is a valid, 4-byte aligned global address (caller).
     unsafe {
@@ -396,7 +396,7 @@ fn smem_f32() -> *mut f32 {
 /// # Safety
 /// `slot + warps` f32s fit in the launch's dynamic shared memory.
 #[inline(always)]
-unsafe fn row_max(v: f32, lane: u32, warp: u32, warps: u32, slot: u32) -> f32 {
+pub(crate) unsafe fn row_max(v: f32, lane: u32, warp: u32, warps: u32, slot: u32) -> f32 {
     let m = run_max(v, 32);
     if warps <= 1 {
         return m;

@@ -61,7 +61,9 @@ fn add_launch_bounds(ptx: &str) -> String {
         if pending.is_some() && line.starts_with(')') {
             let (threads, blocks) = pending.take().unwrap_or_default();
             out.push_str(&format!(".maxntid {threads}, 1, 1\n"));
-            if blocks > 1 {
+            // 0: no directive; 1 is written too (with `.maxntid` alone, ptxas held some
+            // 512-thread kernels to 64 registers and spilled).
+            if blocks > 0 {
                 out.push_str(&format!(".minnctapersm {blocks}\n"));
             }
         }

@@ -375,15 +375,19 @@ pub enum Op {
     AddRmsNormFwd,
     /// `dx = d(rmsnorm)/dh * dy`, `dw = sum over rows of dy * h * rstd`.
     AddRmsNormBwd,
+    /// `h = x + residual`, `y_q = e4m3(rmsnorm(h) * w / scale)` and the scales (run only when
+    /// asked for by name: `--ops add_rmsnorm_fwd_fp8`).
+    AddRmsNormFwdFp8,
 }
 
 impl Op {
-    pub const ALL: [Op; 5] = [
+    pub const ALL: [Op; 6] = [
         Op::GatedFwd,
         Op::GatedBwd,
         Op::GatedFwdFp8,
         Op::AddRmsNormFwd,
         Op::AddRmsNormBwd,
+        Op::AddRmsNormFwdFp8,
     ];
 
     /// The `op` field of a result.
@@ -394,6 +398,7 @@ impl Op {
             Op::GatedFwdFp8 => "gated_fwd_fp8",
             Op::AddRmsNormFwd => "add_rmsnorm_fwd",
             Op::AddRmsNormBwd => "add_rmsnorm_bwd",
+            Op::AddRmsNormFwdFp8 => "add_rmsnorm_fwd_fp8",
         }
     }
 
@@ -422,6 +427,10 @@ impl Op {
             Op::AddRmsNormBwd => {
                 "read dy, h, w, rstd (f32); write dx, dw: (3 * rows * H + 2 * H) * s + 4 * rows"
             }
+            Op::AddRmsNormFwdFp8 => {
+                "read x, residual, w; write h, y (FP8) and the scales: (3 * rows * H + H) * s + \
+                 rows * H + 4 * (1 | rows | rows * H / 128)"
+            }
         }
     }
 }
@@ -441,6 +450,10 @@ pub enum Variant {
     Norm {
         kind: NormKind,
     },
+    NormFp8 {
+        kind: NormKind,
+        scheme: Fp8Scheme,
+    },
 }
 
 impl Variant {
@@ -454,6 +467,7 @@ impl Variant {
                 scheme,
             } => format!("{}_{}_{}", act.name(), layout.name(), scheme.name()),
             Variant::Norm { kind } => kind.name().to_string(),
+            Variant::NormFp8 { kind, scheme } => format!("{}_{}", kind.name(), scheme.name()),
         }
     }
 }
@@ -511,6 +525,13 @@ impl Config {
             }
             Op::AddRmsNormFwd => (4 * r * c + c) * s,
             Op::AddRmsNormBwd => (3 * r * c + 2 * c) * s + 4 * r,
+            Op::AddRmsNormFwdFp8 => {
+                let scales = match self.variant {
+                    Variant::NormFp8 { scheme, .. } => scheme.scale_bytes(r, c),
+                    _ => 0,
+                };
+                (3 * r * c + c) * s + r * c + scales
+            }
         }
     }
 
@@ -540,7 +561,12 @@ pub fn models_for(op: Op, variant: &str, cols: usize) -> Vec<&'static str> {
             if op.is_gated() {
                 m.intermediate == cols && variant.starts_with(m.act.name())
             } else {
-                m.hidden == cols && m.norm.name() == variant
+                // The FP8 variants are the norm's name and the scheme's.
+                m.hidden == cols
+                    && (m.norm.name() == variant
+                        || variant.strip_prefix(m.norm.name()).is_some_and(|s| {
+                            Fp8Scheme::ALL.iter().any(|f| s == format!("_{}", f.name()))
+                        }))
             }
         })
         .map(|m| m.name)
@@ -634,6 +660,12 @@ fn op_selected(sel: &Selection, op: Op) -> bool {
     if op == Op::GatedFwdFp8 {
         return sel.ops.iter().any(|s| s == op.name() || s == "gated_fp8");
     }
+    if op == Op::AddRmsNormFwdFp8 {
+        return sel
+            .ops
+            .iter()
+            .any(|s| s == op.name() || s == "add_rmsnorm_fp8");
+    }
     if op.is_backward() && !(sel.backward || sel.backward_only) {
         return false;
     }
@@ -662,8 +694,8 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
         }
     }
     for op in &sel.ops {
-        let known =
-            ["gated", "gated_fp8", "add_rmsnorm"].contains(&op.as_str()) || Op::parse(op).is_some();
+        let known = ["gated", "gated_fp8", "add_rmsnorm", "add_rmsnorm_fp8"].contains(&op.as_str())
+            || Op::parse(op).is_some();
         if !known {
             return Err(format!(
                 "unknown op {op:?}: gated, add_rmsnorm, or one of {}",
@@ -738,6 +770,17 @@ pub fn plan(sel: &Selection) -> Result<Vec<Config>, String> {
                         let key = (op, variant, *intermediate);
                         shapes.entry(key).or_default().extend(rows);
                     }
+                }
+            } else if op == Op::AddRmsNormFwdFp8 {
+                for scheme in Fp8Scheme::ALL {
+                    let variant = Variant::NormFp8 {
+                        kind: *kind,
+                        scheme,
+                    };
+                    shapes
+                        .entry((op, variant, *hidden))
+                        .or_default()
+                        .extend(rows);
                 }
             } else if op.is_gated() {
                 for &layout in layouts.iter().filter(|l| l.supports(op)) {

@@ -15,6 +15,22 @@ macro_rules! assert_matches {
 }
 pub(crate) use assert_matches;
 
+/// Calls the generic `f::<T>(args)` with `T` the storage type of `dtype` (the caller imports
+/// `DType`, `f16` and `bf16`).
+macro_rules! typed {
+    ($dtype:expr, $f:ident::<T>($($arg:expr),*)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+            DType::F8E4M3 => unreachable!("inputs are storage dtypes"),
+        }
+    };
+}
+pub(crate) use typed;
+
+pub mod fp8;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex, Once};

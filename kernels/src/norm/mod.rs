@@ -49,6 +49,7 @@
 //! forward.
 
 mod backward;
+mod fp8;
 mod realign;
 mod split;
 

@@ -1,0 +1,356 @@
+//! Add + RMSNorm with an FP8 E4M3 output `y` (`h` stays in the storage dtype: it is the
+//! residual stream): `y_q = e4m3(y / scale)` with `y` the f32 value the storage-dtype forward
+//! rounds (same geometry and reduction order, so the same bits), the scale static, per token
+//! or per group ([`Fp8Scaling`], see [`crate::fp8`]).
+//!
+//! The vLLM equivalents: `fused_add_rms_norm_static_fp8_quant` is
+//! [`Fp8Placement::AddHOverResidual`] with [`Fp8Scaling::Static`];
+//! `rms_norm_dynamic_per_token_quant` is [`Fp8Placement::Norm`] or
+//! [`Fp8Placement::AddHOverResidual`] with [`Fp8Scaling::PerToken`] (its `scale_ub` too); a
+//! norm followed by the per-token-group quantisation is [`Fp8Scaling::PerGroup`].
+//!
+//! Batch invariance holds for `y_q` and the scales: a row's bytes and scale depend on that
+//! row only (the per-token maximum is a fixed-order reduction over the row, a group's over the
+//! lanes that hold it). Rows of up to 16384 elements (the register-resident geometries) are
+//! supported; longer rows are rejected with [`Error::TooLarge`].
+
+use cudarc::driver::CudaStream;
+use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
+use ferrofuse_common::{
+    DType, KernelId, NormFwdVariant, RMSNORM_HF, RMSNORM_SMEM_BYTES, RmsNormFp8Params,
+    RmsNormFwdParams, rmsnorm_fwd_geometry,
+};
+
+use super::{NormNumerics, RmsNormOptions, check_eps, check_weight, grid_u32, optional_desc_mut};
+use crate::error::{Error, Result};
+use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
+use crate::runtime::{Kernels, Launch};
+use crate::tensor::{Element, Mat, MatDesc, MatMut};
+use crate::validate::{check_aliasing, check_devices, check_shape, vec_mode};
+
+/// Longest row the FP8 forward takes (the register-resident geometries).
+pub const RMSNORM_FP8_MAX_HIDDEN: usize = 16384;
+
+/// The operands of an FP8 forward call as raw device matrices: `x`, `residual`, `h` `[rows,
+/// H]` of the storage dtype (`residual` and `h` both given or both absent), `weight` `[1, H]`
+/// (storage dtype or f32), `rstd` `[rows, 1]` f32 (optional), `y` `[rows, H]` of
+/// [`DType::F8E4M3`], `scales` f32 of [`Fp8Scaling::scale_shape`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmsNormFp8Descs {
+    pub x: MatDesc,
+    pub residual: Option<MatDesc>,
+    pub weight: MatDesc,
+    pub h: Option<MatDesc>,
+    pub rstd: Option<MatDesc>,
+    pub y: MatDesc,
+    pub scales: MatDesc,
+}
+
+/// Validates an FP8 forward call and decides its launch; needs no GPU. The storage dtype is
+/// `x`'s.
+///
+/// Checks as [`super::plan_rmsnorm_forward`] for `x`, `residual`, `h`, `weight`, `rstd` (`h`
+/// may be exactly `x` or exactly `residual`), then `y` and `scales` as every FP8 output
+/// ([`crate::fp8`]: dtype, shape, sizes; they overlap no operand and each other), and the
+/// row length (at most [`RMSNORM_FP8_MAX_HIDDEN`]).
+pub fn plan_rmsnorm_forward_fp8(
+    t: &RmsNormFp8Descs,
+    opts: &RmsNormOptions,
+    scaling: Fp8Scaling,
+) -> Result<Launch<RmsNormFp8Params>> {
+    check_eps(opts.eps)?;
+    let x = &t.x;
+    let dtype = x.dtype;
+    x.check("x", dtype)?;
+    let (rows, hidden) = x.shape();
+    match (&t.residual, &t.h) {
+        (Some(r), Some(h)) => {
+            r.check("residual", dtype)?;
+            check_shape("residual", r, (rows, hidden))?;
+            h.check("h", dtype)?;
+            check_shape("h", h, (rows, hidden))?;
+        }
+        (None, None) => {}
+        (Some(_), None) => {
+            return Err(Error::InvalidArgument {
+                what: "h",
+                value: "missing: with a residual the sum h = x + residual must be stored".into(),
+            });
+        }
+        (None, Some(_)) => {
+            return Err(Error::InvalidArgument {
+                what: "h",
+                value: "given without a residual: plain RMSNorm has no h output".into(),
+            });
+        }
+    }
+    check_weight("weight", &t.weight, dtype, hidden)?;
+    if let Some(rstd) = &t.rstd {
+        rstd.check("rstd", DType::F32)?;
+        check_shape("rstd", rstd, (rows, 1))?;
+    }
+    let (residual, h, rstd, w) = (
+        t.residual.as_ref(),
+        t.h.as_ref(),
+        t.rstd.as_ref(),
+        &t.weight,
+    );
+    let mut operands = vec![("x", x), ("weight", w)];
+    operands.extend(residual.map(|m| ("residual", m)));
+    operands.extend(h.map(|m| ("h", m)));
+    operands.extend(rstd.map(|m| ("rstd", m)));
+    check_fp8_output(&t.y, &t.scales, &scaling, (rows, hidden), &operands)?;
+    if let Some(h) = h {
+        check_aliasing(
+            ("h", h),
+            &[
+                ("x", Some(x)),
+                ("residual", residual),
+                ("weight", Some(w)),
+                ("rstd", rstd),
+            ],
+            &["x", "residual"],
+        )?;
+    }
+    if let Some(rstd) = rstd {
+        check_aliasing(
+            ("rstd", rstd),
+            &[("x", Some(x)), ("residual", residual), ("weight", Some(w))],
+            &[],
+        )?;
+    }
+    if hidden > RMSNORM_FP8_MAX_HIDDEN {
+        return Err(Error::TooLarge {
+            what: "row length of an RMSNorm with FP8 output (at most 16384)",
+            value: hidden,
+        });
+    }
+
+    let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+    debug_assert!(variant != NormFwdVariant::Loop);
+    let mode = vec_mode(dtype, hidden, &[Some(x), residual, h, Some(w), Some(&t.y)]);
+    let grid = if rows == 0 || hidden == 0 {
+        0
+    } else {
+        grid_u32(
+            "rows",
+            (rows as u64).div_ceil(geometry.rows_per_block as u64),
+        )?
+    };
+    let mut flags = super::weight_flags(opts.gemma, w.dtype, dtype);
+    if opts.numerics == NormNumerics::HfLlama {
+        flags |= RMSNORM_HF;
+    }
+    let scales = &t.scales;
+    let lanes = dtype.lanes_per_16b();
+    let (scheme, min_scale, scale_ub, group_lanes) = match scaling {
+        Fp8Scaling::Static => (FP8_STATIC, 1.0, f32::INFINITY, 1),
+        Fp8Scaling::PerToken {
+            min_scale,
+            scale_ub,
+        } => (
+            FP8_PER_TOKEN,
+            min_scale,
+            scale_ub.unwrap_or(f32::INFINITY),
+            1,
+        ),
+        // A group of 64 or 128 columns is 8-32 whole chunks (the row length is a multiple of
+        // the group, checked with the scales' shape).
+        Fp8Scaling::PerGroup {
+            group, min_scale, ..
+        } => (FP8_PER_GROUP, min_scale, f32::INFINITY, group / lanes),
+    };
+    let (scale_row, scale_group) = match scaling {
+        Fp8Scaling::PerGroup {
+            layout: ScaleLayout::ColMajor,
+            ..
+        } => (1, scales.row_stride as u64),
+        Fp8Scaling::PerGroup { .. } => (scales.row_stride as u64, 1),
+        _ => (scales.row_stride as u64, 0),
+    };
+    Ok(Launch {
+        kernel: KernelId::RmsNormFp8(dtype, mode, variant),
+        grid,
+        block: geometry.block_threads(),
+        shared_mem_bytes: RMSNORM_SMEM_BYTES,
+        params: RmsNormFp8Params {
+            norm: RmsNormFwdParams {
+                x: x.addr,
+                residual: residual.map_or(0, |m| m.addr),
+                w: w.addr,
+                y: t.y.addr,
+                h: h.map_or(0, |m| m.addr),
+                rstd: rstd.map_or(0, |m| m.addr),
+                x_stride: x.row_stride as u64,
+                residual_stride: residual.map_or(0, |m| m.row_stride as u64),
+                y_stride: t.y.row_stride as u64,
+                h_stride: h.map_or(0, |m| m.row_stride as u64),
+                rstd_stride: rstd.map_or(0, |m| m.row_stride as u64),
+                rows: rows as u64,
+                hidden: hidden as u64,
+                eps: opts.eps,
+                flags,
+                threads_per_row: geometry.threads_per_row,
+                rows_per_block: geometry.rows_per_block,
+            },
+            scale: scales.addr,
+            scale_row,
+            scale_group,
+            min_scale,
+            scale_ub,
+            scheme,
+            group_shift: group_lanes.trailing_zeros(),
+            group_lanes: group_lanes as u32,
+            _pad: 0,
+        },
+    })
+}
+
+/// Where the FP8 forward reads its inputs and writes `h` (all `[rows, H]` of the storage
+/// dtype `T`); `y` is always a buffer of its own (FP8). An input that `h` overwrites is
+/// borrowed `&mut`.
+pub enum Fp8Placement<'r, 'a, T: Element> {
+    /// Plain RMSNorm of `x`, no residual and no `h`.
+    Norm { x: &'r Mat<'a, T> },
+    /// `h = x + residual` into its own buffer.
+    Add {
+        x: &'r Mat<'a, T>,
+        residual: &'r Mat<'a, T>,
+        h: &'r mut MatMut<'a, T>,
+    },
+    /// `h` written over `x`.
+    AddHOverX {
+        x: &'r mut MatMut<'a, T>,
+        residual: &'r Mat<'a, T>,
+    },
+    /// `h` written over `residual`, the residual stream updated in place (vLLM's
+    /// `fused_add_rms_norm_static_fp8_quant`).
+    AddHOverResidual {
+        x: &'r Mat<'a, T>,
+        residual: &'r mut MatMut<'a, T>,
+    },
+}
+
+impl Kernels {
+    /// Add + RMSNorm with FP8 output: `h` (storage dtype) in the placement `io` names, `y`
+    /// FP8, `scales` read ([`Fp8Scaling::Static`], `[1, 1]`) or written (per token `[rows,
+    /// 1]`, per group `[rows, H / group]` row-major or `[H / group, rows]` column-major),
+    /// `rstd` (`[rows, 1]` f32) when given. Rows of up to [`RMSNORM_FP8_MAX_HIDDEN`] elements.
+    ///
+    /// ```no_run
+    /// # use ferrofuse::{Kernels, Mat, MatMut, RmsNormOptions, F8E4M3, Fp8Scaling, Fp8Scales};
+    /// # use ferrofuse::norm::Fp8Placement;
+    /// # fn f(kernels: &Kernels, stream: &ferrofuse::cudarc::driver::CudaStream,
+    /// #      x: &ferrofuse::cudarc::driver::CudaSlice<half::bf16>,
+    /// #      residual: &mut ferrofuse::cudarc::driver::CudaSlice<half::bf16>,
+    /// #      weight: &ferrofuse::cudarc::driver::CudaSlice<half::bf16>,
+    /// #      y: &mut ferrofuse::cudarc::driver::CudaSlice<F8E4M3>,
+    /// #      scales: &mut ferrofuse::cudarc::driver::CudaSlice<f32>) -> ferrofuse::Result<()> {
+    /// let (tokens, hidden) = (16, 4096);
+    /// kernels.rmsnorm_fp8(
+    ///     stream,
+    ///     Fp8Placement::AddHOverResidual {
+    ///         x: &Mat::new(x.as_view(), tokens, hidden),
+    ///         residual: &mut MatMut::new(residual.as_view_mut(), tokens, hidden), // receives h
+    ///     },
+    ///     &Mat::new(weight.as_view(), 1, hidden),
+    ///     &mut MatMut::new(y.as_view_mut(), tokens, hidden),
+    ///     Fp8Scaling::per_token(),
+    ///     Fp8Scales::Write(&mut MatMut::new(scales.as_view_mut(), tokens, 1)),
+    ///     None,
+    ///     &RmsNormOptions::new(1e-5),
+    /// )
+    /// # }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_fp8<T: Element, W: Element>(
+        &self,
+        stream: &CudaStream,
+        io: Fp8Placement<'_, '_, T>,
+        weight: &Mat<W>,
+        y: &mut MatMut<F8E4M3>,
+        scaling: Fp8Scaling,
+        scales: Fp8Scales<'_, '_>,
+        rstd: Option<&mut MatMut<f32>>,
+        opts: &RmsNormOptions,
+    ) -> Result<()> {
+        self.check_views(stream, &[("weight", weight.stream()), ("y", y.stream())])?;
+        let (rstd, _gr) = optional_desc_mut(stream, "rstd", rstd)?;
+        let (weight, _gw) = weight.desc(stream);
+        let (y, _gy) = y.desc_mut(stream);
+        let (scales, _gs) = scales.describe(stream, &scaling)?;
+        // Each view's device is checked before it is described (a description records the
+        // access on the stream).
+        let (x, residual, h, _g) = match io {
+            Fp8Placement::Norm { x } => {
+                check_devices(stream, &[("x", x.stream())])?;
+                let (x, gx) = x.desc(stream);
+                (x, None, None, [Some(gx), None, None])
+            }
+            Fp8Placement::Add { x, residual, h } => {
+                check_devices(
+                    stream,
+                    &[
+                        ("x", x.stream()),
+                        ("residual", residual.stream()),
+                        ("h", h.stream()),
+                    ],
+                )?;
+                let (x, gx) = x.desc(stream);
+                let (r, gr) = residual.desc(stream);
+                let (h, gh) = h.desc_mut(stream);
+                (x, Some(r), Some(h), [Some(gx), Some(gr), Some(gh)])
+            }
+            Fp8Placement::AddHOverX { x, residual } => {
+                check_devices(
+                    stream,
+                    &[("x", x.stream()), ("residual", residual.stream())],
+                )?;
+                let (x, gx) = x.desc_mut(stream);
+                let (r, gr) = residual.desc(stream);
+                (x, Some(r), Some(x), [Some(gx), Some(gr), None])
+            }
+            Fp8Placement::AddHOverResidual { x, residual } => {
+                check_devices(
+                    stream,
+                    &[("x", x.stream()), ("residual", residual.stream())],
+                )?;
+                let (x, gx) = x.desc(stream);
+                let (r, gr) = residual.desc_mut(stream);
+                (x, Some(r), Some(r), [Some(gx), Some(gr), None])
+            }
+        };
+        let t = RmsNormFp8Descs {
+            x,
+            residual,
+            weight,
+            h,
+            rstd,
+            y,
+            scales,
+        };
+        let launch = plan_rmsnorm_forward_fp8(&t, opts, scaling)?;
+        // SAFETY: live views borrowed for this call; outputs are `&mut` borrows, so `h`
+        // aliases at most the input it replaces in its placement (each chunk read before it is
+        // written, by the same thread), and `y`, the written scales and `rstd` alias nothing.
+        // The plan re-checks all of it.
+        unsafe { self.launch(stream, &launch) }
+    }
+
+    /// [`Kernels::rmsnorm_fp8`] on raw device matrices; the storage dtype is `x`'s.
+    ///
+    /// # Safety
+    /// As for [`Kernels::rmsnorm_raw`]; `scales` is read (static) or written (dynamic).
+    pub unsafe fn rmsnorm_fp8_raw(
+        &self,
+        stream: &CudaStream,
+        t: &RmsNormFp8Descs,
+        scaling: Fp8Scaling,
+        opts: &RmsNormOptions,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let launch = plan_rmsnorm_forward_fp8(t, opts, scaling)?;
+        // SAFETY: the caller vouches for the descriptions; the plan checked the rest.
+        unsafe { self.launch(stream, &launch) }
+    }
+}

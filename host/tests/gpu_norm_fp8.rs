@@ -1,0 +1,558 @@
+//! GPU tests of add + RMSNorm with FP8 E4M3 outputs: every dtype x placement x scaling scheme
+//! (static, with a scale that saturates some values; per token, with and without an upper
+//! bound; per group of 128 row-major and of 64 column-major), vector and scalar paths, the
+//! 16- and 32-per-thread geometries, Gemma and Hugging Face numerics, an f32 weight.
+//!
+//! Checks per case:
+//! - **bit for bit** against the reference quantisation (`reference::fp8::quantize_rows`) of
+//!   the f32 `y` the kernels compute (`reference::rmsnorm_y_f32`, from the kernel's own
+//!   `rstd`): bytes and scales equal (any NaN byte matches any NaN byte); `h` equal to the f64
+//!   reference's stored `h`;
+//! - **against the f64 reference**: `rstd` within 1e-5 relative, each byte within one E4M3
+//!   step of `e4m3(y64 / scale)`;
+//! - outputs poisoned before the call: the padding of `y` stays untouched.
+//!
+//! Rows of zeros (scale `min_scale`, zero bytes) and a row with a NaN (NaN bytes) are in every
+//! case. Batch invariance: rows computed alone, at an offset (scalar path) and in a batch
+//! give the same bytes, scales, `h` and `rstd`. `FERROFUSE_TEST_QUICK=1` trims the shapes.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::fp8::*;
+use common::*;
+use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
+use ferrofuse::fp8::DEFAULT_MIN_SCALE;
+use ferrofuse::half::{bf16, f16};
+use ferrofuse::norm::Fp8Placement;
+use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
+use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
+use ferrofuse::{
+    DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, Kernels, Mat, MatMut, NormNumerics,
+    RmsNormOptions, ScaleLayout,
+};
+use rand::rngs::StdRng;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Place {
+    Norm,
+    Add,
+    AddHOverX,
+    AddHOverResidual,
+}
+
+const PLACES: [Place; 4] = [
+    Place::Norm,
+    Place::Add,
+    Place::AddHOverX,
+    Place::AddHOverResidual,
+];
+
+fn shapes() -> Vec<(usize, usize)> {
+    if quick() {
+        return vec![(3, 384), (2, 16384), (5, 100)];
+    }
+    vec![
+        (1, 128),
+        (3, 384),
+        (5, 100),
+        (7, 4097),
+        (4, 8192),
+        (3, 12288),
+        (2, 16384),
+        (33, 1024),
+        (300, 256),
+        (64, 4096),
+        (2, 7),
+        (9, 2048),
+    ]
+}
+
+/// The inputs of a call: x, residual, the weight, and the weight as f32 to pass instead.
+type Inputs<'v, T> = (&'v [T], &'v [T], &'v [T], Option<&'v [f32]>);
+
+/// What one FP8 call returned.
+struct Out<T> {
+    /// `rows x cols` bytes (padding checked and dropped).
+    q: Vec<u8>,
+    /// Row-major scales (the static scale for `Static`).
+    scales: Vec<f32>,
+    /// `h` as stored (empty for `Norm`).
+    h: Vec<T>,
+    rstd: Vec<f32>,
+}
+
+/// Runs one FP8 forward: inputs `off` elements into their buffers (1: the scalar path),
+/// outputs poisoned; returns what it wrote.
+#[allow(clippy::too_many_arguments)]
+fn call<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    place: Place,
+    scaling: Fp8Scaling,
+    static_scale: f32,
+    (x, r, w, w32): Inputs<'_, T>,
+    (rows, cols): (usize, usize),
+    off: usize,
+    opts: &RmsNormOptions,
+) -> Out<T> {
+    let n = rows * cols;
+    let pad = |v: &[T]| {
+        let mut out = vec![poison::<T>(); off];
+        out.extend_from_slice(v);
+        out
+    };
+    let mut dx = upload(s, &pad(x));
+    let mut dr = upload(s, &pad(r));
+    let mut dh = upload(s, &vec![poison::<T>(); n + off]);
+    let dw = upload(s, w);
+    let dw32 = w32.map(|w| upload(s, w));
+    let y_stride = cols + 16;
+    let mut dq = upload(s, &vec![F8E4M3::from_bits(0x7f); rows * y_stride]);
+    let (sr, sc, s_stride) = scale_layout(scaling, rows, cols);
+    let s_len = if sr == 0 { 0 } else { (sr - 1) * s_stride + sc };
+    let mut ds = upload(s, &vec![f32::NAN; s_len.max(1)]);
+    if scaling == Fp8Scaling::Static {
+        ds = upload(s, &[static_scale]);
+    }
+    let mut drstd = upload(s, &vec![f32::NAN; rows]);
+    {
+        let mut y = MatMut::strided(dq.as_view_mut(), rows, cols, y_stride);
+        let mut rstd = MatMut::new(drstd.as_view_mut(), rows, 1);
+        // Each placement's views of the buffers (an overwritten input borrowed mutably).
+        let (mut mx, mut mr, mut mh, cx, cr);
+        let io = match place {
+            Place::Norm => {
+                cx = Mat::new(dx.slice(off..), rows, cols);
+                Fp8Placement::Norm { x: &cx }
+            }
+            Place::Add => {
+                cx = Mat::new(dx.slice(off..), rows, cols);
+                cr = Mat::new(dr.slice(off..), rows, cols);
+                mh = MatMut::new(dh.slice_mut(off..), rows, cols);
+                Fp8Placement::Add {
+                    x: &cx,
+                    residual: &cr,
+                    h: &mut mh,
+                }
+            }
+            Place::AddHOverX => {
+                mx = MatMut::new(dx.slice_mut(off..), rows, cols);
+                cr = Mat::new(dr.slice(off..), rows, cols);
+                Fp8Placement::AddHOverX {
+                    x: &mut mx,
+                    residual: &cr,
+                }
+            }
+            Place::AddHOverResidual => {
+                cx = Mat::new(dx.slice(off..), rows, cols);
+                mr = MatMut::new(dr.slice_mut(off..), rows, cols);
+                Fp8Placement::AddHOverResidual {
+                    x: &cx,
+                    residual: &mut mr,
+                }
+            }
+        };
+        let static_m = Mat::new(ds.as_view(), 1, 1);
+        let mut dyn_m;
+        let scales = if scaling == Fp8Scaling::Static {
+            Fp8Scales::Read(&static_m)
+        } else {
+            dyn_m = MatMut::strided(ds.as_view_mut(), sr, sc, s_stride);
+            Fp8Scales::Write(&mut dyn_m)
+        };
+        let res = match &dw32 {
+            Some(w) => k.rmsnorm_fp8(
+                s,
+                io,
+                &Mat::new(w.as_view(), 1, cols),
+                &mut y,
+                scaling,
+                scales,
+                Some(&mut rstd),
+                opts,
+            ),
+            None => k.rmsnorm_fp8(
+                s,
+                io,
+                &Mat::new(dw.as_view(), 1, cols),
+                &mut y,
+                scaling,
+                scales,
+                Some(&mut rstd),
+                opts,
+            ),
+        };
+        res.expect("rmsnorm_fp8");
+    }
+    let q_all = download(s, &dq);
+    for rr in 0..rows {
+        for c in cols..y_stride {
+            assert_eq!(q_all[rr * y_stride + c].to_bits(), 0x7f, "padding of y");
+        }
+    }
+    let q = (0..rows)
+        .flat_map(|rr| {
+            q_all[rr * y_stride..rr * y_stride + cols]
+                .iter()
+                .map(|v| v.to_bits())
+        })
+        .collect();
+    let scales = if scaling == Fp8Scaling::Static {
+        vec![static_scale]
+    } else {
+        scales_row_major(scaling, &download(s, &ds), rows, cols)
+    };
+    let h_buf: &CudaSlice<T> = match place {
+        Place::Norm => &dh,
+        Place::Add => &dh,
+        Place::AddHOverX => &dx,
+        Place::AddHOverResidual => &dr,
+    };
+    let h = if place == Place::Norm {
+        Vec::new()
+    } else {
+        download(s, h_buf)[off..].to_vec()
+    };
+    Out {
+        q,
+        scales,
+        h,
+        rstd: download(s, &drstd),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    place: Place,
+    off: usize,
+    scaling: Fp8Scaling,
+    (rows, cols): (usize, usize),
+    variant: usize,
+) {
+    let n = rows * cols;
+    let (mut x, _) = random::<T>(rng, n, 2.0);
+    let (mut r, _) = random::<T>(rng, n, 2.0);
+    let (w, _) = random::<T>(rng, cols, 1.5);
+    if rows > 1 {
+        x[..cols].fill(T::from_f64(0.0));
+        r[..cols].fill(T::from_f64(0.0));
+    }
+    if rows > 2 {
+        x[(rows - 1) * cols + cols / 2] = T::from_f64(f64::NAN);
+    }
+    let gemma = variant % 3 == 1;
+    let hf = variant % 3 == 2 && T::DTYPE != DType::F32;
+    let w_f32 = variant % 2 == 1;
+    let opts = RmsNormOptions::new(1e-5)
+        .with_gemma(gemma)
+        .with_numerics(if hf {
+            NormNumerics::HfLlama
+        } else {
+            NormNumerics::F32
+        });
+    let w32: Vec<f32> = w.iter().map(|v| v.to_f64() as f32).collect();
+    // 448 * scale = 1.8: the larger values saturate (|y| reaches ~5).
+    let static_scale = 0.004f32;
+    let what = format!(
+        "{} {place:?} off {off} {scaling:?} {rows}x{cols} gemma {gemma} hf {hf} w_f32 {w_f32}",
+        T::DTYPE.name()
+    );
+    let out = call(
+        k,
+        s,
+        place,
+        scaling,
+        static_scale,
+        (&x, &r, &w, w_f32.then_some(&w32[..])),
+        (rows, cols),
+        off,
+        &opts,
+    );
+    let has_res = place != Place::Norm;
+    let ref_opts = RmsNormRef {
+        eps: 1e-5,
+        gemma,
+        hf,
+        normalize_stored_h: false,
+    };
+    let mut y32 = Vec::with_capacity(n);
+    let mut y64 = Vec::with_capacity(n);
+    let wf: Vec<f64> = w.iter().map(|v| v.to_f64()).collect();
+    for rr in 0..rows {
+        let xs = &x[rr * cols..(rr + 1) * cols];
+        let rs = has_res.then(|| &r[rr * cols..(rr + 1) * cols]);
+        y32.extend(rmsnorm_y_f32(xs, rs, &w32, out.rstd[rr], &ref_opts));
+        let row = rmsnorm_forward_row(xs, rs, &wf, &ref_opts);
+        let nan_row = row.rstd.is_nan();
+        if !nan_row {
+            let rel = (out.rstd[rr] as f64 - row.rstd).abs() / row.rstd;
+            assert!(
+                rel <= 1e-5,
+                "{what}: row {rr} rstd {} vs {}",
+                out.rstd[rr],
+                row.rstd
+            );
+        }
+        if has_res {
+            for c in 0..cols {
+                let (g, want) = (out.h[rr * cols + c].to_f64(), row.h[c]);
+                assert!(
+                    g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                    "{what}: h[{rr}, {c}] {g} vs {want}"
+                );
+            }
+        }
+        y64.extend(row.y);
+    }
+    // Bit for bit.
+    let (want_q, want_s) =
+        quantize_rows(&y32, rows, cols, reference_scaling(scaling, static_scale));
+    for (i, (g, w)) in out.scales.iter().zip(&want_s).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{what}: scale {i}: {g:e} != {w:e}"
+        );
+    }
+    for (i, (&g, &w)) in out.q.iter().zip(&want_q).enumerate() {
+        assert!(
+            same_byte(g, w),
+            "{what}: element ({}, {}): byte {g:#04x} != {w:#04x} (y = {:e})",
+            i / cols,
+            i % cols,
+            y32[i]
+        );
+    }
+    // Against the f64 reference, under the kernel's scales.
+    let scale_of = |i: usize| -> f64 {
+        let (rr, c) = (i / cols, i % cols);
+        match scaling {
+            Fp8Scaling::Static => static_scale as f64,
+            Fp8Scaling::PerToken { .. } => out.scales[rr] as f64,
+            Fp8Scaling::PerGroup { group, .. } => {
+                out.scales[rr * (cols / group) + c / group] as f64
+            }
+        }
+    };
+    for (i, &g) in out.q.iter().enumerate() {
+        if y64[i].is_nan() {
+            assert!(g & 0x7f == 0x7f, "{what}: element {i}: NaN became {g:#04x}");
+            continue;
+        }
+        let want = e4m3_bits(y64[i] / scale_of(i));
+        let steps = ordinal(DType::F8E4M3, e4m3_value(g))
+            .abs_diff(ordinal(DType::F8E4M3, e4m3_value(want)));
+        assert!(
+            steps <= 1,
+            "{what}: element {i}: {} vs the f64 reference's {} ({steps} E4M3 steps)",
+            e4m3_value(g),
+            e4m3_value(want)
+        );
+    }
+    if rows > 1 {
+        assert!(
+            out.q[..cols].iter().all(|&v| v & 0x7f == 0),
+            "{what}: zero row"
+        );
+        if scaling != Fp8Scaling::Static {
+            let per_row = out.scales.len() / rows;
+            assert!(
+                out.scales[..per_row]
+                    .iter()
+                    .all(|&v| v == DEFAULT_MIN_SCALE),
+                "{what}: zero row's scales"
+            );
+        }
+    }
+    if rows > 2 {
+        let last = &out.q[(rows - 1) * cols..];
+        assert!(last.iter().all(|&v| v & 0x7f == 0x7f), "{what}: NaN row");
+    }
+    if scaling == Fp8Scaling::Static && cols >= 64 {
+        assert!(
+            out.q.iter().any(|&v| v & 0x7f == 0x7e),
+            "{what}: some values saturate to 448"
+        );
+    }
+}
+
+fn run(test: &'static str, off: usize) {
+    let Some((k, s)) = gpu(test) else { return };
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        for (si, shape) in shapes().into_iter().enumerate() {
+            for (ci, scaling) in schemes(shape.1).into_iter().enumerate() {
+                let place = PLACES[(si + ci) % PLACES.len()];
+                let body = std::panic::AssertUnwindSafe(|| {
+                    typed!(
+                        dtype,
+                        case::<T>(&k, &s, &mut rng, place, off, scaling, shape, si + ci)
+                    )
+                });
+                if let Err(p) = std::panic::catch_unwind(body) {
+                    eprintln!("{test}: failed with seed {seed:#x}");
+                    std::panic::resume_unwind(p);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_fp8_vector_path() {
+    run("norm_fp8_vector_path", 0);
+}
+
+#[test]
+fn norm_fp8_scalar_path() {
+    run("norm_fp8_scalar_path", 1);
+}
+
+/// A row's bytes, scales, `h` and `rstd` are the same alone, at an offset (the scalar path)
+/// and at any position of a batch.
+fn invariance<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng, cols: usize) {
+    let rows = if quick() { 40 } else { 700 };
+    let (x, _) = random::<T>(rng, rows * cols, 2.0);
+    let (r, _) = random::<T>(rng, rows * cols, 2.0);
+    let (w, _) = random::<T>(rng, cols, 1.5);
+    let opts = RmsNormOptions::new(1e-6);
+    for scaling in [
+        Fp8Scaling::per_token(),
+        Fp8Scaling::per_group(128, ScaleLayout::RowMajor),
+        Fp8Scaling::Static,
+    ] {
+        let batch = call(
+            k,
+            s,
+            Place::Add,
+            scaling,
+            0.02,
+            (&x, &r, &w, None),
+            (rows, cols),
+            0,
+            &opts,
+        );
+        let per = batch.scales.len() / rows;
+        for rr in [0, 1, rows / 2, rows - 1] {
+            let xs = &x[rr * cols..(rr + 1) * cols];
+            let rs = &r[rr * cols..(rr + 1) * cols];
+            for off in [0, 1] {
+                let alone = call(
+                    k,
+                    s,
+                    Place::Add,
+                    scaling,
+                    0.02,
+                    (xs, rs, &w, None),
+                    (1, cols),
+                    off,
+                    &opts,
+                );
+                let what = format!(
+                    "{} {scaling:?} H {cols} row {rr} off {off}",
+                    T::DTYPE.name()
+                );
+                assert_eq!(
+                    alone.q,
+                    batch.q[rr * cols..(rr + 1) * cols],
+                    "{what}: bytes"
+                );
+                if scaling != Fp8Scaling::Static {
+                    let (a, b) = (&alone.scales[..], &batch.scales[rr * per..(rr + 1) * per]);
+                    assert!(
+                        a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: scales"
+                    );
+                }
+                assert_eq!(
+                    alone.rstd[0].to_bits(),
+                    batch.rstd[rr].to_bits(),
+                    "{what}: rstd"
+                );
+                let same_h = alone
+                    .h
+                    .iter()
+                    .zip(&batch.h[rr * cols..(rr + 1) * cols])
+                    .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits());
+                assert!(same_h, "{what}: h");
+            }
+        }
+    }
+}
+
+#[test]
+fn norm_fp8_batch_invariance() {
+    let Some((k, s)) = gpu("norm_fp8_batch_invariance") else {
+        return;
+    };
+    let sizes: &[usize] = if quick() {
+        &[1024]
+    } else {
+        &[256, 4096, 8192, 16384]
+    };
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        for &cols in sizes {
+            let body = std::panic::AssertUnwindSafe(|| {
+                typed!(dtype, invariance::<T>(&k, &s, &mut rng, cols))
+            });
+            if let Err(p) = std::panic::catch_unwind(body) {
+                eprintln!("norm_fp8_batch_invariance: failed with seed {seed:#x}");
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// The FP8 bytes are the quantisation of the same f32 `y` the bf16 forward rounds: its `y`
+/// (bf16) and the per-token FP8 `y` dequantised agree within the two roundings.
+#[test]
+fn norm_fp8_matches_storage_forward_rstd() {
+    let Some((k, s)) = gpu("norm_fp8_matches_storage_forward_rstd") else {
+        return;
+    };
+    let (rows, cols) = (8, 4096);
+    let (mut rng, _) = rng();
+    let (x, _) = random::<bf16>(&mut rng, rows * cols, 2.0);
+    let (r, _) = random::<bf16>(&mut rng, rows * cols, 2.0);
+    let (w, _) = random::<bf16>(&mut rng, cols, 1.5);
+    let opts = RmsNormOptions::new(1e-6);
+    let fp8 = call(
+        &k,
+        &s,
+        Place::Add,
+        Fp8Scaling::per_token(),
+        1.0,
+        (&x, &r, &w, None),
+        (rows, cols),
+        0,
+        &opts,
+    );
+    let (dx, dr, dw) = (upload(&s, &x), upload(&s, &r), upload(&s, &w));
+    let mut dy = s.alloc_zeros::<bf16>(rows * cols).expect("alloc");
+    let mut dh = s.alloc_zeros::<bf16>(rows * cols).expect("alloc");
+    let mut drstd = s.alloc_zeros::<f32>(rows).expect("alloc");
+    k.rmsnorm(
+        &s,
+        ferrofuse::Placement::Add {
+            x: &Mat::new(dx.as_view(), rows, cols),
+            residual: &Mat::new(dr.as_view(), rows, cols),
+            y: &mut MatMut::new(dy.as_view_mut(), rows, cols),
+            h: &mut MatMut::new(dh.as_view_mut(), rows, cols),
+        },
+        &Mat::new(dw.as_view(), 1, cols),
+        Some(&mut MatMut::new(drstd.as_view_mut(), rows, 1)),
+        &opts,
+    )
+    .expect("bf16 forward");
+    let rstd = download(&s, &drstd);
+    for (rr, (a, b)) in rstd.iter().zip(&fp8.rstd).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "row {rr}: rstd");
+    }
+    assert_eq!(download(&s, &dh), fp8.h, "h");
+}

@@ -1,0 +1,429 @@
+//! CPU tests of the add + RMSNorm FP8 forward's host side: every validation error (dtypes,
+//! shapes, sizes, alignment, aliasing, scale shapes and dtypes, scaling arguments, row
+//! length), the kernel, geometry and scale addressing each scheme plans, the kernel table,
+//! and the reference `y` the GPU tests compare against. No GPU needed.
+
+mod common;
+
+use common::assert_matches;
+
+use ferrofuse::fp8::DEFAULT_MIN_SCALE;
+use ferrofuse::half::bf16;
+use ferrofuse::norm::{
+    NormNumerics, RMSNORM_FP8_MAX_HIDDEN, RmsNormFp8Descs, plan_rmsnorm_forward_fp8,
+};
+use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
+use ferrofuse::{
+    DType, Error, Fp8Scaling, KernelId, MatDesc, NormPath, RmsNormOptions, ScaleLayout, VecMode,
+};
+use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
+use ferrofuse_common::{NormFwdVariant, RMSNORM_SMEM_BYTES, rmsnorm_fwd_geometry};
+
+const BASE: u64 = 0x7f00_0000_0000;
+/// Far enough apart for any test shape.
+const GAP: u64 = 1 << 32;
+
+fn mat(addr: u64, dtype: DType, rows: usize, cols: usize) -> MatDesc {
+    MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)
+}
+
+/// Add with `h` separate: x, residual, h of `dtype`, a weight, an rstd, y FP8, and the
+/// scales `srows x scols`; all disjoint.
+fn descs(dtype: DType, rows: usize, cols: usize, (sr, sc): (usize, usize)) -> RmsNormFp8Descs {
+    RmsNormFp8Descs {
+        x: mat(BASE, dtype, rows, cols),
+        residual: Some(mat(BASE + GAP, dtype, rows, cols)),
+        weight: mat(BASE + 2 * GAP, dtype, 1, cols),
+        h: Some(mat(BASE + 3 * GAP, dtype, rows, cols)),
+        rstd: Some(mat(BASE + 4 * GAP, DType::F32, rows, 1)),
+        y: mat(BASE + 5 * GAP, DType::F8E4M3, rows, cols),
+        scales: mat(BASE + 6 * GAP, DType::F32, sr, sc),
+    }
+}
+
+fn opts() -> RmsNormOptions {
+    RmsNormOptions::new(1e-6)
+}
+
+#[test]
+fn plans_the_norm_geometry_for_each_scheme() {
+    let (rows, cols) = (16, 4096);
+    let t = descs(DType::BF16, rows, cols, (1, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
+    let (variant, g) = rmsnorm_fwd_geometry(DType::BF16, cols as u64);
+    assert_eq!(
+        l.kernel,
+        KernelId::RmsNormFp8(DType::BF16, VecMode::V16, variant)
+    );
+    assert_eq!(l.block, g.block_threads());
+    assert_eq!(l.grid, rows as u32);
+    assert_eq!(l.shared_mem_bytes, RMSNORM_SMEM_BYTES);
+    assert_eq!(l.params.scheme, FP8_STATIC);
+    assert_eq!(l.params.norm.y, t.y.addr);
+    assert_eq!(l.params.norm.threads_per_row, g.threads_per_row);
+
+    let t = descs(DType::BF16, rows, cols, (rows, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
+    assert_eq!(l.params.scheme, FP8_PER_TOKEN);
+    assert_eq!(l.params.scale_ub, f32::INFINITY);
+    assert_eq!(l.params.min_scale, DEFAULT_MIN_SCALE);
+    let ub = Fp8Scaling::PerToken {
+        min_scale: 1e-3,
+        scale_ub: Some(5.0),
+    };
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), ub).unwrap();
+    assert_eq!((l.params.min_scale, l.params.scale_ub), (1e-3, 5.0));
+
+    // Groups of 128 bf16 columns are 16 chunks (lanes); of 64 f32 columns 16 too.
+    let t = descs(DType::BF16, rows, cols, (rows, cols / 128));
+    let s = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), s).unwrap();
+    assert_eq!(l.params.scheme, FP8_PER_GROUP);
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
+    assert_eq!(
+        (l.params.scale_row, l.params.scale_group),
+        (cols as u64 / 128, 1)
+    );
+    let mut t = descs(DType::F32, rows, cols, (cols / 64, rows));
+    // Column-major scales with a padded row stride.
+    t.scales = MatDesc {
+        row_stride: 20,
+        len: (cols / 64 - 1) * 20 + rows,
+        ..t.scales
+    };
+    let s = Fp8Scaling::per_group(64, ScaleLayout::ColMajor);
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), s).unwrap();
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
+    assert_eq!((l.params.scale_row, l.params.scale_group), (1, 20));
+}
+
+#[test]
+fn paths_variants_and_flags() {
+    // A row of 16384 takes the 32-per-thread geometry; an odd one the scalar path.
+    let t = descs(DType::BF16, 2, 16384, (1, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::E32)
+    );
+    let t = descs(DType::F16, 3, 4097, (3, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::RmsNormFp8(DType::F16, VecMode::Scalar, NormFwdVariant::E16)
+    );
+    // The FP8 output off the 16-byte grid: the scalar path.
+    let mut t = descs(DType::BF16, 4, 1024, (1, 1));
+    t.y.addr += 8;
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::RmsNormFp8(DType::BF16, VecMode::Scalar, NormFwdVariant::E16)
+    );
+    // Plain norm: no residual, no h; Gemma and HF flags as the storage forward's.
+    let mut t = descs(DType::BF16, 4, 1024, (1, 1));
+    t.residual = None;
+    t.h = None;
+    t.rstd = None;
+    let o = opts().with_gemma(true).with_numerics(NormNumerics::HfLlama);
+    let l = plan_rmsnorm_forward_fp8(&t, &o, Fp8Scaling::Static).unwrap();
+    assert_eq!(
+        (l.params.norm.residual, l.params.norm.h, l.params.norm.rstd),
+        (0, 0, 0)
+    );
+    assert_eq!(l.params.norm.flags, 1 | 2);
+    // No rows: nothing launched.
+    let t = descs(DType::BF16, 0, 1024, (0, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
+    assert_eq!(l.grid, 0);
+}
+
+#[test]
+fn every_fp8_norm_kernel_is_in_the_table() {
+    for d in DType::ALL {
+        for m in [VecMode::V16, VecMode::Scalar] {
+            for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
+                let k = KernelId::RmsNormFp8(d, m, v);
+                assert!(k.exists(), "{k:?}");
+                assert!(k.syncs_grid_dependency());
+                let blocks = if (m, v) == (VecMode::V16, NormFwdVariant::E16) {
+                    2
+                } else {
+                    1
+                };
+                assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                assert!(k.rmsnorm_forward_form().is_none());
+            }
+        }
+    }
+    assert!(!KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::Loop).exists());
+    let _ = NormPath::V16;
+}
+
+#[test]
+fn rejects_bad_operands() {
+    let (rows, cols) = (8, 1024);
+    let base = descs(DType::BF16, rows, cols, (rows, 1));
+    let plan = |t: &RmsNormFp8Descs, s: Fp8Scaling| plan_rmsnorm_forward_fp8(t, &opts(), s);
+    let tok = Fp8Scaling::per_token();
+
+    // y must be FP8, the scales f32 of the right shape.
+    let mut t = base;
+    t.y.dtype = DType::BF16;
+    assert_matches!(plan(&t, tok), Err(Error::DTypeMismatch { tensor: "y", .. }));
+    let mut t = base;
+    t.scales.dtype = DType::BF16;
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::DTypeMismatch {
+            tensor: "scales",
+            ..
+        })
+    );
+    let t = descs(DType::BF16, rows, cols, (rows, 2));
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::ShapeMismatch {
+            tensor: "scales",
+            ..
+        })
+    );
+    assert_matches!(
+        plan(&base, Fp8Scaling::Static),
+        Err(Error::ShapeMismatch {
+            tensor: "scales",
+            ..
+        })
+    );
+    // Groups: 64 or 128, dividing the row.
+    let t = descs(DType::BF16, rows, 1000, (rows, 7));
+    assert_matches!(
+        plan(&t, Fp8Scaling::per_group(128, ScaleLayout::RowMajor)),
+        Err(Error::GroupMismatch { .. })
+    );
+    assert_matches!(
+        plan(&base, Fp8Scaling::per_group(32, ScaleLayout::RowMajor)),
+        Err(Error::InvalidArgument { .. })
+    );
+    // Scaling arguments.
+    for bad in [
+        Fp8Scaling::PerToken {
+            min_scale: 0.0,
+            scale_ub: None,
+        },
+        Fp8Scaling::PerToken {
+            min_scale: 1e-3,
+            scale_ub: Some(f32::NAN),
+        },
+    ] {
+        assert_matches!(plan(&base, bad), Err(Error::InvalidArgument { .. }));
+    }
+    // FP8 inputs are rejected; mismatched shapes and dtypes.
+    let mut t = base;
+    t.x.dtype = DType::F8E4M3;
+    assert_matches!(plan(&t, tok), Err(Error::UnsupportedDType { .. }));
+    let mut t = base;
+    t.residual = Some(mat(BASE + GAP, DType::F16, rows, cols));
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::DTypeMismatch {
+            tensor: "residual",
+            ..
+        })
+    );
+    let mut t = base;
+    t.y = mat(BASE + 5 * GAP, DType::F8E4M3, rows, cols - 8);
+    assert_matches!(plan(&t, tok), Err(Error::ShapeMismatch { tensor: "y", .. }));
+    let mut t = base;
+    t.h = None;
+    assert_matches!(plan(&t, tok), Err(Error::InvalidArgument { what: "h", .. }));
+    let mut t = base;
+    t.rstd = Some(mat(BASE + 4 * GAP, DType::F32, rows, 2));
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::ShapeMismatch { tensor: "rstd", .. })
+    );
+    // Buffers too small, misaligned.
+    let mut t = base;
+    t.y.len -= 1;
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::BufferTooSmall { tensor: "y", .. })
+    );
+    let mut t = base;
+    t.scales.len = 0;
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::BufferTooSmall {
+            tensor: "scales",
+            ..
+        })
+    );
+    let mut t = base;
+    t.scales.addr += 2;
+    assert_matches!(
+        plan(&t, tok),
+        Err(Error::Misaligned {
+            tensor: "scales",
+            ..
+        })
+    );
+    // eps.
+    assert_matches!(
+        plan_rmsnorm_forward_fp8(&base, &RmsNormOptions::new(0.0), tok),
+        Err(Error::InvalidArgument { what: "eps", .. })
+    );
+    // Rows longer than the register path.
+    let t = descs(DType::BF16, 2, RMSNORM_FP8_MAX_HIDDEN + 128, (2, 1));
+    assert_matches!(plan(&t, tok), Err(Error::TooLarge { .. }));
+}
+
+#[test]
+fn rejects_aliasing() {
+    let (rows, cols) = (8, 1024);
+    let base = descs(DType::BF16, rows, cols, (rows, 1));
+    let plan = |t: &RmsNormFp8Descs| plan_rmsnorm_forward_fp8(t, &opts(), Fp8Scaling::per_token());
+    // h may be exactly x or exactly residual.
+    let mut t = base;
+    t.h = Some(t.x);
+    plan(&t).unwrap();
+    let mut t = base;
+    t.h = t.residual;
+    plan(&t).unwrap();
+    // y over an input or over h; scales over y, x, rstd; rstd over x; h over the weight.
+    let y_at = |addr: u64| MatDesc { addr, ..base.y };
+    for (t, output) in [
+        (
+            RmsNormFp8Descs {
+                y: y_at(base.x.addr),
+                ..base
+            },
+            "y",
+        ),
+        (
+            RmsNormFp8Descs {
+                y: y_at(base.h.unwrap().addr + 64),
+                ..base
+            },
+            "y",
+        ),
+        (
+            RmsNormFp8Descs {
+                scales: MatDesc {
+                    addr: base.y.addr,
+                    ..base.scales
+                },
+                ..base
+            },
+            "y",
+        ),
+        (
+            RmsNormFp8Descs {
+                scales: MatDesc {
+                    addr: base.rstd.unwrap().addr,
+                    ..base.scales
+                },
+                ..base
+            },
+            "scales",
+        ),
+        (
+            RmsNormFp8Descs {
+                rstd: Some(MatDesc {
+                    addr: base.x.addr,
+                    ..base.rstd.unwrap()
+                }),
+                ..base
+            },
+            "rstd",
+        ),
+        (
+            RmsNormFp8Descs {
+                h: Some(MatDesc {
+                    addr: base.weight.addr,
+                    ..base.h.unwrap()
+                }),
+                ..base
+            },
+            "h",
+        ),
+        (
+            RmsNormFp8Descs {
+                h: Some(MatDesc {
+                    addr: base.x.addr + 2,
+                    ..base.h.unwrap()
+                }),
+                ..base
+            },
+            "h",
+        ),
+    ] {
+        match plan(&t) {
+            Err(Error::Aliasing { output: o, .. }) => assert_eq!(o, output, "{t:?}"),
+            other => panic!("{output}: expected an aliasing error, got {other:?}"),
+        }
+    }
+}
+
+/// The reference `y` the GPU tests quantise: f32 arithmetic, within a few f32 ulps of the f64
+/// reference's `y` when given the f64 `rstd` rounded to f32, in both numerics modes.
+#[test]
+fn reference_y_f32_follows_the_f64_reference() {
+    let cols = 300;
+    let x: Vec<bf16> = (0..cols)
+        .map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 13.0))
+        .collect();
+    let r: Vec<bf16> = (0..cols)
+        .map(|i| bf16::from_f32(((i * 53 % 97) as f32 - 48.0) / 17.0))
+        .collect();
+    let w: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 7) as f32 / 7.0).collect();
+    let wf: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+    for hf in [false, true] {
+        for gemma in [false, true] {
+            let o = RmsNormRef {
+                eps: 1e-6,
+                gemma,
+                hf,
+                normalize_stored_h: false,
+            };
+            let row = rmsnorm_forward_row(&x, Some(&r), &wf, &o);
+            let y = rmsnorm_y_f32(&x, Some(&r), &w, row.rstd as f32, &o);
+            for (c, (&g, &want)) in y.iter().zip(&row.y).enumerate() {
+                let tol = 4.0 * f32::EPSILON as f64 * want.abs().max(1e-3);
+                // HF rounds n to bf16: a different f32 rstd may move n across a bf16 boundary.
+                let tol = if hf { want.abs() / 128.0 + tol } else { tol };
+                assert!(
+                    (g as f64 - want).abs() <= tol,
+                    "hf {hf} gemma {gemma} col {c}: {g} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+/// The bf16 rounding the references use is correct: values just above a halfway point (the
+/// excess in the low bits of an f32) round up, exact halves to even, like `cvt.rn.bf16.f32`.
+#[test]
+fn bf16_from_f64_rounds_correctly() {
+    use ferrofuse::Element;
+    for (bits, want) in [
+        (0x3f80_8001u32, 0x3f81u16), // 1 + 2^-8 + 2^-23: above the half, up
+        (0x3f80_8000, 0x3f80),       // exactly half, to even (down)
+        (0x3f81_8000, 0x3f82),       // exactly half, to even (up)
+        (0xbf80_8001, 0xbf81),       // negative, above the half
+        (0x3f80_7fff, 0x3f80),       // below the half
+    ] {
+        let v = f32::from_bits(bits);
+        assert_eq!(
+            <bf16 as Element>::from_f64(v as f64).to_bits(),
+            want,
+            "{v:e}"
+        );
+        assert_eq!(bf16::from_f32(v).to_bits(), want, "{v:e}");
+    }
+    // An f64 just above a half that f32 would round onto the half.
+    let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+    assert_eq!(<bf16 as Element>::from_f64(v).to_bits(), 0x3f81);
+    assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
+    assert_eq!(<bf16 as Element>::from_f64(f64::INFINITY), bf16::INFINITY);
+}

@@ -1,0 +1,286 @@
+//! Add + RMSNorm forward with an FP8 E4M3 output: `y_q = e4m3(y / scale)`, `h` stored in the
+//! storage dtype (it is the residual stream), the scale static (read), per token (one per
+//! row) or per group (one per 64 or 128 consecutive columns).
+//!
+//! # Parameters
+//! [`RmsNormFp8Params`]: the norm forward's parameters, whose `y` is the FP8 output (row
+//! stride in bytes), and the scales' address, addressing and scheme.
+//!
+//! # Thread mapping and numerics
+//! The register-resident forward's ([`super::fwd_regs`]): the same geometry, the same loads,
+//! the same sum of squares in the same order, the same `rstd` and `y = (h * rstd) * w` in f32,
+//! so `y` is bitwise the value the storage-dtype forward rounds, and batch invariance carries
+//! over. Then, from the `y` the thread holds:
+//! - **static**: `y / scale` with the caller's scale (loaded once per thread, right after the
+//!   grid dependency wait);
+//! - **per token**: the row's `max |y|`, a second fixed-order reduction of the row (each
+//!   thread's chunks, then the warp butterfly, then one f32 per warp through shared memory,
+//!   the sum's second buffer), then the scale;
+//! - **per group**: a group of `g` columns is `g / L` consecutive chunks (8-32), which for a
+//!   thread's `j`-th chunk are held by `g / L` consecutive lanes of one warp (chunk `c = j *
+//!   T + t`, `T` a multiple of 32): a butterfly over those lanes gives every lane its group's
+//!   maximum; the group's first lane stores the scale.
+//!
+//! The scale is `max(min(amax, ub) / 448, min_scale)` and `y / scale` correctly rounded
+//! (`ferrofuse_common::fp8`); `max` ignores NaN, so a NaN element keeps its row's (group's)
+//! scale finite and stays NaN in `y_q`. The conversion saturates to +-448, round to nearest
+//! even (`cvt.rn.satfinite.e4m3x2.f32` on sm_89+, the bit-identical software form on sm_80).
+//! A chunk's `L` bytes are one store on the vector path (8 bytes for 16-bit dtypes, 4 for
+//! f32), one byte per element on the scalar path.
+//!
+//! Rows of more than 16384 elements (the looped norm) are not planned: the host rejects them.
+//!
+//! # Aliasing
+//! As the norm forward: `h` may be `x` or `residual` (each chunk loaded before it is stored,
+//! by the same thread); `y` and the scales overlap nothing.
+
+use core::intrinsics::fmaf32;
+use core::num::NonZeroU64;
+
+use ferrofuse_common::NormPath as Path;
+use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC, dynamic_scale, reciprocal};
+use ferrofuse_common::{RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormFp8Params};
+
+use super::{
+    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_w, normalize, prefetch_first, rstd_of,
+    store_chunk,
+};
+use crate::gated_fp8::{load_f32, quantize, row_max, run_max, store_f32_if, store_q};
+use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync};
+use crate::reduce::row_sum;
+
+/// Stores the FP8 bytes `q` (packed little-endian, as `quantize` returns them) of chunk `c` of
+/// row `row` of the FP8 matrix at `base` (row stride `stride` bytes) when `ok`: one access
+/// of `L` bytes on the vector path, byte by byte for columns `< hidden` on the scalar path.
+///
+/// # Safety
+/// When `ok`, the chunk's columns below `hidden` are inside the matrix; on the vector path
+/// the chunk's address is aligned to `L` bytes (host-checked).
+#[inline(always)]
+unsafe fn store_chunk_q<E: Elem, const M: Path>(
+    base: u64,
+    stride: u64,
+    row: u64,
+    c: u64,
+    hidden: u64,
+    ok: bool,
+    q: [u32; 2],
+) {
+    let lanes = E::LANES as u64;
+    let at = base + row * stride + c * lanes;
+    if M == Path::V16 {
+        // SAFETY: the caller's contract.
+        unsafe { store_q(lanes, at, q, ok) };
+    } else {
+        unroll!(l < E::LANES => {
+            let byte = (q[l / 4] >> (8 * (l % 4))) & 0xff;
+            let inside = ok && c * lanes + (l as u64) < hidden;
+            // SAFETY: the caller's contract, column c * L + l < hidden.
+            unsafe { store_q(1, at + l as u64, [byte, 0], inside) };
+        });
+    }
+}
+
+/// `max |v[l]|` over the `L` lanes of a chunk.
+#[inline(always)]
+fn chunk_amax<E: Elem>(v: &[f32; 8]) -> f32 {
+    let mut m = 0.0f32;
+    unroll!(l < E::LANES => { m = m.max(v[l].abs()); });
+    m
+}
+
+/// The forward with FP8 output, `EPT` elements per thread, scheme `S`; see the module docs.
+///
+/// # Safety
+/// The host's plan: params checked (extents, alignment for `M`, aliasing, the scale tensor),
+/// launched with the geometry the params name and `RMSNORM_SMEM_BYTES` of shared memory.
+#[inline(always)]
+unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const ONE_ROW: bool>(
+    p: &RmsNormFp8Params,
+) {
+    let n = &p.norm;
+    let k = EPT / E::LANES;
+    let Some(tpr) = NonZeroU64::new(n.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<ONE_ROW>(tpr);
+    let row = grid::block_x() * n.rows_per_block as u64 + me.r_local;
+    let live = row < n.rows;
+    let hidden = n.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    // As in `fwd_regs`: at most 16384 / 4 chunks, so 32-bit chunk indices.
+    let (t32, tpr32, nchunks32) = (me.t as u32, me.tpr as u32, nchunks as u32);
+    let chunk = |j: usize| {
+        let c = j as u32 * tpr32 + t32;
+        (c as u64, c < nchunks32)
+    };
+    let has_res = n.residual != 0;
+    let hf = n.flags & RMSNORM_HF != 0;
+    let gemma = n.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = n.flags & RMSNORM_W_F32 != 0;
+    prefetch_first(n.x);
+    let x_row = Row::hoisted::<E>(n.x, n.x_stride, row);
+    let res_row = Row::hoisted::<E>(n.residual, n.residual_stride, row);
+    let h_row = Row::hoisted::<E>(n.h, n.h_stride, row);
+    grid_dependency_sync();
+    // The static scale, read once (it may be written by the previous kernel: after the wait).
+    let fixed = if S == FP8_STATIC {
+        // SAFETY: the host checked that `scale` is one readable, aligned f32.
+        unsafe { load_f32(p.scale) }
+    } else {
+        1.0
+    };
+
+    let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+    {
+        let mut x = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut r = [[0.0f32; 8]; MAX_CHUNKS];
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            let ok = live && inside;
+            // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
+            unsafe {
+                x[j] = load_chunk::<E, M>(x_row, c, hidden, ok);
+                r[j] = load_chunk::<E, M>(res_row, c, hidden, ok && has_res);
+            }
+            if M == Path::Scalar {
+                // As in `fwd_regs`: combined at once on the scalar path (registers).
+                h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
+            }
+        });
+        if M != Path::Scalar {
+            unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
+        }
+    }
+    // On the vector path with a storage-dtype weight, 16 per thread: every chunk's weight
+    // loaded with the inputs, so its latency hides behind the reduction (one memory round
+    // trip less on the row's path; the w-first form of the storage-dtype forward). Otherwise
+    // each chunk's just before its use (registers).
+    let w_early = M == Path::V16 && !w_f32 && EPT == 16;
+    let mut w_all = [[0.0f32; 8]; MAX_CHUNKS];
+    if w_early {
+        // SAFETY: the host checked the weight.
+        w_all =
+            unsafe { load_w::<E, M>(n.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, live) };
+    }
+    unroll!(j < k => {
+        let (c, inside) = chunk(j);
+        // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
+        unsafe { store_chunk::<E, M>(h_row, c, hidden, live && has_res && inside, &h[j]) };
+    });
+    let mut acc = 0.0f32;
+    unroll!(j < k => {
+        unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+    });
+    // SAFETY: every thread of the block gets here; buffer 0's slots are the block's warps.
+    let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
+    let rstd = rstd_of(sum_sq, hidden, n.eps);
+    if me.t == 0 && n.rstd != 0 && live {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(n.rstd + row * n.rstd_stride * 4, rstd) };
+    }
+    // y over h.
+    unroll!(j < k => {
+        let (c, _) = chunk(j);
+        let w = if w_early {
+            w_all[j]
+        } else {
+            // SAFETY: the host checked the weight.
+            let one =
+                unsafe { load_w::<E, M>(n.w, c, me.tpr, 1, nchunks, hidden, w_f32, gemma, true) };
+            one[0]
+        };
+        h[j] = normalize::<E>(&h[j], rstd, &w, hf);
+    });
+    let y = &h;
+    let (q_base, q_stride) = (n.y, n.y_stride);
+    if S == FP8_PER_GROUP {
+        let first = me.lane & (p.group_lanes - 1) == 0;
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            let ok = live && inside;
+            // The whole warp runs the butterfly (chunks past the row hold zeros).
+            let amax = run_max(chunk_amax::<E>(&y[j]), p.group_lanes);
+            let s = dynamic_scale(amax, p.min_scale, f32::INFINITY);
+            let at = p.scale + (row * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
+            // SAFETY: the group's first lane stores its scale, inside the scale matrix (the
+            // host checked its shape and strides) for a chunk of a live row.
+            unsafe { store_f32_if(at, s, first && ok) };
+            let q = quantize(E::LANES as u64, &y[j], s, reciprocal(s));
+            // SAFETY: inside the FP8 output when ok (host-checked).
+            unsafe { store_chunk_q::<E, M>(q_base, q_stride, row, c, hidden, ok, q) };
+        });
+        return;
+    }
+    let scale = if S == FP8_PER_TOKEN {
+        let mut amax = 0.0f32;
+        unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&y[j])); });
+        // SAFETY: every thread of the block gets here (rows past the end too); buffer 1's slots
+        // are the block's warps, inside `RMSNORM_SMEM_BYTES`.
+        let amax = unsafe { row_max(amax, me.lane, me.warp, me.warps, me.slot(1)) };
+        let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
+        // SAFETY: the row's scale, inside the scale vector for a live row.
+        unsafe { store_f32_if(p.scale + row * p.scale_row * 4, s, live && me.t == 0) };
+        s
+    } else {
+        fixed
+    };
+    let inv = reciprocal(scale);
+    unroll!(j < k => {
+        let (c, inside) = chunk(j);
+        let q = quantize(E::LANES as u64, &y[j], scale, inv);
+        // SAFETY: inside the FP8 output when live and inside (host-checked).
+        unsafe { store_chunk_q::<E, M>(q_base, q_stride, row, c, hidden, live && inside, q) };
+    });
+}
+
+/// [`fwd_fp8`] with the scheme and the block shape as constants, picked once per launch.
+///
+/// # Safety
+/// As for [`fwd_fp8`].
+#[inline(always)]
+unsafe fn dispatch<E: Elem, const M: Path, const EPT: usize>(p: &RmsNormFp8Params) {
+    // SAFETY (every arm): the caller's contract.
+    unsafe {
+        match (p.scheme, p.norm.rows_per_block == 1) {
+            (FP8_PER_TOKEN, true) => fwd_fp8::<E, M, EPT, FP8_PER_TOKEN, true>(p),
+            (FP8_PER_TOKEN, false) => fwd_fp8::<E, M, EPT, FP8_PER_TOKEN, false>(p),
+            (FP8_PER_GROUP, true) => fwd_fp8::<E, M, EPT, FP8_PER_GROUP, true>(p),
+            (FP8_PER_GROUP, false) => fwd_fp8::<E, M, EPT, FP8_PER_GROUP, false>(p),
+            (_, true) => fwd_fp8::<E, M, EPT, FP8_STATIC, true>(p),
+            (_, false) => fwd_fp8::<E, M, EPT, FP8_STATIC, false>(p),
+        }
+    }
+}
+
+macro_rules! fp8_entries {
+    ($($e:ty, $m:ident => $e16:ident, $e32:ident;)*) => {$(
+        /// Add + RMSNorm forward with FP8 output, 16 elements per thread; see the module docs.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $e16(p: RmsNormFp8Params) {
+            unsafe { dispatch::<$e, { Path::$m }, 16>(&p) }
+        }
+
+        /// Add + RMSNorm forward with FP8 output, 32 elements per thread; see the module docs.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $e32(p: RmsNormFp8Params) {
+            unsafe { dispatch::<$e, { Path::$m }, 32>(&p) }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
+fp8_entries! {
+    F32, V16 => rmsnorm_fp8_f32_v16_e16, rmsnorm_fp8_f32_v16_e32;
+    F32, Scalar => rmsnorm_fp8_f32_scalar_e16, rmsnorm_fp8_f32_scalar_e32;
+    F16, V16 => rmsnorm_fp8_f16_v16_e16, rmsnorm_fp8_f16_v16_e32;
+    F16, Scalar => rmsnorm_fp8_f16_scalar_e16, rmsnorm_fp8_f16_scalar_e32;
+    Bf16, V16 => rmsnorm_fp8_bf16_v16_e16, rmsnorm_fp8_bf16_v16_e32;
+    Bf16, Scalar => rmsnorm_fp8_bf16_scalar_e16, rmsnorm_fp8_bf16_scalar_e32;
+}
