@@ -13,7 +13,10 @@
 //!   `(1 + w)` and the numerics mode ([`NormNumerics`]);
 //! - in place, where candle allows it (`inplace_op`): [`gated_inplace`] (`b` receives the
 //!   result), [`gated_interleaved_inplace`] (the up half does), [`rms_norm_inplace`], and
-//!   [`add_rms_norm_inplace`], vLLM's convention (`x` receives `y`, `residual` receives `h`).
+//!   [`add_rms_norm_inplace`], vLLM's convention (`x` receives `y`, `residual` receives `h`);
+//! - FP8 E4M3 outputs (`DType::F8E4M3`) with their scales, for an FP8 matmul next:
+//!   [`gated_fp8`], [`gated_interleaved_fp8`], [`rms_norm_fp8`], [`add_rms_norm_fp8`], with
+//!   static, per-token or per-group scales ([`Fp8Scaling`]).
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
@@ -52,7 +55,7 @@ mod ops;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{D, DType as CDType, Result, Tensor};
-pub use ferrofuse::{Activation, NormNumerics, RmsNormOptions};
+pub use ferrofuse::{Activation, Fp8Scaling, NormNumerics, RmsNormOptions, ScaleLayout};
 
 use ops::readable;
 
@@ -208,6 +211,78 @@ pub fn gated_interleaved_inplace(gate_up: &Tensor, act: Activation) -> Result<Te
     gate_up.narrow(D::Minus1, half, half)
 }
 
+/// `y = act(a) * b` written as FP8 E4M3 (`DType::F8E4M3`, PyTorch's `float8_e4m3fn`) with its
+/// scales, for the FP8 matmul that follows: returns `(y_q, scales)` with `y ≈ y_q * scale`
+/// (`y / scale` rounded to nearest even, saturated to +-448, NaN kept). `scaling` picks the
+/// scales (see [`Fp8Scaling`] and the ferrofuse README for the GEMM layouts each feeds):
+///
+/// - `Fp8Scaling::Static`: `scale` is the caller's one-element f32 tensor, read on the device
+///   (so it may change between graph replays) and returned as given;
+/// - `Fp8Scaling::PerToken`: `[.., 1]` f32, one per row of `y`, computed in the kernel;
+/// - `Fp8Scaling::PerGroup` with `ScaleLayout::RowMajor`: `[.., I / group]` f32;
+/// - `Fp8Scaling::PerGroup` with `ScaleLayout::ColMajor`: `[I / group, rows]` f32 (rows: the
+///   product of the leading dimensions), a view whose row stride is `rows` rounded up to 4, as
+///   Hopper block-scaled GEMMs read activation scales.
+///
+/// Not tracked for backward (a quantisation has none). Inputs as for [`gated`].
+pub fn gated_fp8(
+    a: &Tensor,
+    b: &Tensor,
+    act: Activation,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let op = "gated_fp8";
+    check_device(op, "a", a, a)?;
+    check_dtype(op, "a", a)?;
+    check_like(op, "b", b, a)?;
+    let scale = static_scale(op, scale, a)?;
+    let (a, b) = (readable(a)?, readable(b)?);
+    let inputs = ops::GatedInputs::Split(&a, &b);
+    ops::gated_fp8(act, inputs, scaling, scale.as_ref().map(|s| &s.1))
+        .map(|(y, s)| (y, scale.map_or(s, |s| s.0)))
+}
+
+/// [`gated_fp8`] on one `[.., 2I]` tensor `[gate | up]`, read in place: `y_q` is `[.., I]`.
+pub fn gated_interleaved_fp8(
+    gate_up: &Tensor,
+    act: Activation,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let op = "gated_interleaved_fp8";
+    check_interleaved(op, gate_up)?;
+    let scale = static_scale(op, scale, gate_up)?;
+    let x = readable(gate_up)?;
+    ops::gated_fp8(
+        act,
+        ops::GatedInputs::Interleaved(&x),
+        scaling,
+        scale.as_ref().map(|s| &s.1),
+    )
+    .map(|(y, s)| (y, scale.map_or(s, |s| s.0)))
+}
+
+/// A static scale: one f32 element on `x`'s device, returned as given and as the `[1, 1]`
+/// matrix the kernel reads.
+fn static_scale(op: &str, scale: Option<&Tensor>, x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    let Some(scale) = scale else {
+        return Ok(None);
+    };
+    check_device(op, "scale", scale, x)?;
+    if scale.dtype() != CDType::F32 || scale.elem_count() != 1 {
+        return Err(bail(
+            op,
+            format!(
+                "scale has dtype {:?} and shape {:?}; expected one f32 element",
+                scale.dtype(),
+                scale.dims()
+            ),
+        ));
+    }
+    Ok(Some((scale.clone(), scale.reshape((1, 1))?)))
+}
+
 /// An in-place destination must be read and written where it is.
 fn check_destination(op: &str, name: &str, t: &Tensor) -> Result<()> {
     layout::Strided::of(t.layout())
@@ -319,6 +394,55 @@ pub fn add_rms_norm_with(
     };
     let packed = readable(x)?.apply_op3(&readable(residual)?, &readable(w)?, norm)?;
     Ok((packed.get(0)?, packed.get(1)?))
+}
+
+/// Plain RMSNorm with an FP8 E4M3 output, for the FP8 matmul that follows: `(y_q, scales)`,
+/// the scales chosen by `scaling` as for [`gated_fp8`] (`scale`: the static scale). The same
+/// statistics as [`rms_norm_with`] (the same `rstd`, bit for bit), and the bytes and scales of
+/// a row do not depend on the batch it is in. Rows of up to 16384 elements. Not tracked for
+/// backward.
+pub fn rms_norm_fp8(
+    x: &Tensor,
+    w: &Tensor,
+    opts: &RmsNormOptions,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let op = "rms_norm_fp8";
+    check_norm_input(op, x, w, opts)?;
+    let scale = static_scale(op, scale, x)?;
+    let (x, w) = (readable(x)?, readable(w)?);
+    let (y_q, scales, _) =
+        ops::rms_norm_fp8(&x, None, &w, opts, scaling, scale.as_ref().map(|s| &s.1))?;
+    Ok((y_q, scale.map_or(scales, |s| s.0)))
+}
+
+/// `h = x + residual` and RMSNorm of `h` with an FP8 E4M3 output: `(y_q, scales, h)`, `h` in
+/// the storage dtype (the residual stream goes on at full precision). As [`rms_norm_fp8`]
+/// otherwise; [`add_rms_norm_with`]'s `h` and statistics, bit for bit.
+pub fn add_rms_norm_fp8(
+    x: &Tensor,
+    residual: &Tensor,
+    w: &Tensor,
+    opts: &RmsNormOptions,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "add_rms_norm_fp8";
+    check_norm_input(op, x, w, opts)?;
+    check_like(op, "residual", residual, x)?;
+    let scale = static_scale(op, scale, x)?;
+    let (x, residual, w) = (readable(x)?, readable(residual)?, readable(w)?);
+    let (y_q, scales, h) = ops::rms_norm_fp8(
+        &x,
+        Some(&residual),
+        &w,
+        opts,
+        scaling,
+        scale.as_ref().map(|s| &s.1),
+    )?;
+    let h = h.ok_or_else(|| bail(op, "no h was produced".into()))?;
+    Ok((y_q, scale.map_or(scales, |s| s.0), h))
 }
 
 /// Plain RMSNorm written over `x` (not tracked for backward).

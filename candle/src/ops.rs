@@ -13,12 +13,16 @@ use candle_core::cuda::CudaStorageSlice;
 use candle_core::op::BackpropOp;
 use candle_core::{
     CpuStorage, CudaDevice, CudaStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp1, InplaceOp2,
-    Layout, Result, Shape, Storage, Tensor,
+    Layout, Result, Shape, Storage, StorageRef, Tensor,
 };
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::norm::{RmsNormBwdDescs, RmsNormFwdDescs, rmsnorm_backward_workspace_len};
-use ferrofuse::{Activation, DType, Kernels, MatDesc, RmsNormOptions};
+use ferrofuse::norm::{
+    RmsNormBwdDescs, RmsNormFp8Descs, RmsNormFwdDescs, rmsnorm_backward_workspace_len,
+};
+use ferrofuse::{
+    Activation, DType, F8E4M3, Fp8Scaling, Kernels, MatDesc, RmsNormOptions, ScaleLayout,
+};
 
 use crate::layout::{Strided, index0};
 
@@ -50,12 +54,14 @@ pub(crate) fn kernels(stream: &Arc<CudaStream>) -> Result<Arc<Kernels>> {
     Ok(k)
 }
 
-/// A storage's dtype as ferrofuse names it (bf16, f16 or f32).
+/// A storage's dtype as ferrofuse names it (bf16, f16, f32, or FP8 E4M3 for FP8 outputs;
+/// ferrofuse refuses an FP8 input with a typed error).
 fn dtype_of(s: &CudaStorage, op: &str) -> Result<DType> {
     Ok(match &s.slice {
         CudaStorageSlice::BF16(_) => DType::BF16,
         CudaStorageSlice::F16(_) => DType::F16,
         CudaStorageSlice::F32(_) => DType::F32,
+        CudaStorageSlice::F8E4M3(_) => DType::F8E4M3,
         _ => {
             return Err(candle_core::Error::Msg(format!(
                 "ferrofuse-candle {op}: unsupported dtype (bf16, f16 or f32)"
@@ -80,6 +86,7 @@ fn read<'a>(
         CudaStorageSlice::BF16(x) => (x.device_ptr(stream), x.len()),
         CudaStorageSlice::F16(x) => (x.device_ptr(stream), x.len()),
         CudaStorageSlice::F32(x) => (x.device_ptr(stream), x.len()),
+        CudaStorageSlice::F8E4M3(x) => (x.device_ptr(stream), x.len()),
         _ => unreachable!("dtype_of accepted it"),
     };
     Ok((st.desc(addr, len, dtype), guard))
@@ -109,6 +116,10 @@ fn write<'a>(
             let len = x.len();
             (x.device_ptr_mut(stream), len)
         }
+        CudaStorageSlice::F8E4M3(x) => {
+            let len = x.len();
+            (x.device_ptr_mut(stream), len)
+        }
         _ => unreachable!("dtype_of accepted it"),
     };
     Ok((st.desc(addr, len, dtype), guard))
@@ -119,19 +130,13 @@ fn write<'a>(
 fn alloc(dev: &CudaDevice, dtype: DType, n: usize) -> Result<CudaStorage> {
     let stream = dev.cuda_stream();
     let w = candle_core::Error::wrap;
-    // SAFETY: see above; the elements are plain floats, valid for any bits.
+    // SAFETY: see above; the elements are plain floats (FP8 bytes), valid for any bits.
     let slice = unsafe {
         match dtype {
             DType::BF16 => CudaStorageSlice::BF16(stream.alloc::<bf16>(n).map_err(w)?),
             DType::F16 => CudaStorageSlice::F16(stream.alloc::<f16>(n).map_err(w)?),
             DType::F32 => CudaStorageSlice::F32(stream.alloc::<f32>(n).map_err(w)?),
-            // The callers allocate in an input's storage dtype or f32; FP8 outputs are not
-            // exposed here yet.
-            DType::F8E4M3 => {
-                return Err(candle_core::Error::Msg(
-                    "ferrofuse-candle: no FP8 outputs yet".into(),
-                ));
-            }
+            DType::F8E4M3 => CudaStorageSlice::F8E4M3(stream.alloc::<F8E4M3>(n).map_err(w)?),
         }
     };
     Ok(CudaStorage {
@@ -821,4 +826,233 @@ impl InplaceOp2 for AddRmsNormInPlaceX {
         // x and h exactly residual, and the plan rejects any other overlap.
         unsafe { k.rmsnorm_raw(&stream, &t, &self.opts) }.map_err(|e| ferr(op, e))
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// FP8 outputs. Not differentiable (a quantisation), so no candle op: the inputs' storages are
+// read under their locks, the outputs allocated here and returned as fresh tensors.
+
+/// A CUDA tensor's storage, or the error for a CPU one.
+fn cuda_storage<'t>(t: &'t Tensor, op: &str) -> Result<(StorageRef<'t>, &'t Layout)> {
+    let (s, l) = t.storage_and_layout();
+    if !matches!(&*s, Storage::Cuda(_)) {
+        return Err(cpu_only(op));
+    }
+    Ok((s, l))
+}
+
+/// The CUDA storage behind a guard [`cuda_storage`] checked.
+fn as_cuda<'s>(s: &'s StorageRef<'_>) -> &'s CudaStorage {
+    match &**s {
+        Storage::Cuda(s) => s,
+        _ => unreachable!("cuda_storage checked it"),
+    }
+}
+
+/// The FP8 output `y_q` (`rows x cols`, returned with `dims`) and its scales for one call:
+/// allocates them (the static scale is the caller's `[1, 1]` tensor, read), runs `launch` with
+/// their descriptions, and returns `(y_q, scales)` shaped as `crate::gated_fp8` documents.
+#[allow(clippy::too_many_arguments)]
+fn fp8_call(
+    op: &str,
+    dev: &CudaDevice,
+    stream: &CudaStream,
+    (rows, cols): (usize, usize),
+    mut dims: Vec<usize>,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+    launch: impl FnOnce(&MatDesc, &MatDesc) -> ferrofuse::Result<()>,
+) -> Result<(Tensor, Tensor)> {
+    let (srows, scols) = scaling.scale_shape(rows, cols).map_err(|e| ferr(op, e))?;
+    let y_shape: Shape = dims.clone().into();
+    let scale = match (scaling, scale) {
+        (Fp8Scaling::Static, Some(scale)) => Some(scale),
+        (Fp8Scaling::Static, None) => {
+            return Err(candle_core::Error::Msg(format!(
+                "ferrofuse-candle {op}: static scaling needs the scale tensor (one f32)"
+            )));
+        }
+        (_, Some(_)) => {
+            return Err(candle_core::Error::Msg(format!(
+                "ferrofuse-candle {op}: a scale tensor is given for a dynamic scaling, which \
+                 computes its own"
+            )));
+        }
+        (_, None) => None,
+    };
+    if rows == 0 || cols == 0 {
+        // Nothing to launch: the same shapes, empty.
+        let device = candle_core::Device::Cuda(dev.clone());
+        let scales = match scale {
+            Some(s) => s.clone(),
+            None => Tensor::zeros((srows, scols), candle_core::DType::F32, &device)?,
+        };
+        let y_q = Tensor::zeros(y_shape, candle_core::DType::F8E4M3, &device)?;
+        return Ok((y_q, scales));
+    }
+    let mut yq = alloc(dev, DType::F8E4M3, rows * cols)?;
+    if let Some(scale) = scale {
+        let (ss, sl) = cuda_storage(scale, op)?;
+        let (sd, _gs) = read(as_cuda(&ss), sl, stream, op, "scale")?;
+        {
+            let (y, _gy) = dense(&mut yq, rows, cols, stream, op)?;
+            launch(&y, &sd).map_err(|e| ferr(op, e))?;
+        }
+        return Ok((tensor(yq, &y_shape), scale.clone()));
+    }
+    // Column-major group scales keep a row stride padded to 4 (16 bytes), as TMA loads of
+    // Hopper block-scaled GEMMs want; the tensor returned is the unpadded view.
+    let col_major = matches!(
+        scaling,
+        Fp8Scaling::PerGroup {
+            layout: ScaleLayout::ColMajor,
+            ..
+        }
+    );
+    let stride = if col_major {
+        scols.next_multiple_of(4)
+    } else {
+        scols
+    };
+    let mut st = alloc(dev, DType::F32, srows * stride)?;
+    {
+        let (y, _gy) = dense(&mut yq, rows, cols, stream, op)?;
+        let (mut sd, _gs) = dense(&mut st, srows, stride, stream, op)?;
+        sd.cols = scols;
+        launch(&y, &sd).map_err(|e| ferr(op, e))?;
+    }
+    let full = tensor(st, &Shape::from((srows, stride)));
+    let scales = if col_major {
+        full.narrow(1, 0, scols)?
+    } else {
+        dims.pop();
+        dims.push(scols);
+        full.reshape(dims)?
+    };
+    Ok((tensor(yq, &y_shape), scales))
+}
+
+/// The inputs of a gated FP8 call.
+pub(crate) enum GatedInputs<'t> {
+    Split(&'t Tensor, &'t Tensor),
+    Interleaved(&'t Tensor),
+}
+
+/// `(y_q, scales)` of `act(a) * b` (see `crate::gated_fp8`).
+pub(crate) fn gated_fp8(
+    act: Activation,
+    inputs: GatedInputs<'_>,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let op = "gated FP8";
+    let (first, second) = match inputs {
+        GatedInputs::Split(a, b) => (a, Some(b)),
+        GatedInputs::Interleaved(x) => (x, None),
+    };
+    let (s1, l1) = cuda_storage(first, op)?;
+    let dev = as_cuda(&s1).device.clone();
+    let stream = dev.cuda_stream();
+    let k = kernels(&stream)?;
+    let (x1, _g1) = read(as_cuda(&s1), l1, &stream, op, "a")?;
+    let s2 = second.map(|b| cuda_storage(b, op)).transpose()?;
+    let mut dims = first.dims().to_vec();
+    let (a, b, _g2) = match &s2 {
+        Some((s2, l2)) => {
+            let (b, g2) = read(as_cuda(s2), l2, &stream, op, "b")?;
+            (x1, b, Some(g2))
+        }
+        None => {
+            let (gate, up) = x1.interleaved_halves().map_err(|e| ferr(op, e))?;
+            if let Some(last) = dims.last_mut() {
+                *last /= 2;
+            }
+            (gate, up, None)
+        }
+    };
+    let shape = (a.rows, a.cols);
+    fp8_call(
+        op,
+        &dev,
+        &stream,
+        shape,
+        dims,
+        scaling,
+        scale,
+        |y, scales| {
+            // SAFETY: candle's storages, read-locked for this call and alive until the launch
+            // (their frees are ordered on this stream after it); y and dynamic scales are fresh.
+            unsafe { k.gated_fp8_raw(&stream, act, &a, &b, y, scaling, scales) }
+        },
+    )
+}
+
+/// `(y_q, scales, h)` of RMSNorm over `x` (plus `residual`, giving `h`) with an FP8 `y` (see
+/// `crate::add_rms_norm_fp8`); `h` is `None` without a residual.
+pub(crate) fn rms_norm_fp8(
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    w: &Tensor,
+    opts: &RmsNormOptions,
+    scaling: Fp8Scaling,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let op = "rms_norm FP8";
+    let (sx, lx) = cuda_storage(x, op)?;
+    let dev = as_cuda(&sx).device.clone();
+    let stream = dev.cuda_stream();
+    let k = kernels(&stream)?;
+    let (xd, _gx) = read(as_cuda(&sx), lx, &stream, op, "x")?;
+    let (sw, lw) = cuda_storage(w, op)?;
+    let (weight, _gw) = read_weight(as_cuda(&sw), lw, &stream, op)?;
+    let sr = residual.map(|r| cuda_storage(r, op)).transpose()?;
+    let (residual, _gr) = match &sr {
+        Some((sr, lr)) => {
+            let (r, g) = read(as_cuda(sr), lr, &stream, op, "residual")?;
+            (Some(r), Some(g))
+        }
+        None => (None, None),
+    };
+    let (rows, cols) = (xd.rows, xd.cols);
+    let mut h_out = match residual {
+        Some(_) if rows * cols > 0 => Some(alloc(&dev, xd.dtype, rows * cols)?),
+        _ => None,
+    };
+    let (h, _gh) = match h_out.as_mut() {
+        Some(h) => {
+            let (d, g) = dense(h, rows, cols, &stream, op)?;
+            (Some(d), Some(g))
+        }
+        None => (None, None),
+    };
+    let dims = x.dims().to_vec();
+    let (y_q, scales) = fp8_call(
+        op,
+        &dev,
+        &stream,
+        (rows, cols),
+        dims,
+        scaling,
+        scale,
+        |y, s| {
+            let t = RmsNormFp8Descs {
+                x: xd,
+                residual,
+                weight,
+                h,
+                rstd: None,
+                y: *y,
+                scales: *s,
+            };
+            // SAFETY: as in `gated_fp8`; h is fresh too.
+            unsafe { k.rmsnorm_fp8_raw(&stream, &t, scaling, opts) }
+        },
+    )?;
+    drop(_gh);
+    let h = match (h_out, residual) {
+        (Some(h), _) => Some(tensor(h, x.shape())),
+        (None, Some(_)) => Some(x.zeros_like()?),
+        (None, None) => None,
+    };
+    Ok((y_q, scales, h))
 }

@@ -624,3 +624,283 @@ fn norm_backward_matches_candle_autograd() {
     assert_eq!(grads.get(&w).unwrap().dtype(), DType::F32);
     assert_eq!(grads.get(&x).unwrap().dtype(), DType::BF16);
 }
+
+/// An FP8 output against candle's f32 gated unit: each scale from its row's (group's) largest
+/// magnitude, and `y_q * scale` within half an E4M3 step of `y` (relative `2^-4`, or
+/// `2^-10 * scale` among the subnormals).
+#[track_caller]
+fn check_fp8(what: &str, y: &[f64], cols: usize, y_q: &Tensor, scale_of: impl Fn(usize) -> f64) {
+    let q = y_q
+        .to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(q.len(), y.len(), "{what}: lengths");
+    for (i, (&q, &y)) in q.iter().zip(y).enumerate() {
+        let s = scale_of(i);
+        let got = q as f64 * s;
+        let tol = (y.abs() / 16.0).max(s / 1024.0) * 1.0001;
+        assert!(
+            (got - y).abs() <= tol,
+            "{what}: element {i} (row {}, col {}): y_q * scale = {got}, y = {y}",
+            i / cols,
+            i % cols
+        );
+    }
+}
+
+fn host_f32(t: &Tensor) -> Vec<f64> {
+    t.to_device(&Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
+#[test]
+fn fp8_outputs_dequantize_to_the_gated_unit() {
+    let Some(dev) = gpu("fp8_outputs_dequantize_to_the_gated_unit") else {
+        return;
+    };
+    let (batch, seq, i) = (2usize, 3usize, 256usize);
+    let rows = batch * seq;
+    for dtype in DTYPES {
+        let gate_up = randn(&[batch, seq, 2 * i], dtype, &dev);
+        let (a, b) = (
+            gate_up.narrow(D::Minus1, 0, i).unwrap(),
+            gate_up.narrow(D::Minus1, i, i).unwrap(),
+        );
+        let y = values(
+            &candle_gated(
+                &a.to_dtype(DType::F32).unwrap(),
+                &b.to_dtype(DType::F32).unwrap(),
+                Activation::Silu,
+            )
+            .unwrap(),
+        );
+        let amax = |r: usize, c0: usize, n: usize| {
+            y[r * i + c0..r * i + c0 + n]
+                .iter()
+                .fold(0f64, |m, v| m.max(v.abs()))
+        };
+        let min_scale = ferrofuse::fp8::DEFAULT_MIN_SCALE as f64;
+        let what = format!("{dtype:?}");
+
+        // Per token, split and interleaved inputs give the same outputs.
+        let (y_q, s) =
+            ffc::gated_fp8(&a, &b, Activation::Silu, ffc::Fp8Scaling::per_token(), None).unwrap();
+        assert_eq!(y_q.dtype(), DType::F8E4M3);
+        assert_eq!(y_q.dims(), &[batch, seq, i]);
+        assert_eq!(s.dims(), &[batch, seq, 1]);
+        let sv = host_f32(&s);
+        assert_eq!(sv.len(), rows);
+        for (r, &got) in sv.iter().enumerate() {
+            let want = (amax(r, 0, i) / 448.0).max(min_scale);
+            assert!(
+                (got - want).abs() <= 1e-5 * want,
+                "{what} row {r}: scale {got} vs {want}"
+            );
+        }
+        check_fp8(&format!("{what} per token"), &y, i, &y_q, |e| sv[e / i]);
+        let (y_q2, s2) = ffc::gated_interleaved_fp8(
+            &gate_up,
+            Activation::Silu,
+            ffc::Fp8Scaling::per_token(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            host_f32(
+                &y_q2
+                    .to_device(&Device::Cpu)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            ),
+            host_f32(
+                &y_q.to_device(&Device::Cpu)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            ),
+            "{what}: interleaved"
+        );
+        assert_eq!(host_f32(&s2), sv, "{what}: interleaved scales");
+
+        // Per group of 128, row- and column-major.
+        for layout in [ffc::ScaleLayout::RowMajor, ffc::ScaleLayout::ColMajor] {
+            let scaling = ffc::Fp8Scaling::per_group(128, layout);
+            let (y_q, s) = ffc::gated_fp8(&a, &b, Activation::Silu, scaling, None).unwrap();
+            let groups = i / 128;
+            let sv: Vec<f64> = if layout == ffc::ScaleLayout::RowMajor {
+                assert_eq!(s.dims(), &[batch, seq, groups]);
+                host_f32(&s)
+            } else {
+                assert_eq!(s.dims(), &[groups, rows]);
+                assert_eq!(s.stride(), &[rows.next_multiple_of(4), 1]);
+                host_f32(&s.t().unwrap().contiguous().unwrap())
+            };
+            for r in 0..rows {
+                for g in 0..groups {
+                    let want = (amax(r, g * 128, 128) / 448.0).max(min_scale);
+                    let got = sv[r * groups + g];
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want,
+                        "{what} {layout:?} ({r}, {g})"
+                    );
+                }
+            }
+            check_fp8(&format!("{what} {layout:?}"), &y, i, &y_q, |e| {
+                sv[(e / i) * groups + (e % i) / 128]
+            });
+        }
+
+        // Static: the caller's scale, returned as given.
+        let scale = Tensor::new(&[0.01f32], &dev).unwrap();
+        let (y_q, s) = ffc::gated_fp8(
+            &a,
+            &b,
+            Activation::Silu,
+            ffc::Fp8Scaling::Static,
+            Some(&scale),
+        )
+        .unwrap();
+        assert_eq!(s.dims(), &[1]);
+        let clamp = |v: f64| v.clamp(-448.0 * 0.01, 448.0 * 0.01);
+        let y_sat: Vec<f64> = y.iter().map(|&v| clamp(v)).collect();
+        check_fp8(&format!("{what} static"), &y_sat, i, &y_q, |_| 0.01);
+    }
+
+    // Errors: no launch, a candle error naming the problem.
+    let a = randn(&[4, 256], DType::BF16, &dev);
+    let check = |r: Result<(Tensor, Tensor)>, needle: &str| {
+        let e = r.expect_err(needle).to_string();
+        assert!(e.contains(needle), "expected {needle:?} in {e:?}");
+    };
+    let scale = Tensor::new(&[1f32], &dev).unwrap();
+    check(
+        ffc::gated_fp8(&a, &a, Activation::Silu, ffc::Fp8Scaling::Static, None),
+        "scale",
+    );
+    check(
+        ffc::gated_fp8(
+            &a,
+            &a,
+            Activation::Silu,
+            ffc::Fp8Scaling::per_token(),
+            Some(&scale),
+        ),
+        "dynamic",
+    );
+    check(
+        ffc::gated_fp8(
+            &a,
+            &a,
+            Activation::Silu,
+            ffc::Fp8Scaling::Static,
+            Some(&Tensor::new(&[1f32, 2.0], &dev).unwrap()),
+        ),
+        "one f32",
+    );
+    check(
+        ffc::gated_fp8(
+            &randn(&[4, 200], DType::BF16, &dev),
+            &randn(&[4, 200], DType::BF16, &dev),
+            Activation::Silu,
+            ffc::Fp8Scaling::per_group(128, ffc::ScaleLayout::RowMajor),
+            None,
+        ),
+        "group",
+    );
+    let empty = Tensor::zeros((0, 256), DType::BF16, &dev).unwrap();
+    let (y_q, s) = ffc::gated_fp8(
+        &empty,
+        &empty,
+        Activation::Silu,
+        ffc::Fp8Scaling::per_token(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        (y_q.dims(), s.dims()),
+        (&[0usize, 256][..], &[0usize, 1][..])
+    );
+}
+
+#[test]
+fn norm_fp8_outputs_dequantize_to_the_reference() {
+    let Some(dev) = gpu("norm_fp8_outputs_dequantize_to_the_reference") else {
+        return;
+    };
+    let (batch, seq, hidden) = (2usize, 3usize, 1024usize);
+    let rows = batch * seq;
+    let opts = RmsNormOptions::new(1e-5);
+    let min_scale = ferrofuse::fp8::DEFAULT_MIN_SCALE as f64;
+    for dtype in DTYPES {
+        let x = randn(&[batch, seq, hidden], dtype, &dev);
+        let r = randn(&[batch, seq, hidden], dtype, &dev);
+        let w = randn(&[hidden], dtype, &dev);
+        let (xv, rv, wv) = (values(&x), values(&r), values(&w));
+        let (y, _) = norm_reference(&xv, Some(&rv), &wv, hidden, false, 1e-5);
+        let amax = |r: usize, c0: usize, n: usize| {
+            y[r * hidden + c0..r * hidden + c0 + n]
+                .iter()
+                .fold(0f64, |m, v| m.max(v.abs()))
+        };
+        let what = format!("{dtype:?}");
+        let (_, h_bf) = ffc::add_rms_norm_with(&x, &r, &w, &opts).unwrap();
+
+        let (y_q, s, h) =
+            ffc::add_rms_norm_fp8(&x, &r, &w, &opts, ffc::Fp8Scaling::per_token(), None).unwrap();
+        assert_eq!(y_q.dims(), &[batch, seq, hidden]);
+        assert_eq!(s.dims(), &[batch, seq, 1]);
+        assert_eq!(
+            values(&h),
+            values(&h_bf),
+            "{what}: h as the storage-dtype kernel's"
+        );
+        let sv = host_f32(&s);
+        assert_eq!(sv.len(), rows);
+        for (row, &got) in sv.iter().enumerate() {
+            let want = (amax(row, 0, hidden) / 448.0).max(min_scale);
+            assert!(
+                (got - want).abs() <= 1e-4 * want,
+                "{what} row {row}: {got} vs {want}"
+            );
+        }
+        check_fp8(&format!("{what} norm per token"), &y, hidden, &y_q, |e| {
+            sv[e / hidden]
+        });
+
+        let scaling = ffc::Fp8Scaling::per_group(128, ffc::ScaleLayout::ColMajor);
+        let (y_q, s, _) = ffc::add_rms_norm_fp8(&x, &r, &w, &opts, scaling, None).unwrap();
+        let groups = hidden / 128;
+        assert_eq!(s.dims(), &[groups, rows]);
+        let sv = host_f32(&s.t().unwrap().contiguous().unwrap());
+        check_fp8(&format!("{what} norm group 128"), &y, hidden, &y_q, |e| {
+            sv[(e / hidden) * groups + (e % hidden) / 128]
+        });
+
+        // Plain RMSNorm, static scale.
+        let scale = Tensor::new(&[0.02f32], &dev).unwrap();
+        let (y_q, s) =
+            ffc::rms_norm_fp8(&x, &w, &opts, ffc::Fp8Scaling::Static, Some(&scale)).unwrap();
+        assert_eq!(
+            (y_q.dims(), s.dims()),
+            (&[batch, seq, hidden][..], &[1usize][..])
+        );
+        let (y_plain, _) = norm_reference(&xv, None, &wv, hidden, false, 1e-5);
+        let sat: Vec<f64> = y_plain
+            .iter()
+            .map(|v| v.clamp(-448.0 * 0.02, 448.0 * 0.02))
+            .collect();
+        check_fp8(&format!("{what} norm static"), &sat, hidden, &y_q, |_| 0.02);
+    }
+}
