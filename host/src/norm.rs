@@ -276,45 +276,13 @@ pub fn plan_rmsnorm_forward(
     opts: &RmsNormOptions,
     limits: &GridLimits,
 ) -> Result<Launch<RmsNormFwdParams>> {
-    check_eps(opts.eps)?;
-    let x = &t.x;
+    let ops = ForwardOperands::of(&t.x, &t.residual, &t.h, &t.weight, &t.rstd);
+    ops.check(opts)?;
+    let (x, residual, h, rstd, w) = (&t.x, ops.residual, ops.h, ops.rstd, &t.weight);
     let dtype = x.dtype;
-    x.check("x", dtype)?;
     let (rows, hidden) = x.shape();
     t.y.check("y", dtype)?;
     check_shape("y", &t.y, (rows, hidden))?;
-    match (&t.residual, &t.h) {
-        (Some(r), Some(h)) => {
-            r.check("residual", dtype)?;
-            check_shape("residual", r, (rows, hidden))?;
-            h.check("h", dtype)?;
-            check_shape("h", h, (rows, hidden))?;
-        }
-        (None, None) => {}
-        (Some(_), None) => {
-            return Err(Error::InvalidArgument {
-                what: "h",
-                value: "missing: with a residual the sum h = x + residual must be stored".into(),
-            });
-        }
-        (None, Some(_)) => {
-            return Err(Error::InvalidArgument {
-                what: "h",
-                value: "given without a residual: plain RMSNorm has no h output".into(),
-            });
-        }
-    }
-    check_weight("weight", &t.weight, dtype, hidden)?;
-    if let Some(rstd) = &t.rstd {
-        rstd.check("rstd", DType::F32)?;
-        check_shape("rstd", rstd, (rows, 1))?;
-    }
-    let (residual, h, rstd, w) = (
-        t.residual.as_ref(),
-        t.h.as_ref(),
-        t.rstd.as_ref(),
-        &t.weight,
-    );
     check_aliasing(
         ("y", &t.y),
         &[
@@ -326,25 +294,6 @@ pub fn plan_rmsnorm_forward(
         ],
         &["x"],
     )?;
-    if let Some(h) = h {
-        check_aliasing(
-            ("h", h),
-            &[
-                ("x", Some(x)),
-                ("residual", residual),
-                ("weight", Some(w)),
-                ("rstd", rstd),
-            ],
-            &["x", "residual"],
-        )?;
-    }
-    if let Some(rstd) = rstd {
-        check_aliasing(
-            ("rstd", rstd),
-            &[("x", Some(x)), ("residual", residual), ("weight", Some(w))],
-            &[],
-        )?;
-    }
 
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
     let mode = vec_mode(dtype, hidden, &[Some(x), residual, Some(&t.y), h, Some(w)]);
@@ -360,17 +309,13 @@ pub fn plan_rmsnorm_forward(
             (rows as u64).div_ceil(geometry.rows_per_block as u64),
         )?
     };
-    let mut flags = weight_flags(opts.gemma, w.dtype, dtype);
-    if opts.numerics == NormNumerics::HfLlama {
-        flags |= RMSNORM_HF;
-    }
     if let Some((kernel, blocks)) = split_forward(dtype, mode, rows, hidden, limits) {
         return Ok(Launch {
             kernel,
             grid: grid_u32("rows", blocks)?,
             block: geometry.block_threads(),
             shared_mem_bytes: RMSNORM_SPLIT_SMEM_BYTES,
-            params: fwd_params(t, opts.eps, flags, &geometry),
+            params: ops.params(&t.y, opts, &geometry),
         });
     }
     Ok(Launch {
@@ -388,7 +333,7 @@ pub fn plan_rmsnorm_forward(
         } else {
             RMSNORM_SMEM_BYTES
         },
-        params: fwd_params(t, opts.eps, flags, &geometry),
+        params: ops.params(&t.y, opts, &geometry),
     })
 }
 
@@ -417,39 +362,124 @@ fn split_forward(
         })
 }
 
-/// The forward's parameters for checked operands.
-fn fwd_params(
-    t: &RmsNormFwdDescs,
-    eps: f32,
-    flags: u32,
-    geometry: &NormGeometry,
-) -> RmsNormFwdParams {
-    let (x, residual, h, rstd, w) = (
-        &t.x,
-        t.residual.as_ref(),
-        t.h.as_ref(),
-        t.rstd.as_ref(),
-        &t.weight,
-    );
-    let (rows, hidden) = x.shape();
-    RmsNormFwdParams {
-        x: x.addr,
-        residual: residual.map_or(0, |m| m.addr),
-        w: w.addr,
-        y: t.y.addr,
-        h: h.map_or(0, |m| m.addr),
-        rstd: rstd.map_or(0, |m| m.addr),
-        x_stride: x.row_stride as u64,
-        residual_stride: residual.map_or(0, |m| m.row_stride as u64),
-        y_stride: t.y.row_stride as u64,
-        h_stride: h.map_or(0, |m| m.row_stride as u64),
-        rstd_stride: rstd.map_or(0, |m| m.row_stride as u64),
-        rows: rows as u64,
-        hidden: hidden as u64,
-        eps,
-        flags,
-        threads_per_row: geometry.threads_per_row,
-        rows_per_block: geometry.rows_per_block,
+/// The operands of a forward besides `y`: what the storage-dtype and the FP8 forward share
+/// (their checks and their part of the kernel parameters).
+pub(crate) struct ForwardOperands<'a> {
+    pub(crate) x: &'a MatDesc,
+    pub(crate) residual: Option<&'a MatDesc>,
+    pub(crate) h: Option<&'a MatDesc>,
+    pub(crate) weight: &'a MatDesc,
+    pub(crate) rstd: Option<&'a MatDesc>,
+}
+
+impl<'a> ForwardOperands<'a> {
+    pub(crate) fn of(
+        x: &'a MatDesc,
+        residual: &'a Option<MatDesc>,
+        h: &'a Option<MatDesc>,
+        weight: &'a MatDesc,
+        rstd: &'a Option<MatDesc>,
+    ) -> Self {
+        ForwardOperands {
+            x,
+            residual: residual.as_ref(),
+            h: h.as_ref(),
+            weight,
+            rstd: rstd.as_ref(),
+        }
+    }
+
+    /// `eps`; every operand's dtype (`x`'s is the storage dtype), shape and extent; a residual
+    /// exactly with an `h`; `h` overlapping nothing but exactly `x` or `residual`, `rstd`
+    /// nothing. `y`'s checks are the caller's.
+    pub(crate) fn check(&self, opts: &RmsNormOptions) -> Result<()> {
+        check_eps(opts.eps)?;
+        let (x, w) = (self.x, self.weight);
+        let dtype = x.dtype;
+        x.check("x", dtype)?;
+        let (rows, hidden) = x.shape();
+        match (self.residual, self.h) {
+            (Some(r), Some(h)) => {
+                r.check("residual", dtype)?;
+                check_shape("residual", r, (rows, hidden))?;
+                h.check("h", dtype)?;
+                check_shape("h", h, (rows, hidden))?;
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument {
+                    what: "h",
+                    value: "missing: with a residual the sum h = x + residual must be stored"
+                        .into(),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(Error::InvalidArgument {
+                    what: "h",
+                    value: "given without a residual: plain RMSNorm has no h output".into(),
+                });
+            }
+        }
+        check_weight("weight", w, dtype, hidden)?;
+        if let Some(rstd) = self.rstd {
+            rstd.check("rstd", DType::F32)?;
+            check_shape("rstd", rstd, (rows, 1))?;
+        }
+        let (residual, rstd) = (self.residual, self.rstd);
+        if let Some(h) = self.h {
+            check_aliasing(
+                ("h", h),
+                &[
+                    ("x", Some(x)),
+                    ("residual", residual),
+                    ("weight", Some(w)),
+                    ("rstd", rstd),
+                ],
+                &["x", "residual"],
+            )?;
+        }
+        if let Some(rstd) = rstd {
+            check_aliasing(
+                ("rstd", rstd),
+                &[("x", Some(x)), ("residual", residual), ("weight", Some(w))],
+                &[],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The kernel parameters for these operands and the output `y`, with the options' flags.
+    pub(crate) fn params(
+        &self,
+        y: &MatDesc,
+        opts: &RmsNormOptions,
+        geometry: &NormGeometry,
+    ) -> RmsNormFwdParams {
+        let (x, residual, h, rstd, w) = (self.x, self.residual, self.h, self.rstd, self.weight);
+        let (rows, hidden) = x.shape();
+        let mut flags = weight_flags(opts.gemma, w.dtype, x.dtype);
+        if opts.numerics == NormNumerics::HfLlama {
+            flags |= RMSNORM_HF;
+        }
+        RmsNormFwdParams {
+            x: x.addr,
+            residual: residual.map_or(0, |m| m.addr),
+            w: w.addr,
+            y: y.addr,
+            h: h.map_or(0, |m| m.addr),
+            rstd: rstd.map_or(0, |m| m.addr),
+            x_stride: x.row_stride as u64,
+            residual_stride: residual.map_or(0, |m| m.row_stride as u64),
+            y_stride: y.row_stride as u64,
+            h_stride: h.map_or(0, |m| m.row_stride as u64),
+            rstd_stride: rstd.map_or(0, |m| m.row_stride as u64),
+            rows: rows as u64,
+            hidden: hidden as u64,
+            eps: opts.eps,
+            flags,
+            threads_per_row: geometry.threads_per_row,
+            rows_per_block: geometry.rows_per_block,
+        }
     }
 }
 

@@ -797,11 +797,12 @@ fn forward_rejects_bad_descriptions() {
         plan_rmsnorm_forward(&t, &opts(), &limits()).unwrap_err()
     };
     // Dtypes.
-    // The storage dtype is x's: another operand of the old one mismatches.
+    // The storage dtype is x's: another operand of the old one mismatches (the first checked
+    // after x: the residual).
     assert_matches!(
         err(&|t| t.x.dtype = DType::F16),
         Error::DTypeMismatch {
-            tensor: "y",
+            tensor: "residual",
             expected: DType::F16,
             got: DType::BF16
         }

@@ -17,16 +17,15 @@
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    DType, KernelId, NormFwdVariant, RMSNORM_HF, RMSNORM_SMEM_BYTES, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_fwd_geometry,
+    KernelId, NormFwdVariant, RMSNORM_SMEM_BYTES, RmsNormFp8Params, rmsnorm_fwd_geometry,
 };
 
-use super::{NormNumerics, RmsNormOptions, check_eps, check_weight, grid_u32, optional_desc_mut};
+use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut};
 use crate::error::{Error, Result};
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
 use crate::runtime::{Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
-use crate::validate::{check_aliasing, check_devices, check_shape, vec_mode};
+use crate::validate::{check_devices, vec_mode};
 
 /// Longest row the FP8 forward takes (the register-resident geometries).
 pub const RMSNORM_FP8_MAX_HIDDEN: usize = 16384;
@@ -58,67 +57,16 @@ pub fn plan_rmsnorm_forward_fp8(
     opts: &RmsNormOptions,
     scaling: Fp8Scaling,
 ) -> Result<Launch<RmsNormFp8Params>> {
-    check_eps(opts.eps)?;
-    let x = &t.x;
+    let ops = ForwardOperands::of(&t.x, &t.residual, &t.h, &t.weight, &t.rstd);
+    ops.check(opts)?;
+    let (x, residual, h, w) = (&t.x, ops.residual, ops.h, &t.weight);
     let dtype = x.dtype;
-    x.check("x", dtype)?;
     let (rows, hidden) = x.shape();
-    match (&t.residual, &t.h) {
-        (Some(r), Some(h)) => {
-            r.check("residual", dtype)?;
-            check_shape("residual", r, (rows, hidden))?;
-            h.check("h", dtype)?;
-            check_shape("h", h, (rows, hidden))?;
-        }
-        (None, None) => {}
-        (Some(_), None) => {
-            return Err(Error::InvalidArgument {
-                what: "h",
-                value: "missing: with a residual the sum h = x + residual must be stored".into(),
-            });
-        }
-        (None, Some(_)) => {
-            return Err(Error::InvalidArgument {
-                what: "h",
-                value: "given without a residual: plain RMSNorm has no h output".into(),
-            });
-        }
-    }
-    check_weight("weight", &t.weight, dtype, hidden)?;
-    if let Some(rstd) = &t.rstd {
-        rstd.check("rstd", DType::F32)?;
-        check_shape("rstd", rstd, (rows, 1))?;
-    }
-    let (residual, h, rstd, w) = (
-        t.residual.as_ref(),
-        t.h.as_ref(),
-        t.rstd.as_ref(),
-        &t.weight,
-    );
     let mut operands = vec![("x", x), ("weight", w)];
     operands.extend(residual.map(|m| ("residual", m)));
     operands.extend(h.map(|m| ("h", m)));
-    operands.extend(rstd.map(|m| ("rstd", m)));
+    operands.extend(ops.rstd.map(|m| ("rstd", m)));
     check_fp8_output(&t.y, &t.scales, &scaling, (rows, hidden), &operands)?;
-    if let Some(h) = h {
-        check_aliasing(
-            ("h", h),
-            &[
-                ("x", Some(x)),
-                ("residual", residual),
-                ("weight", Some(w)),
-                ("rstd", rstd),
-            ],
-            &["x", "residual"],
-        )?;
-    }
-    if let Some(rstd) = rstd {
-        check_aliasing(
-            ("rstd", rstd),
-            &[("x", Some(x)), ("residual", residual), ("weight", Some(w))],
-            &[],
-        )?;
-    }
     if hidden > RMSNORM_FP8_MAX_HIDDEN {
         return Err(Error::TooLarge {
             what: "row length of an RMSNorm with FP8 output (at most 16384)",
@@ -137,10 +85,6 @@ pub fn plan_rmsnorm_forward_fp8(
             (rows as u64).div_ceil(geometry.rows_per_block as u64),
         )?
     };
-    let mut flags = super::weight_flags(opts.gemma, w.dtype, dtype);
-    if opts.numerics == NormNumerics::HfLlama {
-        flags |= RMSNORM_HF;
-    }
     let scales = &t.scales;
     let lanes = dtype.lanes_per_16b();
     let (scheme, min_scale, scale_ub, group_lanes) = match scaling {
@@ -174,25 +118,7 @@ pub fn plan_rmsnorm_forward_fp8(
         block: geometry.block_threads(),
         shared_mem_bytes: RMSNORM_SMEM_BYTES,
         params: RmsNormFp8Params {
-            norm: RmsNormFwdParams {
-                x: x.addr,
-                residual: residual.map_or(0, |m| m.addr),
-                w: w.addr,
-                y: t.y.addr,
-                h: h.map_or(0, |m| m.addr),
-                rstd: rstd.map_or(0, |m| m.addr),
-                x_stride: x.row_stride as u64,
-                residual_stride: residual.map_or(0, |m| m.row_stride as u64),
-                y_stride: t.y.row_stride as u64,
-                h_stride: h.map_or(0, |m| m.row_stride as u64),
-                rstd_stride: rstd.map_or(0, |m| m.row_stride as u64),
-                rows: rows as u64,
-                hidden: hidden as u64,
-                eps: opts.eps,
-                flags,
-                threads_per_row: geometry.threads_per_row,
-                rows_per_block: geometry.rows_per_block,
-            },
+            norm: ops.params(&t.y, opts, &geometry),
             scale: scales.addr,
             scale_row,
             scale_group,
