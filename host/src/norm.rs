@@ -277,12 +277,10 @@ pub fn plan_rmsnorm_forward(
     limits: &GridLimits,
 ) -> Result<Launch<RmsNormFwdParams>> {
     let ops = ForwardOperands::of(&t.x, &t.residual, &t.h, &t.weight, &t.rstd);
-    ops.check(opts)?;
+    ops.check(opts, Some(&t.y))?;
     let (x, residual, h, rstd, w) = (&t.x, ops.residual, ops.h, ops.rstd, &t.weight);
     let dtype = x.dtype;
     let (rows, hidden) = x.shape();
-    t.y.check("y", dtype)?;
-    check_shape("y", &t.y, (rows, hidden))?;
     check_aliasing(
         ("y", &t.y),
         &[
@@ -389,15 +387,20 @@ impl<'a> ForwardOperands<'a> {
         }
     }
 
-    /// `eps`; every operand's dtype (`x`'s is the storage dtype), shape and extent; a residual
-    /// exactly with an `h`; `h` overlapping nothing but exactly `x` or `residual`, `rstd`
-    /// nothing. `y`'s checks are the caller's.
-    pub(crate) fn check(&self, opts: &RmsNormOptions) -> Result<()> {
+    /// `eps`; every operand's dtype (`x`'s is the storage dtype), shape and extent, with a
+    /// `y` of the storage dtype right after `x` when given; a residual exactly with an `h`;
+    /// `h` overlapping nothing but exactly `x` or `residual`, `rstd` nothing. `y`'s overlaps,
+    /// and an FP8 `y`, are the caller's.
+    pub(crate) fn check(&self, opts: &RmsNormOptions, y: Option<&MatDesc>) -> Result<()> {
         check_eps(opts.eps)?;
         let (x, w) = (self.x, self.weight);
         let dtype = x.dtype;
         x.check("x", dtype)?;
         let (rows, hidden) = x.shape();
+        if let Some(y) = y {
+            y.check("y", dtype)?;
+            check_shape("y", y, (rows, hidden))?;
+        }
         match (self.residual, self.h) {
             (Some(r), Some(h)) => {
                 r.check("residual", dtype)?;

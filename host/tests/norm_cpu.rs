@@ -797,12 +797,11 @@ fn forward_rejects_bad_descriptions() {
         plan_rmsnorm_forward(&t, &opts(), &limits()).unwrap_err()
     };
     // Dtypes.
-    // The storage dtype is x's: another operand of the old one mismatches (the first checked
-    // after x: the residual).
+    // The storage dtype is x's: another operand of the old one mismatches.
     assert_matches!(
         err(&|t| t.x.dtype = DType::F16),
         Error::DTypeMismatch {
-            tensor: "residual",
+            tensor: "y",
             expected: DType::F16,
             got: DType::BF16
         }

@@ -58,7 +58,7 @@ pub fn plan_rmsnorm_forward_fp8(
     scaling: Fp8Scaling,
 ) -> Result<Launch<RmsNormFp8Params>> {
     let ops = ForwardOperands::of(&t.x, &t.residual, &t.h, &t.weight, &t.rstd);
-    ops.check(opts)?;
+    ops.check(opts, None)?;
     let (x, residual, h, w) = (&t.x, ops.residual, ops.h, &t.weight);
     let dtype = x.dtype;
     let (rows, hidden) = x.shape();
