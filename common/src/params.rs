@@ -138,8 +138,9 @@ pub const RMSNORM_W_F32: u32 = 4;
 /// to 65536 / 512 = 128 registers per thread and still launch.
 pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
 /// Most threads one row (and one block) of the backward gets: bf16 rows of up to
-/// 512 x 16 = 8192 elements are held in registers (see [`rmsnorm_bwd_max_threads_per_row`]). The 16-per-thread kernels carry launch bounds for their
-/// largest block (`KernelId::launch_bounds`), so they always launch.
+/// 512 x 16 = 8192 elements are held in registers (see [`rmsnorm_bwd_max_threads_per_row`]).
+/// The 16-per-thread kernels carry launch bounds for their largest block
+/// (`KernelId::launch_bounds`), so they always launch.
 pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
 /// Threads of one row (and one block) of the looped backward, for rows longer than 8192. Its
 /// kernels hold more per thread (h, the gradient, the dw partial per tile); 256 threads
