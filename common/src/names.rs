@@ -69,10 +69,10 @@ pub enum KernelId {
     /// loaded with the inputs: for grids of one wave (`rmsnorm_fwd_{dtype}_v16_e16_wfirst`).
     RmsNormFwdWFirst(DType),
     /// Residual-add + RMSNorm forward of a looped row split over the blocks of a thread-block
-    /// cluster, one tile (`E16`) or two (`E32`) per block, v16 path, sm_90 (clusters); the
-    /// sm_80 module has the entries but never runs them (`rmsnorm_fwd_{dtype}_split_{e16|e32}`;
+    /// cluster, one tile (`E16`) or two (`E32`) per block, sm_90 (clusters); the sm_80 module
+    /// has the entries but never runs them (`rmsnorm_fwd_{dtype}_{v16|scalar}_split_{e16|e32}`;
     /// see `crate::rmsnorm_split_geometry`).
-    RmsNormFwdSplit(DType, NormFwdVariant),
+    RmsNormFwdSplit(DType, VecMode, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
@@ -214,12 +214,18 @@ kernel_table! {
     rmsnorm_fwd_f16_realigned_e32 = RmsNormFwdRealigned(F16, Fwd::E32),
     rmsnorm_fwd_bf16_realigned_e16 = RmsNormFwdRealigned(BF16, Fwd::E16),
     rmsnorm_fwd_bf16_realigned_e32 = RmsNormFwdRealigned(BF16, Fwd::E32),
-    rmsnorm_fwd_f32_split_e16 = RmsNormFwdSplit(F32, Fwd::E16),
-    rmsnorm_fwd_f32_split_e32 = RmsNormFwdSplit(F32, Fwd::E32),
-    rmsnorm_fwd_f16_split_e16 = RmsNormFwdSplit(F16, Fwd::E16),
-    rmsnorm_fwd_f16_split_e32 = RmsNormFwdSplit(F16, Fwd::E32),
-    rmsnorm_fwd_bf16_split_e16 = RmsNormFwdSplit(BF16, Fwd::E16),
-    rmsnorm_fwd_bf16_split_e32 = RmsNormFwdSplit(BF16, Fwd::E32),
+    rmsnorm_fwd_f32_v16_split_e16 = RmsNormFwdSplit(F32, V16, Fwd::E16),
+    rmsnorm_fwd_f32_v16_split_e32 = RmsNormFwdSplit(F32, V16, Fwd::E32),
+    rmsnorm_fwd_f32_scalar_split_e16 = RmsNormFwdSplit(F32, Scalar, Fwd::E16),
+    rmsnorm_fwd_f32_scalar_split_e32 = RmsNormFwdSplit(F32, Scalar, Fwd::E32),
+    rmsnorm_fwd_f16_v16_split_e16 = RmsNormFwdSplit(F16, V16, Fwd::E16),
+    rmsnorm_fwd_f16_v16_split_e32 = RmsNormFwdSplit(F16, V16, Fwd::E32),
+    rmsnorm_fwd_f16_scalar_split_e16 = RmsNormFwdSplit(F16, Scalar, Fwd::E16),
+    rmsnorm_fwd_f16_scalar_split_e32 = RmsNormFwdSplit(F16, Scalar, Fwd::E32),
+    rmsnorm_fwd_bf16_v16_split_e16 = RmsNormFwdSplit(BF16, V16, Fwd::E16),
+    rmsnorm_fwd_bf16_v16_split_e32 = RmsNormFwdSplit(BF16, V16, Fwd::E32),
+    rmsnorm_fwd_bf16_scalar_split_e16 = RmsNormFwdSplit(BF16, Scalar, Fwd::E16),
+    rmsnorm_fwd_bf16_scalar_split_e32 = RmsNormFwdSplit(BF16, Scalar, Fwd::E32),
     zero_fill = ZeroFill,
     empty_kernel = Empty,
     gated_fp8_flat_f32_v16 = GatedFp8Flat(F32, V16),
@@ -326,7 +332,7 @@ impl KernelId {
             }
             // One tile per block: two blocks per SM (64 registers), so that a cluster's
             // blocks and a few rows' clusters share multiprocessors; two tiles: its block.
-            KernelId::RmsNormFwdSplit(_, NormFwdVariant::E16) => {
+            KernelId::RmsNormFwdSplit(_, _, NormFwdVariant::E16) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
             KernelId::RmsNormFwdSplit(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
@@ -344,14 +350,14 @@ impl KernelId {
     }
 
     /// A norm forward kernel's storage dtype, memory path and row variant (the w-first form is
-    /// a v16, 16-per-thread kernel, the split form a v16 looped one); `None` for other kernels.
+    /// a v16, 16-per-thread kernel, the split form a looped one); `None` for other kernels.
     pub const fn rmsnorm_forward_form(self) -> Option<(DType, NormPath, NormFwdVariant)> {
         match self {
             KernelId::RmsNormFwd(d, v, n) => Some((d, NormPath::of(v), n)),
             KernelId::RmsNormFwdRealigned(d, n) => Some((d, NormPath::Realigned, n)),
             KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
             // The looped row's map and reduction shape, over a cluster's blocks.
-            KernelId::RmsNormFwdSplit(d, _) => Some((d, NormPath::V16, NormFwdVariant::Loop)),
+            KernelId::RmsNormFwdSplit(d, v, _) => Some((d, NormPath::of(v), NormFwdVariant::Loop)),
             _ => None,
         }
     }

@@ -335,8 +335,8 @@ pub fn plan_rmsnorm_forward(
     })
 }
 
-/// The cluster-split forward and its grid (`rows` clusters), where it applies: looped rows on
-/// the vector path, on a device with clusters, at most a quarter as many rows as
+/// The cluster-split forward and its grid (`rows` clusters), where it applies: looped rows
+/// (on the vector or the scalar path), on a device with clusters, at most a quarter as many rows as
 /// multiprocessors (one block per row would leave most of the GPU idle; from 64 rows on an
 /// H200 the one-block kernel was as fast or faster). It computes the same bits as the looped
 /// kernel (`rmsnorm_split_geometry`), so the choice by `rows` keeps batch invariance.
@@ -348,16 +348,12 @@ fn split_forward(
     limits: &GridLimits,
 ) -> Option<(KernelId, u64)> {
     let (variant, cluster) = rmsnorm_split_geometry(dtype, hidden as u64)?;
-    (limits.clusters
-        && mode == VecMode::V16
-        && rows > 0
-        && rows as u64 * 4 <= limits.sm_count as u64)
-        .then(|| {
-            (
-                KernelId::RmsNormFwdSplit(dtype, variant),
-                rows as u64 * cluster as u64,
-            )
-        })
+    (limits.clusters && rows > 0 && rows as u64 * 4 <= limits.sm_count as u64).then(|| {
+        (
+            KernelId::RmsNormFwdSplit(dtype, mode, variant),
+            rows as u64 * cluster as u64,
+        )
+    })
 }
 
 /// The operands of a forward besides `y`: what the storage-dtype and the FP8 forward share

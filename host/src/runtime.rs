@@ -117,7 +117,7 @@ unsafe impl KernelParams for RmsNormFwdParams {
     /// The split forward runs a row on one cluster of `rmsnorm_split_geometry`'s size.
     fn cluster_blocks(&self, kernel: KernelId) -> u32 {
         match kernel {
-            KernelId::RmsNormFwdSplit(dtype, _) => {
+            KernelId::RmsNormFwdSplit(dtype, ..) => {
                 rmsnorm_split_geometry(dtype, self.hidden).map_or(1, |(_, n)| n)
             }
             _ => 1,

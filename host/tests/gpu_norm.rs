@@ -1116,7 +1116,8 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
 
 /// The cluster-split forward (long rows, few rows per call) against the f64 reference, and
 /// bit for bit against the looped one-block kernel on the same rows (the split turned off),
-/// for one and two tiles per block, every option set, rows alone and in small batches.
+/// for one and two tiles per block, every option set, rows alone and in small batches, on
+/// the vector path and off it (odd row lengths, rows and operands at odd offsets).
 #[test]
 fn forward_split_matches_the_looped_kernel_bitwise() {
     let Some((k, s)) = gpu("forward_split_matches_the_looped_kernel_bitwise") else {
@@ -1127,12 +1128,15 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
         return;
     }
     // Tiles (16-bit, f32): 20000 -> 3, 3; 32768 -> 4, 4; 65536 -> 8, 8 (one per block);
-    // 100000 -> 13, 13 and 131072 -> 16, 16 (two per block).
-    // Quick (the sanitizer runs): one and two tiles per block, two option sets.
+    // 100000 -> 13, 13 and 131072 -> 16, 16 (two per block); one element fewer or more, the
+    // same counts (32769 and 65535 for f32: 5 and 8) on the scalar path.
+    // Quick (the sanitizer runs): one and two tiles per block on both paths, two option sets.
     let hidden: &[usize] = if quick() {
-        &[20000, 100000]
+        &[20000, 100000, 20001, 100003]
     } else {
-        &[20000, 32768, 65536, 100000, 131072]
+        &[
+            20000, 32768, 65536, 100000, 131072, 20001, 32769, 65535, 100003, 131071,
+        ]
     };
     let mut i = 0usize;
     let mut failed = Vec::new();
@@ -1149,11 +1153,7 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                     hf: opt & 2 != 0,
                     w_f32: opt & 4 != 0 && dtype != DType::F32,
                     rstd: opt & 8 != 0 || i.is_multiple_of(3),
-                    layout: if i.is_multiple_of(2) {
-                        Layout::Dense
-                    } else {
-                        Layout::Padded
-                    },
+                    layout: LAYOUTS[(i / 4) % LAYOUTS.len()],
                     ..Fwd::new([1, 2, 7, 32][i % 4], h)
                 };
                 let seed = fresh_seed();

@@ -1283,10 +1283,11 @@ fn kernel_table_holds_every_norm_entry() {
     assert_eq!(count, 18 + 12 + 3);
 }
 
-/// With clusters, looped rows on the vector path at up to a quarter as many rows as
-/// multiprocessors take the split forward: one cluster per row, one tile per block up to 8 tiles, two up to 16, the
-/// same form (v16, looped) and parameters as the looped kernel, its own shared memory.
-/// Never on the scalar path, without clusters, beyond `sm_count / 4` rows, or for shorter rows.
+/// With clusters, looped rows at up to a quarter as many rows as multiprocessors take the
+/// split forward: one cluster per row, one tile per block up to 8 tiles, two up to 16, the
+/// same form (memory path, looped) and parameters as the looped kernel, its own shared
+/// memory; on the vector path and, for rows off the 16-byte grid, on the scalar one. Never
+/// without clusters, beyond `sm_count / 4` rows, or for shorter rows.
 #[test]
 fn split_forward_plan() {
     use ferrofuse_common::{RMSNORM_SPLIT_SMEM_BYTES, rmsnorm_fwd_tiles, rmsnorm_split_geometry};
@@ -1324,18 +1325,46 @@ fn split_forward_plan() {
                 );
                 match geom {
                     Some((v, n)) if rows <= 33 => {
-                        assert_eq!(l.kernel, KernelId::RmsNormFwdSplit(dtype, v), "{what}");
+                        assert_eq!(
+                            l.kernel,
+                            KernelId::RmsNormFwdSplit(dtype, VecMode::V16, v),
+                            "{what}"
+                        );
                         assert_eq!(l.grid as usize, rows * n as usize, "{what}");
                         assert_eq!(l.shared_mem_bytes, RMSNORM_SPLIT_SMEM_BYTES, "{what}");
                         assert_eq!(geometry.threads_per_row, RMSNORM_MAX_THREADS_PER_ROW);
                     }
                     _ => assert_eq!(l, looped, "{what}"),
                 }
-                // Off the vector grid: the looped scalar kernel, clusters or not.
+                // Off the vector grid: the scalar path, split where the vector one is.
                 let mut t = t;
                 t.x.addr += dtype.size_bytes() as u64;
+                let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
                 let s = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
-                assert!(!matches!(s.kernel, KernelId::RmsNormFwdSplit(..)), "{what}");
+                if variant == NormFwdVariant::Loop {
+                    assert_eq!(
+                        looped.kernel.rmsnorm_forward_form(),
+                        Some((dtype, NormPath::Scalar, variant)),
+                        "{what}"
+                    );
+                }
+                assert_eq!(
+                    s.kernel.rmsnorm_forward_form(),
+                    looped.kernel.rmsnorm_forward_form(),
+                    "{what}"
+                );
+                assert_eq!(s.params, looped.params, "{what}");
+                match geom {
+                    Some((v, n)) if rows <= 33 => {
+                        assert_eq!(
+                            s.kernel,
+                            KernelId::RmsNormFwdSplit(dtype, VecMode::Scalar, v),
+                            "{what}"
+                        );
+                        assert_eq!(s.grid as usize, rows * n as usize, "{what}");
+                    }
+                    _ => assert_eq!(s, looped, "{what}"),
+                }
             }
         }
     }

@@ -111,6 +111,34 @@ unsafe fn ld_u16_if(p: u64, pred: bool) -> u16 {
     v
 }
 
+/// A u16 from `p` when `lane < n`, else 0: the predicate is formed inside, from the element's
+/// constant `lane` in its chunk and the chunk's count `n` of elements to read, so that a
+/// chunk's loads share one register (`n`) instead of one materialised predicate each.
+#[inline(always)]
+unsafe fn ld_u16_below(p: u64, lane: u32, n: u32) -> u16 {
+    let v: u16;
+    // SAFETY: when `lane < n`, `p` is a valid, 2-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.lt.u32 ok, {2}, {3}; @ok ld.global.u16 {0}, [{1}]; }}",
+             inout(reg16) 0u16 => v, in(reg64) p, in(reg32) lane, in(reg32) n,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// A u32 from `p` when `lane < n`, else 0 (as [`ld_u16_below`]).
+#[inline(always)]
+unsafe fn ld_u32_below(p: u64, lane: u32, n: u32) -> u32 {
+    let v: u32;
+    // SAFETY: when `lane < n`, `p` is a valid, 4-byte aligned global address (caller).
+    unsafe {
+        asm!("{{ .reg .pred ok; setp.lt.u32 ok, {2}, {3}; @ok ld.global.u32 {0}, [{1}]; }}",
+             inout(reg32) 0u32 => v, in(reg64) p, in(reg32) lane, in(reg32) n,
+             options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
 /// An f32 from `p` when `pred`, else 0.0 (predicated, no branch).
 #[inline(always)]
 pub unsafe fn ld_f32_if(p: u64, pred: bool) -> f32 {
@@ -258,6 +286,9 @@ pub trait Elem {
     /// [`Elem::load_bits`] when `pred`, else 0 (predicated, no branch: a thread's batch of
     /// such loads issues back to back).
     unsafe fn load_bits_if(p: u64, pred: bool) -> u32;
+    /// [`Elem::load_bits`] when `lane < n`, else 0: element `lane` of a chunk of which the
+    /// first `n` are read (predicated, no branch; see `ld_u16_below`).
+    unsafe fn load_bits_below(p: u64, lane: u32, n: u32) -> u32;
     fn widen(bits: u32) -> f32;
     unsafe fn store(p: u64, v: f32);
     /// [`Elem::store`] when `pred` (predicated, no branch).
@@ -328,6 +359,10 @@ impl Elem for F32 {
         unsafe { ld_f32_if(p, pred) }.to_bits()
     }
     #[inline(always)]
+    unsafe fn load_bits_below(p: u64, lane: u32, n: u32) -> u32 {
+        unsafe { ld_u32_below(p, lane, n) }
+    }
+    #[inline(always)]
     fn widen(bits: u32) -> f32 {
         f32::from_bits(bits)
     }
@@ -374,6 +409,10 @@ impl Elem for F16 {
         unsafe { ld_u16_if(p, pred) as u32 }
     }
     #[inline(always)]
+    unsafe fn load_bits_below(p: u64, lane: u32, n: u32) -> u32 {
+        unsafe { ld_u16_below(p, lane, n) as u32 }
+    }
+    #[inline(always)]
     fn widen(bits: u32) -> f32 {
         f16_to_f32(bits as u16)
     }
@@ -418,6 +457,10 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn load_bits_if(p: u64, pred: bool) -> u32 {
         unsafe { ld_u16_if(p, pred) as u32 }
+    }
+    #[inline(always)]
+    unsafe fn load_bits_below(p: u64, lane: u32, n: u32) -> u32 {
+        unsafe { ld_u16_below(p, lane, n) as u32 }
     }
     #[inline(always)]
     fn widen(bits: u32) -> f32 {

@@ -159,6 +159,60 @@ unsafe fn load_chunk<E: Elem, const M: Path>(at: Row, c: u64, hidden: u64, ok: b
     }
 }
 
+/// [`load_chunk`] with every access predicated on both paths, for kernels whose thread holds
+/// few enough elements to keep all its loads of a phase in flight (the split forward, a tile
+/// of the looped one): on the scalar path, one predicated load per element, no branches.
+///
+/// # Safety
+/// As for [`load_chunk`].
+#[inline(always)]
+unsafe fn load_chunk_if<E: Elem, const M: Path>(
+    at: Row,
+    c: u64,
+    hidden: u64,
+    ok: bool,
+) -> [f32; 8] {
+    if M == Path::Scalar {
+        let first = at.index * at.stride + c * E::LANES as u64;
+        // SAFETY: caller's contract: the elements of chunk c below `hidden` are in the row.
+        unsafe { load_elems_if::<E>(at.base, first, c * E::LANES as u64, hidden, E::LANES, ok) }
+    } else {
+        // SAFETY: caller's contract.
+        unsafe { load_chunk::<E, M>(at, c, hidden, ok) }
+    }
+}
+
+/// `lanes` elements of type `T` of the array at `base` from element `first`, which is column
+/// `col0`, widened to f32: each one a predicated load, taken when `ok` and its column is
+/// `< hidden`, zero otherwise.
+///
+/// # Safety
+/// When `ok`, the elements at columns `< hidden` exist.
+#[inline(always)]
+unsafe fn load_elems_if<T: Elem>(
+    base: u64,
+    first: u64,
+    col0: u64,
+    hidden: u64,
+    lanes: usize,
+    ok: bool,
+) -> [f32; 8] {
+    // The chunk's elements inside the row (one register for all its lanes' predicates), and
+    // its address (each lane's an immediate offset from it).
+    let n = if ok {
+        hidden.saturating_sub(col0).min(lanes as u64) as u32
+    } else {
+        0
+    };
+    let at = base + first * T::BYTES;
+    let mut v = [0.0f32; 8];
+    unroll!(l < lanes => {
+        // SAFETY: caller's contract; not accessed unless the column is inside the row.
+        v[l] = T::widen(unsafe { T::load_bits_below(at + l as u64 * T::BYTES, l as u32, n) });
+    });
+    v
+}
+
 /// Stores chunk `c` of the row `at` when `ok` (rounding to nearest even in the storage dtype);
 /// on the scalar path, lanes at columns `>= hidden` are not written.
 ///
@@ -300,6 +354,48 @@ unsafe fn load_w<E: Elem, const M: Path>(
             let c = first + j as u64 * tpr;
             // SAFETY: as above; the weight is row 0 of a one-row matrix.
             v[j] = unsafe { load_chunk::<E, M>(Row::of(w, 0, 0), c, hidden, ok && c < nchunks) };
+        });
+    }
+    if gemma {
+        unroll!(j < k => { unroll!(l < E::LANES => { v[j][l] = 1.0 + v[j][l]; }); });
+    }
+    v
+}
+
+/// [`load_w`] (with `ok`) with every access predicated, as [`load_chunk_if`] loads the inputs.
+///
+/// # Safety
+/// As for [`load_w`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn load_w_if<E: Elem, const M: Path>(
+    w: u64,
+    first: u64,
+    tpr: u64,
+    k: usize,
+    nchunks: u64,
+    hidden: u64,
+    w_f32: bool,
+    gemma: bool,
+) -> [[f32; 8]; MAX_CHUNKS] {
+    if M != Path::Scalar {
+        // SAFETY: caller's contract.
+        return unsafe { load_w::<E, M>(w, first, tpr, k, nchunks, hidden, w_f32, gemma, true) };
+    }
+    let lanes = E::LANES as u64;
+    let mut v = [[0.0f32; 8]; MAX_CHUNKS];
+    // The dtype test outside the chunk loop, as in `load_w`.
+    if w_f32 {
+        unroll!(j < k => {
+            let c = first + j as u64 * tpr;
+            // SAFETY: the weight holds `hidden` f32s (caller's contract).
+            v[j] = unsafe { load_elems_if::<F32>(w, c * lanes, c * lanes, hidden, E::LANES, c < nchunks) };
+        });
+    } else {
+        unroll!(j < k => {
+            let c = first + j as u64 * tpr;
+            // SAFETY: the weight holds `hidden` elements of the storage dtype.
+            v[j] = unsafe { load_elems_if::<E>(w, c * lanes, c * lanes, hidden, E::LANES, c < nchunks) };
         });
     }
     if gemma {
@@ -666,8 +762,8 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
             unsafe {
-                x[j] = load_chunk::<E, M>(x_row, c, hidden, ok);
-                r[j] = load_chunk::<E, M>(res_row, c, hidden, ok && has_res);
+                x[j] = load_chunk_if::<E, M>(x_row, c, hidden, ok);
+                r[j] = load_chunk_if::<E, M>(res_row, c, hidden, ok && has_res);
             }
         });
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -704,11 +800,10 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as in pass 1.
-            hv[j] = unsafe { load_chunk::<E, M>(src_row, c, hidden, c < nchunks) };
+            hv[j] = unsafe { load_chunk_if::<E, M>(src_row, c, hidden, c < nchunks) };
         });
         // SAFETY: the host checked the weight.
-        let w =
-            unsafe { load_w::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+        let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             let y = normalize::<E>(&hv[j], rstd, &w[j], hf);

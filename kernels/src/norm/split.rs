@@ -36,8 +36,8 @@ use ferrofuse_common::{
 };
 
 use super::{
-    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_w, normalize, prefetch_first, round_to,
-    rstd_of, store_chunk,
+    MAX_CHUNKS, Me, Row, add_residual, load_chunk_if, load_w_if, normalize, prefetch_first,
+    round_to, rstd_of, store_chunk,
 };
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync};
 use crate::reduce::{row_sum, smem_f32, sync_block, warp_sum};
@@ -184,15 +184,15 @@ mod cluster {
     }
 }
 
-/// The split forward: `TPC` tiles per block (1 or 2), 512 threads, v16 path.
+/// The split forward: `TPC` tiles per block (1 or 2), 512 threads, memory path `M` (v16 or
+/// scalar: every access predicated, so a thread's loads of a phase are in flight together).
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward` decides for the split kernel: `rows * n` blocks of
 /// `threads_per_row` (512) threads in clusters of `n` = `rmsnorm_split_geometry`'s size,
-/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked, the v16 path.
+/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked for path `M`.
 #[inline(always)]
-unsafe fn fwd_split<E: Elem, const TPC: usize>(p: &RmsNormFwdParams) {
-    const M: Path = Path::V16;
+unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdParams) {
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -226,25 +226,36 @@ unsafe fn fwd_split<E: Elem, const TPC: usize>(p: &RmsNormFwdParams) {
     let y_row = Row::hoisted::<E>(p.y, p.y_stride, row);
     grid_dependency_sync();
 
-    // Every load of x, residual and w first (predicated: in flight together); chunks past
-    // the row stay 0 and add nothing.
+    // Every load of x and residual first (predicated: in flight together); chunks past the
+    // row stay 0 and add nothing.
     let mut x = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(q < TPC * k => {
         let (c, inside) = chunk(q);
         // SAFETY: when inside, row < rows and c < nchunks: inside every operand (host-checked).
         unsafe {
-            x[q] = load_chunk::<E, M>(x_row, c, hidden, inside);
-            r[q] = load_chunk::<E, M>(res_row, c, hidden, inside && has_res);
+            x[q] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
+            r[q] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
         }
     });
+    // The weight: on the v16 path with the inputs (one 16-byte load per chunk); on the
+    // scalar path (a load per element) once the inputs are summed and gathered, in flight
+    // through the last block barrier: issued any earlier, ptxas holds the inputs' and the
+    // weight's loads at once and spills.
+    let load_weight = || {
+        let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+        unroll!(j < TPC => {
+            let (c0, _) = chunk(j * k);
+            // SAFETY: the host checked the weight; chunks past the row are not read.
+            let wj = unsafe { load_w_if::<E, M>(p.w, c0, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+            unroll!(i < k => { w[j * k + i] = wj[i]; });
+        });
+        w
+    };
     let mut w = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(j < TPC => {
-        let (c0, _) = chunk(j * k);
-        // SAFETY: the host checked the weight; chunks past the row are not read.
-        let wj = unsafe { load_w::<E, M>(p.w, c0, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
-        unroll!(i < k => { w[j * k + i] = wj[i]; });
-    });
+    if M != Path::Scalar {
+        w = load_weight();
+    }
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(q < TPC * k => { h[q] = add_residual::<E>(&x[q], &r[q], has_res, hf); });
     unroll!(q < TPC * k => {
@@ -284,6 +295,9 @@ unsafe fn fwd_split<E: Elem, const TPC: usize>(p: &RmsNormFwdParams) {
     }
     // SAFETY: as above.
     unsafe { cluster::arrive() };
+    if M == Path::Scalar {
+        w = load_weight();
+    }
     sync_block();
     let mut sum_sq = 0.0f32;
     let mut i = 0u64;
@@ -349,7 +363,7 @@ mod cluster {
 }
 
 macro_rules! split_entries {
-    ($($e:ty => $one:ident, $two:ident;)*) => {$(
+    ($($e:ty, $m:ident => $one:ident, $two:ident;)*) => {$(
         /// RMSNorm forward of a looped row, one tile per block of a cluster; see the module
         /// docs.
         ///
@@ -357,7 +371,7 @@ macro_rules! split_entries {
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $one(p: RmsNormFwdParams) {
-            unsafe { fwd_split::<$e, 1>(&p) }
+            unsafe { fwd_split::<$e, { Path::$m }, 1>(&p) }
         }
 
         /// RMSNorm forward of a looped row, two tiles per block of a cluster.
@@ -366,14 +380,17 @@ macro_rules! split_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $two(p: RmsNormFwdParams) {
-            unsafe { fwd_split::<$e, 2>(&p) }
+            unsafe { fwd_split::<$e, { Path::$m }, 2>(&p) }
         }
     )*};
 }
 
 // Names must match `ferrofuse_common::KernelId::name`.
 split_entries! {
-    F32 => rmsnorm_fwd_f32_split_e16, rmsnorm_fwd_f32_split_e32;
-    F16 => rmsnorm_fwd_f16_split_e16, rmsnorm_fwd_f16_split_e32;
-    Bf16 => rmsnorm_fwd_bf16_split_e16, rmsnorm_fwd_bf16_split_e32;
+    F32, V16 => rmsnorm_fwd_f32_v16_split_e16, rmsnorm_fwd_f32_v16_split_e32;
+    F32, Scalar => rmsnorm_fwd_f32_scalar_split_e16, rmsnorm_fwd_f32_scalar_split_e32;
+    F16, V16 => rmsnorm_fwd_f16_v16_split_e16, rmsnorm_fwd_f16_v16_split_e32;
+    F16, Scalar => rmsnorm_fwd_f16_scalar_split_e16, rmsnorm_fwd_f16_scalar_split_e32;
+    Bf16, V16 => rmsnorm_fwd_bf16_v16_split_e16, rmsnorm_fwd_bf16_v16_split_e32;
+    Bf16, Scalar => rmsnorm_fwd_bf16_scalar_split_e16, rmsnorm_fwd_bf16_scalar_split_e32;
 }
