@@ -70,9 +70,10 @@ pub enum KernelId {
     RmsNormFwdWFirst(DType),
     /// Residual-add + RMSNorm forward of a looped row split over the blocks of a thread-block
     /// cluster, one tile (`E16`) or two (`E32`) per block, sm_90 (clusters); the sm_80 module
-    /// has the entries but never runs them (`rmsnorm_fwd_{dtype}_{v16|scalar}_split_{e16|e32}`;
-    /// see `crate::rmsnorm_split_geometry`).
-    RmsNormFwdSplit(DType, VecMode, NormFwdVariant),
+    /// has the entries but never runs them
+    /// (`rmsnorm_fwd_{dtype}_{v16|realigned|scalar}_split_{e16|e32}`, no f32 realigned `e32`;
+    /// see `crate::rmsnorm_split_geometry` and `crate::rmsnorm_split_smem_bytes`).
+    RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
@@ -214,18 +215,23 @@ kernel_table! {
     rmsnorm_fwd_f16_realigned_e32 = RmsNormFwdRealigned(F16, Fwd::E32),
     rmsnorm_fwd_bf16_realigned_e16 = RmsNormFwdRealigned(BF16, Fwd::E16),
     rmsnorm_fwd_bf16_realigned_e32 = RmsNormFwdRealigned(BF16, Fwd::E32),
-    rmsnorm_fwd_f32_v16_split_e16 = RmsNormFwdSplit(F32, V16, Fwd::E16),
-    rmsnorm_fwd_f32_v16_split_e32 = RmsNormFwdSplit(F32, V16, Fwd::E32),
-    rmsnorm_fwd_f32_scalar_split_e16 = RmsNormFwdSplit(F32, Scalar, Fwd::E16),
-    rmsnorm_fwd_f32_scalar_split_e32 = RmsNormFwdSplit(F32, Scalar, Fwd::E32),
-    rmsnorm_fwd_f16_v16_split_e16 = RmsNormFwdSplit(F16, V16, Fwd::E16),
-    rmsnorm_fwd_f16_v16_split_e32 = RmsNormFwdSplit(F16, V16, Fwd::E32),
-    rmsnorm_fwd_f16_scalar_split_e16 = RmsNormFwdSplit(F16, Scalar, Fwd::E16),
-    rmsnorm_fwd_f16_scalar_split_e32 = RmsNormFwdSplit(F16, Scalar, Fwd::E32),
-    rmsnorm_fwd_bf16_v16_split_e16 = RmsNormFwdSplit(BF16, V16, Fwd::E16),
-    rmsnorm_fwd_bf16_v16_split_e32 = RmsNormFwdSplit(BF16, V16, Fwd::E32),
-    rmsnorm_fwd_bf16_scalar_split_e16 = RmsNormFwdSplit(BF16, Scalar, Fwd::E16),
-    rmsnorm_fwd_bf16_scalar_split_e32 = RmsNormFwdSplit(BF16, Scalar, Fwd::E32),
+    rmsnorm_fwd_f32_v16_split_e16 = RmsNormFwdSplit(F32, NormPath::V16, Fwd::E16),
+    rmsnorm_fwd_f32_v16_split_e32 = RmsNormFwdSplit(F32, NormPath::V16, Fwd::E32),
+    rmsnorm_fwd_f32_realigned_split_e16 = RmsNormFwdSplit(F32, NormPath::Realigned, Fwd::E16),
+    rmsnorm_fwd_f32_scalar_split_e16 = RmsNormFwdSplit(F32, NormPath::Scalar, Fwd::E16),
+    rmsnorm_fwd_f32_scalar_split_e32 = RmsNormFwdSplit(F32, NormPath::Scalar, Fwd::E32),
+    rmsnorm_fwd_f16_v16_split_e16 = RmsNormFwdSplit(F16, NormPath::V16, Fwd::E16),
+    rmsnorm_fwd_f16_v16_split_e32 = RmsNormFwdSplit(F16, NormPath::V16, Fwd::E32),
+    rmsnorm_fwd_f16_realigned_split_e16 = RmsNormFwdSplit(F16, NormPath::Realigned, Fwd::E16),
+    rmsnorm_fwd_f16_realigned_split_e32 = RmsNormFwdSplit(F16, NormPath::Realigned, Fwd::E32),
+    rmsnorm_fwd_f16_scalar_split_e16 = RmsNormFwdSplit(F16, NormPath::Scalar, Fwd::E16),
+    rmsnorm_fwd_f16_scalar_split_e32 = RmsNormFwdSplit(F16, NormPath::Scalar, Fwd::E32),
+    rmsnorm_fwd_bf16_v16_split_e16 = RmsNormFwdSplit(BF16, NormPath::V16, Fwd::E16),
+    rmsnorm_fwd_bf16_v16_split_e32 = RmsNormFwdSplit(BF16, NormPath::V16, Fwd::E32),
+    rmsnorm_fwd_bf16_realigned_split_e16 = RmsNormFwdSplit(BF16, NormPath::Realigned, Fwd::E16),
+    rmsnorm_fwd_bf16_realigned_split_e32 = RmsNormFwdSplit(BF16, NormPath::Realigned, Fwd::E32),
+    rmsnorm_fwd_bf16_scalar_split_e16 = RmsNormFwdSplit(BF16, NormPath::Scalar, Fwd::E16),
+    rmsnorm_fwd_bf16_scalar_split_e32 = RmsNormFwdSplit(BF16, NormPath::Scalar, Fwd::E32),
     zero_fill = ZeroFill,
     empty_kernel = Empty,
     gated_fp8_flat_f32_v16 = GatedFp8Flat(F32, V16),
@@ -331,7 +337,11 @@ impl KernelId {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
             // One tile per block: two blocks per SM (64 registers), so that a cluster's
-            // blocks and a few rows' clusters share multiprocessors; two tiles: its block.
+            // blocks and a few rows' clusters share multiprocessors; two tiles, and the f32
+            // realigned tile (which spilled at 64): its block.
+            KernelId::RmsNormFwdSplit(DType::F32, NormPath::Realigned, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 0))
+            }
             KernelId::RmsNormFwdSplit(_, _, NormFwdVariant::E16) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
@@ -344,7 +354,10 @@ impl KernelId {
     /// the host raises the function's limit to it when it loads the module.
     pub const fn dynamic_smem_opt_in(self) -> Option<u32> {
         match self {
-            KernelId::RmsNormFwdRealigned(..) => Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES),
+            KernelId::RmsNormFwdRealigned(..)
+            | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _) => {
+                Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)
+            }
             _ => None,
         }
     }
@@ -357,7 +370,7 @@ impl KernelId {
             KernelId::RmsNormFwdRealigned(d, n) => Some((d, NormPath::Realigned, n)),
             KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
             // The looped row's map and reduction shape, over a cluster's blocks.
-            KernelId::RmsNormFwdSplit(d, v, _) => Some((d, NormPath::of(v), NormFwdVariant::Loop)),
+            KernelId::RmsNormFwdSplit(d, path, _) => Some((d, path, NormFwdVariant::Loop)),
             _ => None,
         }
     }

@@ -4,7 +4,7 @@
 //! index arithmetic wraps past 2^31 (or 2^32) elements. Every struct is `#[repr(C)]` with its
 //! fields ordered so no padding is implicit: the host copies the bytes, the kernel reads them.
 
-use crate::DType;
+use crate::{DType, NormPath};
 
 /// Block size of `zero_fill` (the benchmark's L2 flush).
 pub const ZERO_FILL_THREADS: u32 = 256;
@@ -380,6 +380,33 @@ pub const fn rmsnorm_split_geometry(dtype: DType, hidden: u64) -> Option<(NormFw
         Some((NormFwdVariant::E16, tiles as u32))
     } else if tiles <= RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK {
         Some((NormFwdVariant::E32, tiles.div_ceil(2) as u32))
+    } else {
+        None
+    }
+}
+
+/// Dynamic shared memory of a split forward launch of `variant` (`E16`: one tile per block,
+/// `E32`: two) on memory path `path`: [`RMSNORM_SPLIT_SMEM_BYTES`], and on the realigned path
+/// the staging of the block's slice of `x` and `residual` after it (the slice's 16-byte
+/// vectors and the one after them, each). `None` where that staging would pass
+/// [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`] (f32 slices of two tiles), which has no kernel.
+pub const fn rmsnorm_split_smem_bytes(
+    dtype: DType,
+    path: NormPath,
+    variant: NormFwdVariant,
+) -> Option<u32> {
+    if !matches!(path, NormPath::Realigned) {
+        return Some(RMSNORM_SPLIT_SMEM_BYTES);
+    }
+    let tiles = if matches!(variant, NormFwdVariant::E16) {
+        1
+    } else {
+        2
+    };
+    let chunks_per_tile = RMSNORM_MAX_THREADS_PER_ROW * (16 / dtype.lanes_per_16b() as u32);
+    let bytes = RMSNORM_SPLIT_SMEM_BYTES + 2 * (tiles * chunks_per_tile + 1) * 16;
+    if bytes <= RMSNORM_REALIGNED_MAX_SMEM_BYTES {
+        Some(bytes)
     } else {
         None
     }

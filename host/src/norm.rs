@@ -85,11 +85,12 @@
 
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
-    DType, KernelId, NormBwdLayout, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
-    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES,
+    RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
     RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
     VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_fwd_geometry,
     rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
+    rmsnorm_split_smem_bytes,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
@@ -307,12 +308,14 @@ pub fn plan_rmsnorm_forward(
             (rows as u64).div_ceil(geometry.rows_per_block as u64),
         )?
     };
-    if let Some((kernel, blocks)) = split_forward(dtype, mode, rows, hidden, limits) {
+    if let Some((kernel, blocks, shared_mem_bytes)) =
+        split_forward(dtype, mode, w.addr % 16 == 0, rows, hidden, limits)
+    {
         return Ok(Launch {
             kernel,
             grid: grid_u32("rows", blocks)?,
             block: geometry.block_threads(),
-            shared_mem_bytes: RMSNORM_SPLIT_SMEM_BYTES,
+            shared_mem_bytes,
             params: ops.params(&t.y, opts, &geometry),
         });
     }
@@ -335,25 +338,36 @@ pub fn plan_rmsnorm_forward(
     })
 }
 
-/// The cluster-split forward and its grid (`rows` clusters), where it applies: looped rows
-/// (on the vector or the scalar path), on a device with clusters, at most a quarter as many rows as
+/// The cluster-split forward, its grid (`rows` clusters) and shared memory, where it
+/// applies: looped rows on a device with clusters, at most a quarter as many rows as
 /// multiprocessors (one block per row would leave most of the GPU idle; from 64 rows on an
-/// H200 the one-block kernel was as fast or faster). It computes the same bits as the looped
-/// kernel (`rmsnorm_split_geometry`), so the choice by `rows` keeps batch invariance.
+/// H200 the one-block kernel was as fast or faster). Its memory path: the vector one on the
+/// 16-byte grid; off it, the realigned one where the weight is 16-byte aligned and the
+/// block's staging fits, else the scalar one. It computes the same bits as the looped kernel
+/// (`rmsnorm_split_geometry`), so the choice by `rows` keeps batch invariance.
 fn split_forward(
     dtype: DType,
     mode: VecMode,
+    w_aligned: bool,
     rows: usize,
     hidden: usize,
     limits: &GridLimits,
-) -> Option<(KernelId, u64)> {
+) -> Option<(KernelId, u64, u32)> {
     let (variant, cluster) = rmsnorm_split_geometry(dtype, hidden as u64)?;
-    (limits.clusters && rows > 0 && rows as u64 * 4 <= limits.sm_count as u64).then(|| {
-        (
-            KernelId::RmsNormFwdSplit(dtype, mode, variant),
-            rows as u64 * cluster as u64,
-        )
-    })
+    if !(limits.clusters && rows > 0 && rows as u64 * 4 <= limits.sm_count as u64) {
+        return None;
+    }
+    let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, variant);
+    let (path, smem) = match (mode, realigned) {
+        (VecMode::V16, _) => (NormPath::V16, RMSNORM_SPLIT_SMEM_BYTES),
+        (VecMode::Scalar, Some(bytes)) if w_aligned => (NormPath::Realigned, bytes),
+        (VecMode::Scalar, _) => (NormPath::Scalar, RMSNORM_SPLIT_SMEM_BYTES),
+    };
+    Some((
+        KernelId::RmsNormFwdSplit(dtype, path, variant),
+        rows as u64 * cluster as u64,
+        smem,
+    ))
 }
 
 /// The operands of a forward besides `y`: what the storage-dtype and the FP8 forward share

@@ -40,7 +40,7 @@ use ferrofuse::{
     DType, Element, Error, GradPlacement, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics,
     NormPath, Placement, RmsNormOptions, SavedForward, VecMode,
 };
-use ferrofuse_common::rmsnorm_realigned_fits;
+use ferrofuse_common::{rmsnorm_realigned_fits, rmsnorm_split_smem_bytes};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -709,12 +709,17 @@ fn forward_case<T: Element, W: Element>(
     let inp = fwd_inputs::<T>(c, seed);
     let out = run_forward::<T, W>(k, s, c, &inp, &what);
     // Dense and padded rows are vector-friendly exactly when L divides H; off the grid, the
-    // realigned kernel takes the rows it fits when the weight is aligned.
+    // realigned kernel (a row split over a cluster: the realigned split) takes the rows it
+    // fits when the weight is aligned.
+    let realigned_fits = match out.kernel {
+        KernelId::RmsNormFwdSplit(_, _, v) => {
+            rmsnorm_split_smem_bytes(T::DTYPE, NormPath::Realigned, v).is_some()
+        }
+        _ => rmsnorm_realigned_fits(T::DTYPE, c.hidden as u64),
+    };
     let want_mode = if c.layout.on_grid(c.hidden, T::DTYPE.lanes_per_16b()) {
         NormPath::V16
-    } else if c.layout.of_weight() != Layout::Misaligned
-        && rmsnorm_realigned_fits(T::DTYPE, c.hidden as u64)
-    {
+    } else if c.layout.of_weight() != Layout::Misaligned && realigned_fits {
         NormPath::Realigned
     } else {
         NormPath::Scalar

@@ -1286,11 +1286,14 @@ fn kernel_table_holds_every_norm_entry() {
 /// With clusters, looped rows at up to a quarter as many rows as multiprocessors take the
 /// split forward: one cluster per row, one tile per block up to 8 tiles, two up to 16, the
 /// same form (memory path, looped) and parameters as the looped kernel, its own shared
-/// memory; on the vector path and, for rows off the 16-byte grid, on the scalar one. Never
-/// without clusters, beyond `sm_count / 4` rows, or for shorter rows.
+/// memory; on the vector path and, for rows off the 16-byte grid, on the realigned or the
+/// scalar one. Never without clusters, beyond `sm_count / 4` rows, or for shorter rows.
 #[test]
 fn split_forward_plan() {
-    use ferrofuse_common::{RMSNORM_SPLIT_SMEM_BYTES, rmsnorm_fwd_tiles, rmsnorm_split_geometry};
+    use ferrofuse_common::{
+        RMSNORM_SPLIT_SMEM_BYTES, rmsnorm_fwd_tiles, rmsnorm_split_geometry,
+        rmsnorm_split_smem_bytes,
+    };
     let cl = limits().with_clusters(true);
     let opts = opts();
     for dtype in DType::ALL {
@@ -1327,7 +1330,7 @@ fn split_forward_plan() {
                     Some((v, n)) if rows <= 33 => {
                         assert_eq!(
                             l.kernel,
-                            KernelId::RmsNormFwdSplit(dtype, VecMode::V16, v),
+                            KernelId::RmsNormFwdSplit(dtype, NormPath::V16, v),
                             "{what}"
                         );
                         assert_eq!(l.grid as usize, rows * n as usize, "{what}");
@@ -1336,34 +1339,54 @@ fn split_forward_plan() {
                     }
                     _ => assert_eq!(l, looped, "{what}"),
                 }
-                // Off the vector grid: the scalar path, split where the vector one is.
-                let mut t = t;
-                t.x.addr += dtype.size_bytes() as u64;
-                let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
-                let s = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
-                if variant == NormFwdVariant::Loop {
-                    assert_eq!(
-                        looped.kernel.rmsnorm_forward_form(),
-                        Some((dtype, NormPath::Scalar, variant)),
-                        "{what}"
-                    );
-                }
-                assert_eq!(
-                    s.kernel.rmsnorm_forward_form(),
-                    looped.kernel.rmsnorm_forward_form(),
-                    "{what}"
-                );
-                assert_eq!(s.params, looped.params, "{what}");
-                match geom {
-                    Some((v, n)) if rows <= 33 => {
+                // Off the vector grid: the looped scalar kernel, or where the vector one is
+                // split, the split on the realigned path (16-byte aligned weight, staging
+                // within its limit) or the scalar one.
+                for w_aligned in [true, false] {
+                    let mut t = t.clone();
+                    t.x.addr += dtype.size_bytes() as u64;
+                    if !w_aligned {
+                        t.weight.addr += dtype.size_bytes() as u64;
+                    }
+                    let what = format!("{what} weight aligned {w_aligned}");
+                    let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
+                    let s = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
+                    if variant == NormFwdVariant::Loop {
                         assert_eq!(
-                            s.kernel,
-                            KernelId::RmsNormFwdSplit(dtype, VecMode::Scalar, v),
+                            looped.kernel.rmsnorm_forward_form(),
+                            Some((dtype, NormPath::Scalar, variant)),
                             "{what}"
                         );
-                        assert_eq!(s.grid as usize, rows * n as usize, "{what}");
                     }
-                    _ => assert_eq!(s, looped, "{what}"),
+                    assert_eq!(s.params, looped.params, "{what}");
+                    match geom {
+                        Some((v, n)) if rows <= 33 => {
+                            let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, v);
+                            let path = if w_aligned && realigned.is_some() {
+                                NormPath::Realigned
+                            } else {
+                                NormPath::Scalar
+                            };
+                            assert_eq!(
+                                s.kernel,
+                                KernelId::RmsNormFwdSplit(dtype, path, v),
+                                "{what}"
+                            );
+                            assert_eq!(s.grid as usize, rows * n as usize, "{what}");
+                            assert_eq!(
+                                Some(s.shared_mem_bytes),
+                                rmsnorm_split_smem_bytes(dtype, path, v),
+                                "{what}"
+                            );
+                            // Only f32 slices of two tiles stage too much to realign.
+                            assert_eq!(
+                                realigned.is_none(),
+                                dtype == DType::F32 && v == NormFwdVariant::E32,
+                                "{what}"
+                            );
+                        }
+                        _ => assert_eq!(s, looped, "{what}"),
+                    }
                 }
             }
         }

@@ -605,12 +605,13 @@ unsafe fn fwd_regs_in<
         // SAFETY: when live, row < rows: a row of each operand (host-checked); the host sized
         // the shared memory for the staging.
         (x, r) = unsafe {
-            realign::load_pair::<E>(
+            realign::load_pair::<E, false>(
                 (shifted(p.x, p.x_stride), live),
                 (shifted(p.residual, p.residual_stride), live && has_res),
                 (me.t, me.tpr, k),
                 Stage::of_row(me.r_local, me.tpr, k),
                 hidden,
+                0,
             )
         };
     } else {

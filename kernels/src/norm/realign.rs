@@ -25,11 +25,21 @@
 //! vector store covers is stored alone by the thread that owns it, so each element is written
 //! exactly once, by one thread.
 //!
+//! # Slices of a row
+//! A cluster-split block holds chunks `first .. first + T * K` of its row (`split`): it
+//! stages their vectors and the one after them (thread 0 loads it when it lies wholly inside
+//! the row; its first `m` elements are the slice's). The row's edge vectors are staged by the
+//! block whose slots they fall in. Stores need nothing more: a slice's first and last chunks
+//! are held by the first and last lanes of warps, which store the elements their vectors
+//! share with a neighbour one by one.
+//!
 //! # Aliasing
 //! Every load of the row is issued before the staging barrier and every store after it, so
-//! in-place forms read each element before anyone overwrites it.
+//! in-place forms read each element before anyone overwrites it. A slice's vector after its
+//! last chunk holds elements of the next block's slice, which that block may be overwriting:
+//! those lanes are loaded but never used.
 
-use ferrofuse_common::RMSNORM_SMEM_BYTES;
+use ferrofuse_common::{RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES};
 
 use crate::mem::{Elem, funnel_shift_right, ld_v4_if, shfl_up_1, st_v4_if};
 use crate::reduce::{smem_f32, sync_block};
@@ -97,10 +107,24 @@ impl Stage {
             vectors,
         }
     }
+
+    /// The staging area of a split forward block (one row's slice of `tpr` threads holding
+    /// `k` chunks each), after the split's own slots (`RMSNORM_SPLIT_SMEM_BYTES`;
+    /// `ferrofuse_common::rmsnorm_split_smem_bytes` is the launch's size).
+    #[inline(always)]
+    pub(super) fn of_split(tpr: u64, k: usize) -> Self {
+        Stage {
+            first_word: RMSNORM_SPLIT_SMEM_BYTES / 4,
+            vectors: (tpr * k as u64 + 1) as u32,
+        }
+    }
 }
 
-/// A thread's chunks `t + j * tpr` (`j < k`, with `(t, tpr, k)` as `me`) of two operands'
-/// rows, each `(row, ok)`, as f32 lanes (zeros where not `ok`).
+/// A thread's chunks `first + t + j * tpr` (`j < k`, with `(t, tpr, k)` as `me`) of two
+/// operands' rows, each `(row, ok)`, as f32 lanes (zeros where not `ok`). `first` is 0
+/// unless `SLICE`: then the block holds the row's chunks `first .. first + tpr * k` (a split
+/// forward block's tiles) and also loads the vector after them, which holds the last `m`
+/// columns of its last chunk.
 ///
 /// Each thread loads the aligned vectors of its chunk slots that lie wholly inside the row,
 /// both operands' loads issued before any is waited for. The vectors that straddle an end of
@@ -113,21 +137,24 @@ impl Stage {
 /// For each operand, when `ok`: its row is a row of `hidden` elements of a checked operand.
 /// The launch has `rmsnorm_realigned_smem_bytes` of dynamic shared memory.
 #[inline(always)]
-pub(super) unsafe fn load_pair<E: Elem>(
+pub(super) unsafe fn load_pair<E: Elem, const SLICE: bool>(
     a: (Shifted, bool),
     b: (Shifted, bool),
     me: (u64, u64, usize),
     stage: Stage,
     hidden: u64,
+    first: u64,
 ) -> ([[f32; 8]; MAX_CHUNKS], [[f32; 8]; MAX_CHUNKS]) {
     let (t, tpr, k) = me;
+    let first = if SLICE { first } else { 0 };
     let lanes = E::LANES as u64;
+    let after = first + tpr * k as u64;
     let mut va = [[0u32; 4]; MAX_CHUNKS];
     let mut vb = [[0u32; 4]; MAX_CHUNKS];
     // `&`, not `&&`: no branch between the loads (a branch per load made each wait for the
     // one before it).
     unroll!(j < k => {
-        let c = t + j as u64 * tpr;
+        let c = first + t + j as u64 * tpr;
         // SAFETY: a whole vector lies inside the row (caller's contract), at a 16-byte
         // boundary.
         unsafe {
@@ -135,17 +162,36 @@ pub(super) unsafe fn load_pair<E: Elem>(
             vb[j] = ld_v4_if(b.0.base + c * 16, b.1 & b.0.whole::<E>(c, hidden));
         }
     });
+    // A slice's vector after its last chunk, by thread 0, when it lies wholly inside the row
+    // (a whole row's never does).
+    let (mut a_after, mut b_after) = ([0u32; 4], [0u32; 4]);
+    if SLICE {
+        let t0 = t == 0;
+        // SAFETY: as above.
+        unsafe {
+            a_after = ld_v4_if(
+                a.0.base + after * 16,
+                t0 & a.1 & a.0.whole::<E>(after, hidden),
+            );
+            b_after = ld_v4_if(
+                b.0.base + after * 16,
+                t0 & b.1 & b.0.whole::<E>(after, hidden),
+            );
+        }
+    }
     // The edge vectors: lane `t < 4L` of the row takes element `t % L` of vector `t / L` of
     // [a's first, a's last, b's first, b's last] (a last vector that is also the first is
     // the first's).
     let group = t / lanes;
-    let ((at, ok), first) = (if group < 2 { a } else { b }, group % 2 == 0);
-    let q = if first {
+    let ((at, ok), first_edge) = (if group < 2 { a } else { b }, group % 2 == 0);
+    let q = if first_edge {
         0
     } else {
         (hidden + at.m).saturating_sub(1) / lanes
     };
-    let edge = (group < 4) & at.straddles::<E>(q, hidden) & (first | (q != 0));
+    // Only the vectors of this block's slots (the slice's chunks and the one after them).
+    let here = !SLICE || ((q >= first) & (q <= after));
+    let edge = (group < 4) & at.straddles::<E>(q, hidden) & (first_edge | (q != 0)) & here;
     let pos = q * lanes + t % lanes;
     let inside = (pos >= at.m) & (pos < hidden + at.m);
     // SAFETY: a column of the row (caller's contract).
@@ -153,16 +199,17 @@ pub(super) unsafe fn load_pair<E: Elem>(
 
     let smem = smem_f32() as *mut u32;
     let b_first = stage.first_word + stage.vectors * 4;
-    let after = tpr * k as u64;
-    // SAFETY: vector slots `< vectors` of this row's two areas, inside the launch's dynamic
-    // shared memory (caller's contract), 16-byte aligned (every offset is a multiple of 16
-    // bytes from the 16-byte aligned base). Each slot is written once: by its owner unless it
-    // straddles an end of the row, else element by element by the edge lanes; the slot after
-    // the last chunk (never whole) by thread 0 unless it straddles.
+    // SAFETY: vector slots `< vectors` of this row's two areas (slot `c - first` for vector
+    // `c`), inside the launch's dynamic shared memory (caller's contract), 16-byte aligned
+    // (every offset is a multiple of 16 bytes from the 16-byte aligned base). Each slot is
+    // written once: by its owner unless it straddles an end of the row, else element by
+    // element by the edge lanes; the slot after the last chunk by thread 0 unless it
+    // straddles (zeros past the row).
     unsafe {
-        let slot = |first: u32, c: u64| smem.add((first + c as u32 * 4) as usize) as *mut Vector;
+        let slot =
+            |area: u32, c: u64| smem.add((area + (c - first) as u32 * 4) as usize) as *mut Vector;
         unroll!(j < k => {
-            let c = t + j as u64 * tpr;
+            let c = first + t + j as u64 * tpr;
             if !a.0.straddles::<E>(c, hidden) {
                 *slot(stage.first_word, c) = Vector(va[j]);
             }
@@ -172,15 +219,15 @@ pub(super) unsafe fn load_pair<E: Elem>(
         });
         if t == 0 {
             if !a.0.straddles::<E>(after, hidden) {
-                *slot(stage.first_word, after) = Vector([0; 4]);
+                *slot(stage.first_word, after) = Vector(a_after);
             }
             if !b.0.straddles::<E>(after, hidden) {
-                *slot(b_first, after) = Vector([0; 4]);
+                *slot(b_first, after) = Vector(b_after);
             }
         }
         if edge {
             let area = if group < 2 { stage.first_word } else { b_first };
-            let byte = (area as u64 + q * 4) * 4 + (t % lanes) * E::BYTES;
+            let byte = (area as u64 + (q - first) * 4) * 4 + (t % lanes) * E::BYTES;
             if E::BYTES == 2 {
                 *((smem as *mut u8).add(byte as usize) as *mut u16) = edge_bits as u16;
             } else {
@@ -192,19 +239,19 @@ pub(super) unsafe fn load_pair<E: Elem>(
     let mut xa = [[0.0f32; 8]; MAX_CHUNKS];
     let mut xb = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(j < k => {
-        let c = t + j as u64 * tpr;
+        let slot = t + j as u64 * tpr;
         // SAFETY: as above; written before the barrier.
         unsafe {
-            xa[j] = E::unpack(staged_chunk::<E>(smem, stage.first_word, c, a.0.m));
-            xb[j] = E::unpack(staged_chunk::<E>(smem, b_first, c, b.0.m));
+            xa[j] = E::unpack(staged_chunk::<E>(smem, stage.first_word, slot, a.0.m));
+            xb[j] = E::unpack(staged_chunk::<E>(smem, b_first, slot, b.0.m));
         }
     });
     (xa, xb)
 }
 
-/// Chunk `c` of a staged row (its vector 0 at word `first`) whose column 0 is `m` elements
-/// into vector 0: the 16 bytes from byte `16 c + m * BYTES`, as four word reads and, for an
-/// odd 16-bit offset, a funnel shift.
+/// The chunk in slot `c` of a staged row or slice (its first vector at word `first`) whose
+/// column 0 is `m` elements into vector 0: the 16 bytes from byte `16 c + m * BYTES`, as four
+/// word reads and, for an odd 16-bit offset, a funnel shift.
 ///
 /// # Safety
 /// Words `first + 4c .. first + 4c + 8` are inside the staging area.

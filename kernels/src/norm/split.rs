@@ -35,6 +35,7 @@ use ferrofuse_common::{
     RMSNORM_SPLIT_PARTIALS_SLOT, RMSNORM_W_F32, RmsNormFwdParams,
 };
 
+use super::realign::{self, Shifted, Stage};
 use super::{
     MAX_CHUNKS, Me, Row, add_residual, load_chunk_if, load_w_if, normalize, prefetch_first,
     round_to, rstd_of, store_chunk,
@@ -184,13 +185,15 @@ mod cluster {
     }
 }
 
-/// The split forward: `TPC` tiles per block (1 or 2), 512 threads, memory path `M` (v16 or
-/// scalar: every access predicated, so a thread's loads of a phase are in flight together).
+/// The split forward: `TPC` tiles per block (1 or 2), 512 threads, memory path `M`: v16,
+/// realigned (the block's slice of `x` and `residual` staged in shared memory, `h` and `y`
+/// stored as aligned vectors, see `realign`) or scalar (every access predicated, so a
+/// thread's loads of a phase are in flight together).
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward` decides for the split kernel: `rows * n` blocks of
 /// `threads_per_row` (512) threads in clusters of `n` = `rmsnorm_split_geometry`'s size,
-/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked for path `M`.
+/// `rmsnorm_split_smem_bytes` of dynamic shared memory, parameters it checked for path `M`.
 #[inline(always)]
 unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdParams) {
     let k = 16 / E::LANES;
@@ -230,18 +233,38 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
     // row stay 0 and add nothing.
     let mut x = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(q < TPC * k => {
-        let (c, inside) = chunk(q);
-        // SAFETY: when inside, row < rows and c < nchunks: inside every operand (host-checked).
-        unsafe {
-            x[q] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
-            r[q] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
-        }
-    });
+    // Chunk `q` of this thread is chunk `first + t + q * tpr` of the row (the tiles of a
+    // block are consecutive), the map `load_pair` stages.
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    if M == Path::Realigned {
+        // SAFETY: row < rows: a row of each operand (host-checked); the host sized the
+        // shared memory for the block's staging.
+        (x, r) = unsafe {
+            realign::load_pair::<E, true>(
+                (shifted(p.x, p.x_stride), true),
+                (shifted(p.residual, p.residual_stride), has_res),
+                (me.t, me.tpr, TPC * k),
+                Stage::of_split(me.tpr, TPC * k),
+                hidden,
+                first_tile * per_tile,
+            )
+        };
+    } else {
+        unroll!(q < TPC * k => {
+            let (c, inside) = chunk(q);
+            // SAFETY: when inside, row < rows and c < nchunks: inside every operand
+            // (host-checked).
+            unsafe {
+                x[q] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
+                r[q] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
+            }
+        });
+    }
     // The weight: on the v16 path with the inputs (one 16-byte load per chunk); on the
-    // scalar path (a load per element) once the inputs are summed and gathered, in flight
-    // through the last block barrier: issued any earlier, ptxas holds the inputs' and the
-    // weight's loads at once and spills.
+    // realigned path once `h` is stored, in flight through the reductions; on the scalar path
+    // (a load per element) once the tiles' sums are gathered, in flight through the last
+    // block barrier. Issued any earlier, ptxas holds the inputs' (or the staging's) and the
+    // weight's registers at once and spills.
     let load_weight = || {
         let mut w = [[0.0f32; 8]; MAX_CHUNKS];
         unroll!(j < TPC => {
@@ -253,16 +276,29 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
         w
     };
     let mut w = [[0.0f32; 8]; MAX_CHUNKS];
-    if M != Path::Scalar {
+    if M == Path::V16 {
         w = load_weight();
     }
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(q < TPC * k => { h[q] = add_residual::<E>(&x[q], &r[q], has_res, hf); });
     unroll!(q < TPC * k => {
         let (c, inside) = chunk(q);
-        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above.
-        unsafe { store_chunk::<E, M>(h_row, c, hidden, inside && has_res, &h[q]) };
+        let ok = inside && has_res;
+        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above (on
+        // the realigned path, each thread stores only elements of its own chunks, and the
+        // staging barrier is behind every load of the block; other blocks' loads of this
+        // block's elements are discarded: see `realign`).
+        unsafe {
+            if M == Path::Realigned {
+                realign::store_chunk::<E>(shifted(p.h, p.h_stride), c, hidden, ok, me.lane, &h[q]);
+            } else {
+                store_chunk::<E, M>(h_row, c, hidden, ok, &h[q]);
+            }
+        }
     });
+    if M == Path::Realigned {
+        w = load_weight();
+    }
     let smem = smem_f32();
     unroll!(j < TPC => {
         let mut acc = 0.0f32;
@@ -317,7 +353,13 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
         let (c, inside) = chunk(q);
         let y = normalize::<E>(&round_to::<E>(&h[q]), rstd, &w[q], hf);
         // SAFETY: as above; y may be x, whose chunk this thread loaded above.
-        unsafe { store_chunk::<E, M>(y_row, c, hidden, inside, &y) };
+        unsafe {
+            if M == Path::Realigned {
+                realign::store_chunk::<E>(shifted(p.y, p.y_stride), c, hidden, inside, me.lane, &y);
+            } else {
+                store_chunk::<E, M>(y_row, c, hidden, inside, &y);
+            }
+        }
     });
     // SAFETY: as above.
     unsafe { cluster::wait() };
@@ -390,7 +432,21 @@ split_entries! {
     F32, V16 => rmsnorm_fwd_f32_v16_split_e16, rmsnorm_fwd_f32_v16_split_e32;
     F32, Scalar => rmsnorm_fwd_f32_scalar_split_e16, rmsnorm_fwd_f32_scalar_split_e32;
     F16, V16 => rmsnorm_fwd_f16_v16_split_e16, rmsnorm_fwd_f16_v16_split_e32;
+    F16, Realigned => rmsnorm_fwd_f16_realigned_split_e16, rmsnorm_fwd_f16_realigned_split_e32;
     F16, Scalar => rmsnorm_fwd_f16_scalar_split_e16, rmsnorm_fwd_f16_scalar_split_e32;
     Bf16, V16 => rmsnorm_fwd_bf16_v16_split_e16, rmsnorm_fwd_bf16_v16_split_e32;
+    Bf16, Realigned => rmsnorm_fwd_bf16_realigned_split_e16, rmsnorm_fwd_bf16_realigned_split_e32;
     Bf16, Scalar => rmsnorm_fwd_bf16_scalar_split_e16, rmsnorm_fwd_bf16_scalar_split_e32;
+}
+
+// The f32 realigned form of one tile per block (that of two would stage more than
+// `RMSNORM_REALIGNED_MAX_SMEM_BYTES`; f32 rows of 9-16 tiles off the grid run the scalar one).
+/// RMSNorm forward of a looped f32 row on the realigned path, one tile per block of a
+/// cluster; see the module docs.
+///
+/// # Safety
+/// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn rmsnorm_fwd_f32_realigned_split_e16(p: RmsNormFwdParams) {
+    unsafe { fwd_split::<F32, { Path::Realigned }, 1>(&p) }
 }
