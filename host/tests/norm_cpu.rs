@@ -1343,7 +1343,7 @@ fn split_forward_plan() {
                 // split, the split on the realigned path (16-byte aligned weight, staging
                 // within its limit) or the scalar one.
                 for w_aligned in [true, false] {
-                    let mut t = t.clone();
+                    let mut t = t;
                     t.x.addr += dtype.size_bytes() as u64;
                     if !w_aligned {
                         t.weight.addr += dtype.size_bytes() as u64;
