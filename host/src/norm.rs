@@ -66,8 +66,10 @@
 //! staged through shared memory, for rows off the grid up to 16384 16-bit or 8192 f32
 //! elements with a 16-byte aligned weight; one element per access otherwise), and from one
 //! run to the next. Rows longer than 16384 elements at up to a quarter as many rows as
-//! multiprocessors run on sm_90 as one thread-block cluster per row (a tile of the row per
-//! block), which computes the looped kernel's sums in its order, so the same bits. `dw`
+//! multiprocessors run on sm_90 as one thread-block cluster per row (a tile or two of the row
+//! per block, on any of the three memory paths: realigned off the grid when the weight is
+//! aligned and the block's staging fits), which computes the looped kernel's sums in its
+//! order, so the same bits. `dw`
 //! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
 //! backward runs give the same bits; no float atomics anywhere.
 //!
