@@ -61,7 +61,7 @@
 //! block) is a function of H and the dtype only, and fixes which thread reads which element
 //! and the order of every floating-point sum. So a row's `y`, `h` and `rstd` are bitwise the
 //! same whether it is computed alone or in a batch of any size at any position, at any offset
-//! from the 16-byte grid, whichever memory path runs it ([`NormPath`](crate::NormPath):
+//! from the 16-byte grid, whichever memory path runs it ([`NormPath`]:
 //! 16-byte vectors when every operand allows them; the realigned kernel, aligned vectors
 //! staged through shared memory, for rows off the grid up to 16384 16-bit or 8192 f32
 //! elements with a 16-byte aligned weight; one element per access otherwise), and from one

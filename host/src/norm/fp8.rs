@@ -33,7 +33,7 @@ pub const RMSNORM_FP8_MAX_HIDDEN: usize = 16384;
 /// The operands of an FP8 forward call as raw device matrices: `x`, `residual`, `h` `[rows,
 /// H]` of the storage dtype (`residual` and `h` both given or both absent), `weight` `[1, H]`
 /// (storage dtype or f32), `rstd` `[rows, 1]` f32 (optional), `y` `[rows, H]` of
-/// [`DType::F8E4M3`], `scales` f32 of [`Fp8Scaling::scale_shape`].
+/// [`DType::F8E4M3`](crate::DType::F8E4M3), `scales` f32 of [`Fp8Scaling::scale_shape`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RmsNormFp8Descs {
     pub x: MatDesc,
