@@ -297,13 +297,15 @@ fn parse_ptxas_log(log: &str, arch: &str) -> Vec<KernelResources> {
 }
 
 pub fn print_table(all: &[KernelResources]) {
+    // The longest entry name sets the first column's width.
+    let w = all.iter().map(|k| k.kernel.len()).max().unwrap_or(0).max(6);
     println!(
-        "{:<34} {:>6} {:>5} {:>8} {:>8} {:>6} {:>6}",
+        "{:<w$} {:>6} {:>5} {:>8} {:>8} {:>6} {:>6}",
         "kernel", "arch", "regs", "spill-st", "spill-ld", "stack", "smem"
     );
     for k in all {
         println!(
-            "{:<34} {:>6} {:>5} {:>8} {:>8} {:>6} {:>6}",
+            "{:<w$} {:>6} {:>5} {:>8} {:>8} {:>6} {:>6}",
             k.kernel,
             k.arch,
             k.registers,
