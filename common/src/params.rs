@@ -252,13 +252,16 @@ impl NormGeometry {
 pub const DEFAULT_MAX_SMEM_BYTES: u32 = 48 * 1024;
 
 /// Dynamic shared memory of a realigned forward launch (`rmsnorm_fwd_{dtype}_realigned_e16`,
-/// geometry `g`): the reduction buffers, then, per row of the block, x and the residual staged
-/// as the row's aligned 16-byte vectors (one per chunk slot of the row, and the one after the
-/// last).
-pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType) -> u32 {
-    let chunks_per_thread = g.elems_per_thread / dtype.lanes_per_16b() as u32;
-    let vectors = g.threads_per_row * chunks_per_thread + 1;
-    RMSNORM_SMEM_BYTES + g.rows_per_block * 2 * vectors * 16
+/// geometry `g`, the weight in f32 when `w_f32`, else in `dtype`): the reduction buffers, the
+/// weight (the row's chunks, once per block), then, per row of the block, x and the residual
+/// staged as the row's aligned 16-byte vectors (one per chunk slot of the row, and the one
+/// after the last), and 32 spare bytes, which reads of a row's last vector at another
+/// operand's offset may touch.
+pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType, w_f32: bool) -> u32 {
+    let lanes = dtype.lanes_per_16b() as u32;
+    let slots = g.threads_per_row * (g.elems_per_thread / lanes);
+    let w_bytes = if w_f32 { 4 } else { dtype.size_bytes() as u32 };
+    RMSNORM_SMEM_BYTES + slots * lanes * w_bytes + g.rows_per_block * 2 * (slots + 1) * 16 + 32
 }
 
 /// Most dynamic shared memory a realigned forward launch asks for: more than the default
@@ -266,20 +269,21 @@ pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType) -> u32
 /// ([`KernelId::dynamic_smem_opt_in`](crate::KernelId::dynamic_smem_opt_in)), and within the
 /// opt-in limit of every GPU the PTX runs on (99 KiB on sm_86, sm_89 and sm_120, 163 KiB on
 /// sm_80, 227 KiB on sm_90).
-pub const RMSNORM_REALIGNED_MAX_SMEM_BYTES: u32 = 96 * 1024;
+pub const RMSNORM_REALIGNED_MAX_SMEM_BYTES: u32 = 99 * 1024;
 
-/// Whether rows of `hidden` elements of `dtype` can take the realigned forward: they are held
-/// in registers (16 per thread, or 32 for the 16-bit dtypes: the f32 form of 32 needs more
-/// registers than a 512-thread block has) and their staging fits
-/// [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]: 16-bit rows up to 16384 elements, f32 rows up to 8192.
-pub const fn rmsnorm_realigned_fits(dtype: DType, hidden: u64) -> bool {
+/// Whether rows of `hidden` elements of `dtype` can take the realigned forward (with an f32
+/// weight when `w_f32`): they have the 16- or 32-per-thread geometry (the f32 form of 32 is
+/// not built) and their staging fits [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]: 16-bit rows up to
+/// 16384 elements (12288 with an f32 weight), f32 rows up to 8192.
+pub const fn rmsnorm_realigned_fits(dtype: DType, hidden: u64, w_f32: bool) -> bool {
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden);
     let held = match variant {
         NormFwdVariant::E16 => true,
         NormFwdVariant::E32 => dtype.size_bytes() == 2,
         NormFwdVariant::Loop => false,
     };
-    held && rmsnorm_realigned_smem_bytes(&geometry, dtype) <= RMSNORM_REALIGNED_MAX_SMEM_BYTES
+    held && rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32)
+        <= RMSNORM_REALIGNED_MAX_SMEM_BYTES
 }
 
 /// Forward geometry for rows of `hidden` elements of `dtype`: a warp per row (8 rows per

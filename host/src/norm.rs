@@ -300,8 +300,10 @@ pub fn plan_rmsnorm_forward(
     let mode = vec_mode(dtype, hidden, &[Some(x), residual, Some(&t.y), h, Some(w)]);
     // Off the vector grid, the realigned kernel where its geometry and the weight allow it
     // (the same bits as the scalar one, with 16-byte accesses).
-    let realigned =
-        mode == VecMode::Scalar && rmsnorm_realigned_fits(dtype, hidden as u64) && w.addr % 16 == 0;
+    let w_f32 = w.dtype == DType::F32;
+    let realigned = mode == VecMode::Scalar
+        && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
+        && w.addr % 16 == 0;
     let grid = if rows == 0 || hidden == 0 {
         0
     } else {
@@ -330,7 +332,7 @@ pub fn plan_rmsnorm_forward(
         grid,
         block: geometry.block_threads(),
         shared_mem_bytes: if realigned {
-            rmsnorm_realigned_smem_bytes(&geometry, dtype)
+            rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32)
         } else if variant == NormFwdVariant::Loop {
             RMSNORM_LOOP_SMEM_BYTES
         } else {

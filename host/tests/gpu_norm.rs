@@ -715,7 +715,7 @@ fn forward_case<T: Element, W: Element>(
         KernelId::RmsNormFwdSplit(_, _, v) => {
             rmsnorm_split_smem_bytes(T::DTYPE, NormPath::Realigned, v).is_some()
         }
-        _ => rmsnorm_realigned_fits(T::DTYPE, c.hidden as u64),
+        _ => rmsnorm_realigned_fits(T::DTYPE, c.hidden as u64, W::DTYPE == DType::F32),
     };
     let want_mode = if c.layout.on_grid(c.hidden, T::DTYPE.lanes_per_16b()) {
         NormPath::V16

@@ -435,7 +435,11 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
                 );
                 assert_eq!(l.block, first.block);
                 let smem = if form.1 == NormPath::Realigned {
-                    rmsnorm_realigned_smem_bytes(&rmsnorm_forward_geometry(dtype, hidden).1, dtype)
+                    rmsnorm_realigned_smem_bytes(
+                        &rmsnorm_forward_geometry(dtype, hidden).1,
+                        dtype,
+                        false,
+                    )
                 } else if form.2 == NormFwdVariant::Loop {
                     ferrofuse_common::RMSNORM_LOOP_SMEM_BYTES
                 } else {
@@ -471,7 +475,7 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
             ) else {
                 panic!("not a forward kernel")
             };
-            let off_grid = if rmsnorm_realigned_fits(dtype, hidden as u64) {
+            let off_grid = if rmsnorm_realigned_fits(dtype, hidden as u64, false) {
                 NormPath::Realigned
             } else {
                 NormPath::Scalar
@@ -657,6 +661,16 @@ fn vector_kernel_only_when_every_operand_allows_it() {
             mode(&fwd_descs(dtype, 7, longest + 1, true)),
             NormPath::Scalar
         );
+        // An f32 weight of 16-bit rows is staged in f32: realigned up to 12288 elements.
+        if size == 2 {
+            let with_f32_weight = |h: usize| {
+                let mut t = fwd_descs(dtype, 7, h, true);
+                t.weight = mat(2, DType::F32, 1, h);
+                mode(&t)
+            };
+            assert_eq!(with_f32_weight(12287), NormPath::Realigned);
+            assert_eq!(with_f32_weight(12289), NormPath::Scalar);
+        }
         // A single row does not need a vector-multiple stride.
         let mut t = fwd_descs(dtype, 1, hidden, true);
         t.x.row_stride = hidden + 1;

@@ -72,6 +72,35 @@ pub unsafe fn ld_v4_if(p: u64, pred: bool) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Starts an asynchronous copy of 16 bytes (`cp.async.cg`, sm_80+) from global `src` to
+/// shared `dst` when `pred`: the bytes at `src` when `read`, else zeros (and `src` is not
+/// read). The copy passes through no register; its bytes are in shared memory after
+/// [`cp_async_wait_all`], and visible to other threads after a barrier that follows it.
+#[inline(always)]
+pub unsafe fn cp_async_16_if(dst: *mut u32, src: u64, read: bool, pred: bool) {
+    // SAFETY: when `pred`, the caller guarantees `dst` is 16-byte aligned dynamic shared memory
+    // and, when also `read`, `src` a valid, 16-byte aligned global address.
+    unsafe {
+        asm!(
+            // `src-size` 0: nothing read, 16 zero bytes written (the `ignore-src` operand
+            // needs PTX 7.5, above the sm_80 module's version).
+            "{{ .reg .pred go; .reg .u64 s;",
+            "setp.ne.u32 go, {2}, 0;",
+            "cvta.to.shared.u64 s, {0};",
+            "@go cp.async.cg.shared.global [s], [{1}], 16, {3}; }}",
+            in(reg64) dst as u64, in(reg64) src, in(reg32) pred as u32, in(reg32) 16 * read as u32,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// Waits until every [`cp_async_16_if`] this thread started has written shared memory.
+#[inline(always)]
+pub fn cp_async_wait_all() {
+    // SAFETY: waits only; not `nomem`, so no shared-memory access moves across it.
+    unsafe { asm!("cp.async.wait_all;", options(nostack, preserves_flags)) };
+}
+
 /// Stores 16 bytes to `p` when `pred` (predicated, no branch).
 #[inline(always)]
 pub unsafe fn st_v4_if(p: u64, v: [u32; 4], pred: bool) {

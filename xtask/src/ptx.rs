@@ -170,9 +170,10 @@ fn kernel_id(name: &str) -> Option<KernelId> {
 
 /// The norm kernels' first load phase (x and residual in the forward, h, dy and dres in the
 /// backward rows kernel, h and dy in its looped phase A) must reach the PTX as one run of
-/// `ld.global.v4` with no branch between them: a branch per chunk made each load wait for the
-/// previous one and cost up to 1.9x (bench/TUNING.md). Counts the vector loads from the first
-/// one to the first branch after it, per vector entry.
+/// `ld.global.v4` (on the realigned path, of `cp.async` copies to shared memory) with no
+/// branch between them: a branch per chunk made each load wait for the previous one and cost
+/// up to 1.9x (bench/TUNING.md). Counts the vector loads from the first one to the first
+/// branch after it, per vector entry.
 fn check_load_batching(ptx: &str) -> Result<(), String> {
     let mut short = Vec::new();
     for id in KernelId::ALL {
@@ -187,7 +188,11 @@ fn check_load_batching(ptx: &str) -> Result<(), String> {
             _ => continue,
         };
         let want = operands * elems / dtype.lanes_per_16b();
-        let got = leading_vector_loads(ptx, id.name());
+        let load = match id {
+            KernelId::RmsNormFwdRealigned(..) => "cp.async.cg.shared.global",
+            _ => "ld.global.v4",
+        };
+        let got = leading_vector_loads(ptx, id.name(), load);
         if got < want {
             short.push(format!("{} ({got} of {want})", id.name()));
         }
@@ -202,8 +207,9 @@ fn check_load_batching(ptx: &str) -> Result<(), String> {
     }
 }
 
-/// `ld.global.v4` instructions in entry `name` from the first one up to the first branch.
-fn leading_vector_loads(ptx: &str, name: &str) -> usize {
+/// `load` instructions (`ld.global.v4`, `cp.async...`) in entry `name` from the first one up
+/// to the first branch.
+fn leading_vector_loads(ptx: &str, name: &str, load: &str) -> usize {
     let header = format!(".entry {name}(");
     let Some(start) = ptx.find(&header) else {
         return 0;
@@ -214,7 +220,7 @@ fn leading_vector_loads(ptx: &str, name: &str) -> usize {
         if line.starts_with(".entry") || line.starts_with(".visible .entry") {
             break;
         }
-        if line.contains("ld.global.v4") {
+        if line.contains(load) {
             loads += 1;
         } else if loads > 0 && line.split_whitespace().any(|w| w.starts_with("bra")) {
             break;
@@ -344,9 +350,9 @@ mod tests {
                    \t@%p2 bra \t$L2;\n\
                    { @ok ld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd3]; }\n}\n\
                    .visible .entry other(\n)\n{\n}\n";
-        assert_eq!(leading_vector_loads(ptx, "k"), 2);
-        assert_eq!(leading_vector_loads(ptx, "other"), 0);
-        assert_eq!(leading_vector_loads(ptx, "missing"), 0);
+        assert_eq!(leading_vector_loads(ptx, "k", "ld.global.v4"), 2);
+        assert_eq!(leading_vector_loads(ptx, "other", "ld.global.v4"), 0);
+        assert_eq!(leading_vector_loads(ptx, "missing", "ld.global.v4"), 0);
     }
 
     #[test]

@@ -67,7 +67,6 @@ use crate::mem::{
 };
 use crate::reduce::row_sum;
 use backward::{bwd_loop, bwd_regs, dw_reduce};
-use realign::{Shifted, Stage};
 
 /// Most chunks one thread holds (32 f32 elements).
 const MAX_CHUNKS: usize = 8;
@@ -600,36 +599,20 @@ unsafe fn fwd_regs_in<
     let mut x = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
-    if M == Path::Realigned {
-        // SAFETY: when live, row < rows: a row of each operand (host-checked); the host sized
-        // the shared memory for the staging.
-        (x, r) = unsafe {
-            realign::load_pair::<E, false>(
-                (shifted(p.x, p.x_stride), live),
-                (shifted(p.residual, p.residual_stride), live && has_res),
-                (me.t, me.tpr, k),
-                Stage::of_row(me.r_local, me.tpr, k),
-                hidden,
-                0,
-            )
-        };
-    } else {
-        unroll!(j < k => {
-            let (c, inside) = chunk(j);
-            let ok = live && inside;
-            // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
-            unsafe {
-                x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
-                r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
-            }
-            if M == Path::Scalar {
-                // One element per load: holding every chunk's loads would take more than the
-                // 128 registers a 512-thread block allows, so combine each chunk at once.
-                h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
-            }
-        });
-    }
+    unroll!(j < k => {
+        let (c, inside) = chunk(j);
+        let ok = live && inside;
+        // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
+        unsafe {
+            x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
+            r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
+        }
+        if M == Path::Scalar {
+            // One element per load: holding every chunk's loads would take more than the
+            // 128 registers a 512-thread block allows, so combine each chunk at once.
+            h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
+        }
+    });
     let mut w_first = [[0.0f32; 8]; MAX_CHUNKS];
     if matches!(wl, WeightLoad::WithInputs) {
         // SAFETY: the host checked the weight.
@@ -643,13 +626,7 @@ unsafe fn fwd_regs_in<
         let (c, inside) = chunk(j);
         let ok = live && has_res && inside;
         // SAFETY: as above; h may be x or residual, whose chunk was loaded above.
-        unsafe {
-            if M == Path::Realigned {
-                realign::store_chunk::<E>(shifted(p.h, p.h_stride), c as u64, hidden, ok, me.lane, &h[j]);
-            } else {
-                store_chunk::<E, M>(h_row, c as u64, hidden, ok, &h[j]);
-            }
-        }
+        unsafe { store_chunk::<E, M>(h_row, c as u64, hidden, ok, &h[j]) };
     });
     let mut acc = 0.0f32;
     unroll!(j < k => {
@@ -674,20 +651,7 @@ unsafe fn fwd_regs_in<
             let w: &[f32; 8] = $w;
             let y = normalize::<E>(&h[$j], rstd, w, hf);
             // SAFETY: as above; y may be x, whose chunk was loaded above.
-            unsafe {
-                if M == Path::Realigned {
-                    realign::store_chunk::<E>(
-                        shifted(p.y, p.y_stride),
-                        $c as u64,
-                        hidden,
-                        inside,
-                        me.lane,
-                        &y,
-                    );
-                } else {
-                    store_chunk::<E, M>(y_row, $c as u64, hidden, inside, &y);
-                }
-            }
+            unsafe { store_chunk::<E, M>(y_row, $c as u64, hidden, inside, &y) };
         }};
     }
     if matches!(wl, WeightLoad::WithInputs) {
@@ -894,13 +858,20 @@ macro_rules! realigned_entries {
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
-            unsafe { fwd_regs::<$e, { Path::Realigned }, $ept, false>(&p) }
+            // Rows of more than 128 threads fill a block alone (see `fwd_regs`).
+            unsafe {
+                if p.rows_per_block == 1 {
+                    realign::fwd::<$e, $ept, true>(&p)
+                } else {
+                    realign::fwd::<$e, $ept, false>(&p)
+                }
+            }
         }
     )*};
 }
 
-// The rows `rmsnorm_realigned_fits` admits: held in registers (the f32 form of 32 per thread
-// spills at 128 registers), staging within `RMSNORM_REALIGNED_MAX_SMEM_BYTES`. Looped rows
+// The rows `rmsnorm_realigned_fits` admits: the 16- and 32-per-thread geometry (the f32 form of
+// 32 per thread is not built), staging within `RMSNORM_REALIGNED_MAX_SMEM_BYTES`. Looped rows
 // would need a staging per tile.
 realigned_entries! {
     F32, 16 => rmsnorm_fwd_f32_realigned_e16;

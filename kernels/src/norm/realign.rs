@@ -9,42 +9,60 @@
 //! Let column 0 of an operand's row sit `m` elements past a 16-byte boundary (`m < L`, a
 //! property of the row: its address). Aligned vector `q` of the row then holds columns
 //! `q*L - m .. q*L - m + L`, and chunk `c` is the last `L - m` lanes of vector `c` followed by
-//! the first `m` lanes of vector `c + 1`. The thread owning chunk slot `c` loads vector `c`
-//! into shared memory, and after a block barrier every thread reads its chunks from there at
-//! the row's offset. Vectors wholly inside the row are predicated 16-byte loads issued back to
-//! back; the two vectors that straddle the row's ends are read element by element by the
-//! lanes of the row's first warp, one element each (nothing outside the row is touched).
+//! the first `m` lanes of vector `c + 1`. The thread owning chunk slot `c` copies vector `c`
+//! into shared memory (`cp.async`: no register holds it in flight, so every copy of the phase
+//! is in flight at once), and after a block barrier every thread reads its chunks from there
+//! at the row's offset. The two vectors that straddle the row's ends are read element by
+//! element by the lanes of the row's first warp, one element each (nothing outside the row is
+//! touched). A whole row's forward also stages the weight, by chunk, once per block.
 //! (Shuffles instead of shared memory need the vector after each warp's last chunk in the
 //! warp's last lane: twice the registers, and a quarter of the occupancy.)
 //!
 //! # Stores
-//! The mirror image: aligned vector `c` is the last `m` lanes of chunk `c - 1` (shuffled over
-//! from the left neighbour) followed by the first `L - m` of chunk `c`, stored by the owner of
-//! chunk `c` as one 16-byte store when the vector is wholly inside the row and the owner is not
-//! the first lane of its warp (whose left neighbour is in another warp). Every element no
-//! vector store covers is stored alone by the thread that owns it, so each element is written
-//! exactly once, by one thread.
+//! A whole row's forward ([`fwd`]) keeps the staging until it is done and stores by aligned
+//! vector of each output: the thread owning slot `q` forms vector `q` of `h` (of `y`) from the
+//! staged columns that vector holds, with the same per-element operations as the chunk that
+//! owns them, and stores it as one 16-byte access (the two vectors that straddle the row's
+//! ends element by element). Only the sum of squares follows the chunk map; no thread needs
+//! another's values.
+//!
+//! A split block ([`store_chunk`], for the split's tiles held in registers) uses the mirror
+//! image of the loads: aligned vector `c` is the last `m` lanes of chunk `c - 1` (shuffled
+//! over from the left neighbour) followed by the first `L - m` of chunk `c`, stored by the
+//! owner of chunk `c` as one 16-byte store when the vector is wholly inside the row and the
+//! owner is not the first lane of its warp (whose left neighbour is in another warp). Every
+//! element no vector store covers is stored alone by the thread that owns it, so each element
+//! is written exactly once, by one thread.
 //!
 //! # Slices of a row
 //! A cluster-split block holds chunks `first .. first + T * K` of its row (`split`): it
-//! stages their vectors and the one after them (thread 0 loads it when it lies wholly inside
+//! stages their vectors and the one after them (thread 0 copies it when it lies wholly inside
 //! the row; its first `m` elements are the slice's). The row's edge vectors are staged by the
 //! block whose slots they fall in. Stores need nothing more: a slice's first and last chunks
 //! are held by the first and last lanes of warps, which store the elements their vectors
 //! share with a neighbour one by one.
 //!
 //! # Aliasing
-//! Every load of the row is issued before the staging barrier and every store after it, so
-//! in-place forms read each element before anyone overwrites it. A slice's vector after its
-//! last chunk holds elements of the next block's slice, which that block may be overwriting:
-//! those lanes are loaded but never used.
+//! Every load of the row is issued and completed before the staging barrier and every store
+//! comes after it, so in-place forms read each element before anyone overwrites it. A slice's
+//! vector after its last chunk holds elements of the next block's slice, which that block may
+//! be overwriting: those lanes are loaded but never used.
 
-use ferrofuse_common::{RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES};
+use core::intrinsics::fmaf32;
+use core::num::NonZeroU64;
 
-use crate::mem::{Elem, funnel_shift_right, ld_v4_if, shfl_up_1, st_v4_if};
-use crate::reduce::{smem_f32, sync_block};
+use ferrofuse_common::{
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32,
+    RmsNormFwdParams,
+};
 
-use super::MAX_CHUNKS;
+use crate::mem::{
+    Elem, F32, cp_async_16_if, cp_async_wait_all, funnel_shift_right, grid, grid_dependency_sync,
+    shfl_up_1, st_v4_if,
+};
+use crate::reduce::{row_sum, smem_f32, sync_block};
+
+use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, rstd_of};
 
 /// One operand's row: the 16-byte boundary at or before column 0 and column 0's offset from it.
 #[derive(Clone, Copy)]
@@ -52,7 +70,7 @@ pub(super) struct Shifted {
     /// Byte address of aligned vector 0.
     base: u64,
     /// Elements between `base` and column 0 (`< L`).
-    m: u64,
+    m: u32,
 }
 
 impl Shifted {
@@ -63,21 +81,21 @@ impl Shifted {
         let skew = first & 15;
         Shifted {
             base: first - skew,
-            m: skew / E::BYTES,
+            m: (skew / E::BYTES) as u32,
         }
     }
 
     /// Whether aligned vector `q` holds only columns of the row (`0 .. hidden`).
     #[inline(always)]
-    fn whole<E: Elem>(&self, q: u64, hidden: u64) -> bool {
-        let l = E::LANES as u64;
+    fn whole<E: Elem>(&self, q: u32, hidden: u32) -> bool {
+        let l = E::LANES as u32;
         (q * l >= self.m) & (q * l + l <= hidden + self.m)
     }
 
     /// Whether aligned vector `q` holds some, but not only, columns of the row.
     #[inline(always)]
-    fn straddles<E: Elem>(&self, q: u64, hidden: u64) -> bool {
-        let l = E::LANES as u64;
+    fn straddles<E: Elem>(&self, q: u32, hidden: u32) -> bool {
+        let l = E::LANES as u32;
         q * l < hidden + self.m && !self.whole::<E>(q, hidden)
     }
 }
@@ -86,6 +104,10 @@ impl Shifted {
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
 struct Vector([u32; 4]);
+
+/// First word of the weight's staging area in a realigned forward block: after the
+/// reduction buffers.
+const WEIGHT_FIRST_WORD: u32 = RMSNORM_SMEM_BYTES / 4;
 
 /// Where one row's staged operands live: the word index of operand 0's vector 0 in the
 /// block's dynamic shared memory, and the vectors per operand.
@@ -96,14 +118,18 @@ pub(super) struct Stage {
 }
 
 impl Stage {
-    /// The staging area of row `r_local` of the block, after the reduction buffers
-    /// (`RMSNORM_SMEM_BYTES`), for rows of `tpr` threads holding `k` chunks each
-    /// (`ferrofuse_common::rmsnorm_realigned_smem_bytes` is its size).
+    /// The staging area of row `r_local` of the block, for rows of `tpr` threads holding `k`
+    /// chunks each, after the reduction buffers (`RMSNORM_SMEM_BYTES`) and the weight's area
+    /// (`w_vectors` vectors per chunk slot; see [`stage_weight`]).
+    /// `ferrofuse_common::rmsnorm_realigned_smem_bytes` is the size of the whole.
     #[inline(always)]
-    pub(super) fn of_row(r_local: u64, tpr: u64, k: usize) -> Self {
-        let vectors = (tpr * k as u64 + 1) as u32;
+    fn of_row(r_local: u64, tpr: u64, k: usize, w_vectors: u32) -> Self {
+        let slots = (tpr * k as u64) as u32;
+        let vectors = slots + 1;
         Stage {
-            first_word: RMSNORM_SMEM_BYTES / 4 + r_local as u32 * 2 * vectors * 4,
+            first_word: WEIGHT_FIRST_WORD
+                + slots * w_vectors * 4
+                + r_local as u32 * 2 * vectors * 4,
             vectors,
         }
     }
@@ -140,42 +166,77 @@ impl Stage {
 pub(super) unsafe fn load_pair<E: Elem, const SLICE: bool>(
     a: (Shifted, bool),
     b: (Shifted, bool),
-    me: (u64, u64, usize),
+    me: (u32, u32, usize),
     stage: Stage,
-    hidden: u64,
-    first: u64,
+    hidden: u32,
+    first: u32,
 ) -> ([[f32; 8]; MAX_CHUNKS], [[f32; 8]; MAX_CHUNKS]) {
     let (t, tpr, k) = me;
-    let first = if SLICE { first } else { 0 };
-    let lanes = E::LANES as u64;
-    let after = first + tpr * k as u64;
-    let mut va = [[0u32; 4]; MAX_CHUNKS];
-    let mut vb = [[0u32; 4]; MAX_CHUNKS];
-    // `&`, not `&&`: no branch between the loads (a branch per load made each wait for the
-    // one before it).
+    // SAFETY: the caller's contract.
+    unsafe { stage_pair::<E, SLICE>(a, b, me, stage, hidden, first) };
+    let mut xa = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut xb = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(j < k => {
-        let c = first + t + j as u64 * tpr;
-        // SAFETY: a whole vector lies inside the row (caller's contract), at a 16-byte
-        // boundary.
+        // SAFETY: staged above.
+        (xa[j], xb[j]) = unsafe { stage.pair::<E>(t + j as u32 * tpr, a.0.m, b.0.m) };
+    });
+    (xa, xb)
+}
+
+/// The staging half of [`load_pair`] (same arguments and contract): every vector of the
+/// block's slots written to `stage`, then a block barrier; [`Stage::pair`] reads the chunks.
+#[inline(always)]
+unsafe fn stage_pair<E: Elem, const SLICE: bool>(
+    a: (Shifted, bool),
+    b: (Shifted, bool),
+    me: (u32, u32, usize),
+    stage: Stage,
+    hidden: u32,
+    first: u32,
+) {
+    let (t, tpr, k) = me;
+    let first = if SLICE { first } else { 0 };
+    let lanes = E::LANES as u32;
+    let after = first + tpr * k as u32;
+    let smem = smem_f32() as *mut u32;
+    let b_first = stage.first_word + stage.vectors * 4;
+    let slot = |area: u32, c: u32| {
+        // SAFETY: slot `c - first < vectors` of one of this row's two areas, inside the
+        // launch's dynamic shared memory (caller's contract); pointer arithmetic only.
+        unsafe { smem.add((area + (c - first) * 4) as usize) }
+    };
+    // Each slot is written once: by its owner, as an asynchronous copy of its vector (zeros
+    // when it lies past the row or the operand is absent), unless it straddles an end of the
+    // row; then element by element by the edge lanes below. The slot after the last chunk by
+    // thread 0 likewise. The copies need no registers, so every load of the phase is
+    // in flight at once whatever the chunks per thread.
+    unroll!(j < k => {
+        let c = first + t + j as u32 * tpr;
+        // SAFETY: a 16-byte aligned slot; the source, when read, a whole vector inside the row
+        // (caller's contract) at a 16-byte boundary.
         unsafe {
-            va[j] = ld_v4_if(a.0.base + c * 16, a.1 & a.0.whole::<E>(c, hidden));
-            vb[j] = ld_v4_if(b.0.base + c * 16, b.1 & b.0.whole::<E>(c, hidden));
+            cp_async_16_if(slot(stage.first_word, c), a.0.base + c as u64 * 16,
+                a.1 & a.0.whole::<E>(c, hidden), !a.0.straddles::<E>(c, hidden));
+            cp_async_16_if(slot(b_first, c), b.0.base + c as u64 * 16,
+                b.1 & b.0.whole::<E>(c, hidden), !b.0.straddles::<E>(c, hidden));
         }
     });
-    // A slice's vector after its last chunk, by thread 0, when it lies wholly inside the row
-    // (a whole row's never does).
-    let (mut a_after, mut b_after) = ([0u32; 4], [0u32; 4]);
-    if SLICE {
+    // The vector after the last slot, by thread 0 (a whole row's is past the row: zeros).
+    {
         let t0 = t == 0;
         // SAFETY: as above.
         unsafe {
-            a_after = ld_v4_if(
-                a.0.base + after * 16,
-                t0 & a.1 & a.0.whole::<E>(after, hidden),
+            cp_async_16_if(
+                slot(stage.first_word, after),
+                a.0.base + after as u64 * 16,
+                a.1 & a.0.whole::<E>(after, hidden),
+                t0 & !a.0.straddles::<E>(after, hidden),
             );
-            b_after = ld_v4_if(
-                b.0.base + after * 16,
-                t0 & b.1 & b.0.whole::<E>(after, hidden),
+            cp_async_16_if(
+                slot(b_first, after),
+                b.0.base + after as u64 * 16,
+                b.1 & b.0.whole::<E>(after, hidden),
+                t0 & !b.0.straddles::<E>(after, hidden),
             );
         }
     }
@@ -195,39 +256,12 @@ pub(super) unsafe fn load_pair<E: Elem, const SLICE: bool>(
     let pos = q * lanes + t % lanes;
     let inside = (pos >= at.m) & (pos < hidden + at.m);
     // SAFETY: a column of the row (caller's contract).
-    let edge_bits = unsafe { E::load_bits_if(at.base + pos * E::BYTES, edge & ok & inside) };
-
-    let smem = smem_f32() as *mut u32;
-    let b_first = stage.first_word + stage.vectors * 4;
-    // SAFETY: vector slots `< vectors` of this row's two areas (slot `c - first` for vector
-    // `c`), inside the launch's dynamic shared memory (caller's contract), 16-byte aligned
-    // (every offset is a multiple of 16 bytes from the 16-byte aligned base). Each slot is
-    // written once: by its owner unless it straddles an end of the row, else element by
-    // element by the edge lanes; the slot after the last chunk by thread 0 unless it
-    // straddles (zeros past the row).
+    let edge_bits = unsafe { E::load_bits_if(at.base + pos as u64 * E::BYTES, edge & ok & inside) };
+    // SAFETY: a slot of this row's areas (as above), written by the edge lanes only.
     unsafe {
-        let slot =
-            |area: u32, c: u64| smem.add((area + (c - first) as u32 * 4) as usize) as *mut Vector;
-        unroll!(j < k => {
-            let c = first + t + j as u64 * tpr;
-            if !a.0.straddles::<E>(c, hidden) {
-                *slot(stage.first_word, c) = Vector(va[j]);
-            }
-            if !b.0.straddles::<E>(c, hidden) {
-                *slot(b_first, c) = Vector(vb[j]);
-            }
-        });
-        if t == 0 {
-            if !a.0.straddles::<E>(after, hidden) {
-                *slot(stage.first_word, after) = Vector(a_after);
-            }
-            if !b.0.straddles::<E>(after, hidden) {
-                *slot(b_first, after) = Vector(b_after);
-            }
-        }
         if edge {
             let area = if group < 2 { stage.first_word } else { b_first };
-            let byte = (area as u64 + (q - first) * 4) * 4 + (t % lanes) * E::BYTES;
+            let byte = (area + (q - first) * 4) * 4 + (t % lanes) * E::BYTES as u32;
             if E::BYTES == 2 {
                 *((smem as *mut u8).add(byte as usize) as *mut u16) = edge_bits as u16;
             } else {
@@ -235,37 +269,73 @@ pub(super) unsafe fn load_pair<E: Elem, const SLICE: bool>(
             }
         }
     }
+    cp_async_wait_all();
     sync_block();
-    let mut xa = [[0.0f32; 8]; MAX_CHUNKS];
-    let mut xb = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(j < k => {
-        let slot = t + j as u64 * tpr;
-        // SAFETY: as above; written before the barrier.
+}
+
+impl Stage {
+    /// `L` elements of a staged operand (`second`: the second one; column 0 `m` elements into
+    /// its vector 0) from column `col`, which may be up to `L - 1` before column 0 (a wrapped
+    /// `u64`: the lanes before the row hold other words of shared memory), as f32 lanes.
+    ///
+    /// # Safety
+    /// The operands are staged ([`stage_pair`]) and the launch has the staging's spare vector
+    /// after the block's last area (`rmsnorm_realigned_smem_bytes`).
+    #[inline(always)]
+    unsafe fn columns<E: Elem>(self, second: bool, col: u32, m: u32) -> [f32; 8] {
+        let first = self.first_word + if second { self.vectors * 4 } else { 0 };
+        let byte = (first * 4).wrapping_add(col.wrapping_add(m).wrapping_mul(E::BYTES as u32));
+        // SAFETY: the caller's contract; areas lie after the reduction buffers, so a column
+        // up to L - 1 before column 0 is still inside the shared memory.
+        E::unpack(unsafe { staged_at::<E>(smem_f32() as *mut u32, byte) })
+    }
+
+    /// The chunks in slot `c` of both staged operands (column 0 `ma` and `mb` elements into
+    /// their vector 0), as f32 lanes.
+    ///
+    /// # Safety
+    /// Slot `c` is one of the block's slots and [`stage_pair`] has staged them.
+    #[inline(always)]
+    unsafe fn pair<E: Elem>(self, c: u32, ma: u32, mb: u32) -> ([f32; 8], [f32; 8]) {
+        let smem = smem_f32() as *mut u32;
+        let b_first = self.first_word + self.vectors * 4;
+        // SAFETY: the caller's contract; words `4c .. 4c + 8` of an area of `vectors`
+        // vectors, as `c < vectors - 1`.
         unsafe {
-            xa[j] = E::unpack(staged_chunk::<E>(smem, stage.first_word, slot, a.0.m));
-            xb[j] = E::unpack(staged_chunk::<E>(smem, b_first, slot, b.0.m));
+            (
+                E::unpack(staged_chunk::<E>(smem, self.first_word, c, ma)),
+                E::unpack(staged_chunk::<E>(smem, b_first, c, mb)),
+            )
         }
-    });
-    (xa, xb)
+    }
 }
 
 /// The chunk in slot `c` of a staged row or slice (its first vector at word `first`) whose
-/// column 0 is `m` elements into vector 0: the 16 bytes from byte `16 c + m * BYTES`, as four
-/// word reads and, for an odd 16-bit offset, a funnel shift.
+/// column 0 is `m` elements into vector 0: the 16 bytes from byte `16 c + m * BYTES`.
 ///
 /// # Safety
 /// Words `first + 4c .. first + 4c + 8` are inside the staging area.
 #[inline(always)]
-unsafe fn staged_chunk<E: Elem>(smem: *mut u32, first: u32, c: u64, m: u64) -> [u32; 4] {
-    let bytes = (m * E::BYTES) as u32;
-    let word = first + c as u32 * 4 + bytes / 4;
+unsafe fn staged_chunk<E: Elem>(smem: *mut u32, first: u32, c: u32, m: u32) -> [u32; 4] {
+    // SAFETY: the caller's contract.
+    unsafe { staged_at::<E>(smem, first * 4 + c * 16 + m * E::BYTES as u32) }
+}
+
+/// The 16 bytes of shared memory from `byte` (a multiple of the element size): four word
+/// reads and, at an odd 16-bit offset, a funnel shift per word.
+///
+/// # Safety
+/// The five words from `byte / 4` are inside the block's dynamic shared memory.
+#[inline(always)]
+unsafe fn staged_at<E: Elem>(smem: *mut u32, byte: u32) -> [u32; 4] {
+    let word = byte / 4;
     let mut w = [0u32; 5];
     // SAFETY: the caller's contract.
     unroll!(i < 5 => { w[i] = unsafe { *smem.add(word as usize + i) }; });
     let mut out = [0u32; 4];
     unroll!(i < 4 => {
         out[i] = if E::BYTES == 2 {
-            funnel_shift_right(w[i], w[i + 1], 8 * (bytes % 4))
+            funnel_shift_right(w[i], w[i + 1], 8 * (byte % 4))
         } else {
             w[i]
         };
@@ -276,9 +346,9 @@ unsafe fn staged_chunk<E: Elem>(smem: *mut u32, first: u32, c: u64, m: u64) -> [
 /// Elements `m .. m + L` of the `2L` elements `lo` then `hi` (`m < L`): a byte shift of the
 /// 32-byte pair by `m * BYTES`, as two word selects and a funnel shift.
 #[inline(always)]
-fn window<E: Elem>(lo: [u32; 4], hi: [u32; 4], m: u64) -> [u32; 4] {
+fn window<E: Elem>(lo: [u32; 4], hi: [u32; 4], m: u32) -> [u32; 4] {
     let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
-    let bytes = (m * E::BYTES) as u32;
+    let bytes = m * E::BYTES as u32;
     let words = bytes / 4;
     let mut by2 = [0u32; 6];
     unroll!(i < 6 => { by2[i] = if words & 2 != 0 { w[i + 2] } else { w[i] }; });
@@ -306,13 +376,13 @@ fn window<E: Elem>(lo: [u32; 4], hi: [u32; 4], m: u64) -> [u32; 4] {
 #[inline(always)]
 pub(super) unsafe fn store_chunk<E: Elem>(
     at: Shifted,
-    c: u64,
-    hidden: u64,
+    c: u32,
+    hidden: u32,
     ok: bool,
     lane: u32,
     v: &[f32; 8],
 ) {
-    let l = E::LANES as u64;
+    let l = E::LANES as u32;
     let own = E::pack(v);
     let from_left = shfl_up_1(own);
     let skewed = at.m != 0;
@@ -324,18 +394,250 @@ pub(super) unsafe fn store_chunk<E: Elem>(
     };
     let head_by_vector = ok && at.whole::<E>(c, hidden) && (lane != 0 || !skewed);
     // SAFETY: a whole vector of the row, at a 16-byte boundary.
-    unsafe { st_v4_if(at.base + c * 16, vector, head_by_vector) };
+    unsafe { st_v4_if(at.base + c as u64 * 16, vector, head_by_vector) };
     // The chunk's last m elements are in vector c + 1, which the right neighbour stores when
     // it is whole and the neighbour is in this warp.
     let tail_by_vector = !skewed || (at.whole::<E>(c + 1, hidden) && lane != 31);
     if ok && !(head_by_vector && tail_by_vector) {
         unroll!(i < E::LANES => {
-            let col = c * l + i as u64;
-            let in_head = (i as u64) < l - at.m;
+            let col = c * l + i as u32;
+            let in_head = (i as u32) < l - at.m;
             let store = col < hidden && if in_head { !head_by_vector } else { !tail_by_vector };
             let bits = if E::BYTES == 2 { own[i / 2] >> (16 * (i as u32 % 2)) } else { own[i] };
             // SAFETY: column col < hidden of the row (caller's contract).
-            unsafe { E::store_bits_if(at.base + (col + at.m) * E::BYTES, bits, store) };
+            unsafe { E::store_bits_if(at.base + (col + at.m) as u64 * E::BYTES, bits, store) };
         });
     }
+}
+
+/// The weight's staging in a realigned forward block: chunk slot `c` holds the weight of
+/// chunk `c` in `w_vectors` vectors (one, or two for an f32 weight of a 16-bit row's 8-lane
+/// chunks), at word `WEIGHT_FIRST_WORD + 4 * w_vectors * c`. The threads of the block's first
+/// row stage it (the weight is every row's): whole vectors as asynchronous copies (zeros past
+/// the row), the ragged last vector element by element by its chunk's owner. The caller's
+/// staging barrier ([`stage_pair`]) makes it visible.
+///
+/// # Safety
+/// `w` holds `hidden` elements (4 bytes each when `w_f32`, else of `E`), 16-byte aligned; the
+/// launch's dynamic shared memory holds the area (`rmsnorm_realigned_smem_bytes`).
+#[inline(always)]
+unsafe fn stage_weight<E: Elem>(w: u64, w_f32: bool, me: (u32, u32, usize), hidden: u32, ok: bool) {
+    let (t, tpr, k) = me;
+    let smem = smem_f32() as *mut u32;
+    let w_vectors = weight_vectors::<E>(w_f32);
+    // Elements per vector.
+    let wl = if w_f32 { 4 } else { E::LANES as u32 };
+    unroll!(j < k => {
+        let c = t + j as u32 * tpr;
+        unroll!(i < 2 => {
+            let v = c * w_vectors + i as u32;
+            let whole = v * wl + wl <= hidden;
+            let ragged = v * wl < hidden && !whole;
+            // SAFETY: a 16-byte aligned vector of the area (the caller's contract); the source,
+            // when read, a whole vector of the weight.
+            unsafe {
+                cp_async_16_if(
+                    smem.add((WEIGHT_FIRST_WORD + v * 4) as usize),
+                    w + v as u64 * 16,
+                    whole,
+                    ok & (i < w_vectors as usize) & !ragged,
+                )
+            };
+        });
+    });
+    // The ragged last vector, when the row does not end on the grid: by its chunk's owner,
+    // after every copy is issued.
+    let last = (hidden - 1) / wl;
+    if ok && hidden % wl != 0 && (last / w_vectors) % tpr == t {
+        let mut bits = [0u32; 4];
+        unroll!(i < 4 => {
+            if E::BYTES == 4 || w_f32 {
+                let col = last * 4 + i as u32;
+                // SAFETY: a column of the weight.
+                bits[i] = unsafe { F32::load_bits_if(w + col as u64 * 4, col < hidden) };
+            } else {
+                let col = last * 8 + 2 * i as u32;
+                // SAFETY: columns of the weight.
+                let lo = unsafe { E::load_bits_if(w + col as u64 * 2, col < hidden) };
+                let hi = unsafe { E::load_bits_if(w + col as u64 * 2 + 2, col + 1 < hidden) };
+                bits[i] = lo | hi << 16;
+            }
+        });
+        // SAFETY: as above; no copy writes this vector.
+        unsafe {
+            *(smem.add((WEIGHT_FIRST_WORD + last * 4) as usize) as *mut Vector) = Vector(bits)
+        };
+    }
+}
+
+/// Vectors per chunk slot in the weight's staging: an f32 weight of a 16-bit row takes two.
+#[inline(always)]
+fn weight_vectors<E: Elem>(w_f32: bool) -> u32 {
+    if w_f32 && E::BYTES == 2 { 2 } else { 1 }
+}
+
+/// The weight factors of the `L` columns from `col` (as in [`Stage::columns`]) from the
+/// staging ([`stage_weight`]): `w`, or `1 + w` for Gemma, widened to f32.
+///
+/// # Safety
+/// The weight is staged and the staging barrier passed.
+#[inline(always)]
+unsafe fn staged_weight<E: Elem>(col: u32, w_f32: bool, gemma: bool) -> [f32; 8] {
+    let smem = smem_f32() as *mut u32;
+    let byte = |bytes: u32| (WEIGHT_FIRST_WORD * 4).wrapping_add(col.wrapping_mul(bytes));
+    // SAFETY: the caller's contract; the area lies after the reduction buffers.
+    let mut f = unsafe {
+        if w_f32 && E::BYTES == 2 {
+            let (lo, hi) = (
+                F32::unpack(staged_at::<F32>(smem, byte(4))),
+                F32::unpack(staged_at::<F32>(smem, byte(4).wrapping_add(16))),
+            );
+            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+        } else if w_f32 {
+            F32::unpack(staged_at::<F32>(smem, byte(4)))
+        } else {
+            E::unpack(staged_at::<E>(smem, byte(E::BYTES as u32)))
+        }
+    };
+    if gemma {
+        unroll!(l < E::LANES => { f[l] = 1.0 + f[l]; });
+    }
+    f
+}
+
+/// Stores aligned vector `q` of the output row `at` (`v`: its columns `q L - m ..`, rounded to
+/// nearest even in the storage dtype) when `ok`: one 16-byte store when the vector lies wholly
+/// inside the row, else, for the two vectors that straddle its ends, the columns inside it
+/// one by one.
+///
+/// # Safety
+/// When `ok`, `at` is a row of `hidden` elements of a checked output.
+#[inline(always)]
+unsafe fn store_vector<E: Elem>(at: Shifted, q: u32, hidden: u32, ok: bool, v: &[f32; 8]) {
+    let bits = E::pack(v);
+    // SAFETY: a whole vector of the row, at a 16-byte boundary.
+    unsafe { st_v4_if(at.base + q as u64 * 16, bits, ok & at.whole::<E>(q, hidden)) };
+    if ok && at.straddles::<E>(q, hidden) {
+        let l = E::LANES as u32;
+        unroll!(i < E::LANES => {
+            let pos = q * l + i as u32;
+            let inside = (pos >= at.m) & (pos < hidden + at.m);
+            let b = if E::BYTES == 2 { bits[i / 2] >> (16 * (i as u32 % 2)) } else { bits[i] };
+            // SAFETY: column pos - m of the row when inside.
+            unsafe { E::store_bits_if(at.base + pos as u64 * E::BYTES, b, inside) };
+        });
+    }
+}
+
+/// Forward of whole rows on the realigned path, `EPT` elements per thread, blocks of one row
+/// (`ONE_ROW`) or of several; the chunk map and the arithmetic of [`super::fwd_regs`], so the
+/// same bits.
+///
+/// Every input goes to shared memory first, as asynchronous copies that hold no registers
+/// while in flight: x and the residual as the row's aligned vectors ([`stage_pair`]), the
+/// weight by chunk ([`stage_weight`]). The staging stays until the block is done, so a
+/// thread never holds its chunks through the reduction: it reads its chunks to sum their
+/// squares, and after the reduction forms each output vector from the staged columns it
+/// holds. No thread needs another's values (no shuffles), and registers hold a vector or two
+/// at a time, not the row: more blocks per multiprocessor than a register-resident row allows.
+///
+/// # Safety
+/// The host's plan: params checked (extents, the weight 16-byte aligned, aliasing), launched
+/// with the geometry the params name and `rmsnorm_realigned_smem_bytes` of dynamic shared
+/// memory.
+#[inline(always)]
+pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &RmsNormFwdParams) {
+    let k = EPT / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<ONE_ROW>(tpr);
+    let row = grid::block_x() * p.rows_per_block as u64 + me.r_local;
+    let live = row < p.rows;
+    // A row held here has at most 16384 elements: indices fit 32 bits (64-bit compares and
+    // products take two instructions each, and two registers per value).
+    let (t, tpr, hidden) = (me.t as u32, me.tpr as u32, p.hidden as u32);
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    prefetch_first(p.x);
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    let (x_row, res_row) = (
+        shifted(p.x, p.x_stride),
+        shifted(p.residual, p.residual_stride),
+    );
+    let stage = Stage::of_row(me.r_local, me.tpr, k, weight_vectors::<E>(w_f32));
+    grid_dependency_sync();
+
+    // SAFETY: the host checked the weight and sized the shared memory; every thread of the
+    // block calls `stage_pair`, whose barrier also covers the weight's copies.
+    unsafe {
+        stage_weight::<E>(p.w, w_f32, (t, tpr, k), hidden, me.r_local == 0);
+        // When live, row < rows: a row of each operand (host-checked).
+        stage_pair::<E, false>(
+            (x_row, live),
+            (res_row, live && has_res),
+            (t, tpr, k),
+            stage,
+            hidden,
+            0,
+        )
+    };
+    // The sum of squares over the thread's chunks, in the chunk map's order (chunks past the
+    // row are zeros in the staging and add nothing).
+    let mut acc = 0.0f32;
+    unroll!(j < k => {
+        // SAFETY: slot t + j * tpr < tpr * k, staged above; the staging is not written again.
+        let (x, r) = unsafe { stage.pair::<E>(t + j as u32 * tpr, x_row.m, res_row.m) };
+        let h = add_residual::<E>(&x, &r, has_res, hf);
+        unroll!(l < E::LANES => { acc = fmaf32(h[l], h[l], acc); });
+    });
+    // SAFETY: every thread of the block gets here; buffer 0's slots are the block's warps,
+    // inside RMSNORM_SMEM_BYTES, before the staging.
+    let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
+    let rstd = rstd_of(sum_sq, p.hidden, p.eps);
+    if !live {
+        return;
+    }
+    if me.t == 0 && p.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
+    }
+    // The outputs by aligned vector of each output row: vector `q` of `h` (of `y`) is formed
+    // from the staged columns it holds, element by element with the same operations as the
+    // chunk that holds them, so with the same bits; no thread needs another's values. The
+    // thread owning slot `q` stores vector `q`, thread 0 also the one after the last slot.
+    let (h_row, y_row) = (shifted(p.h, p.h_stride), shifted(p.y, p.y_stride));
+    let lanes = E::LANES as u32;
+    // Whether `h` and `y` sit at the same offset from the grid (dense outputs of one layout):
+    // then a vector's columns are the same in both.
+    let same = h_row.m == y_row.m;
+    let out_vector = |q: u32, ok: bool| {
+        let h_of = |m: u32| {
+            let col = (q * lanes).wrapping_sub(m);
+            // SAFETY: staged above (the spare bytes cover the vector after the last slot).
+            let (x, r) = unsafe {
+                (
+                    stage.columns::<E>(false, col, x_row.m),
+                    stage.columns::<E>(true, col, res_row.m),
+                )
+            };
+            add_residual::<E>(&x, &r, has_res, hf)
+        };
+        let mut h = h_of(h_row.m);
+        // SAFETY: a row of h (host-checked); h may be x or the residual, whose every load was
+        // issued before the staging barrier.
+        unsafe { store_vector::<E>(h_row, q, hidden, ok && has_res, &h) };
+        if !same {
+            h = h_of(y_row.m);
+        }
+        // SAFETY: staged above.
+        let w = unsafe { staged_weight::<E>((q * lanes).wrapping_sub(y_row.m), w_f32, gemma) };
+        let y = normalize::<E>(&h, rstd, &w, hf);
+        // SAFETY: as for h; y may be x.
+        unsafe { store_vector::<E>(y_row, q, hidden, ok, &y) };
+    };
+    unroll!(j < k => { out_vector(t + j as u32 * tpr, true); });
+    out_vector(tpr * k as u32, me.t == 0);
 }

@@ -243,10 +243,10 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
             realign::load_pair::<E, true>(
                 (shifted(p.x, p.x_stride), true),
                 (shifted(p.residual, p.residual_stride), has_res),
-                (me.t, me.tpr, TPC * k),
+                (me.t as u32, me.tpr as u32, TPC * k),
                 Stage::of_split(me.tpr, TPC * k),
-                hidden,
-                first_tile * per_tile,
+                hidden as u32,
+                (first_tile * per_tile) as u32,
             )
         };
     } else {
@@ -290,7 +290,7 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
         // block's elements are discarded: see `realign`).
         unsafe {
             if M == Path::Realigned {
-                realign::store_chunk::<E>(shifted(p.h, p.h_stride), c, hidden, ok, me.lane, &h[q]);
+                realign::store_chunk::<E>(shifted(p.h, p.h_stride), c as u32, hidden as u32, ok, me.lane, &h[q]);
             } else {
                 store_chunk::<E, M>(h_row, c, hidden, ok, &h[q]);
             }
@@ -355,7 +355,7 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
         // SAFETY: as above; y may be x, whose chunk this thread loaded above.
         unsafe {
             if M == Path::Realigned {
-                realign::store_chunk::<E>(shifted(p.y, p.y_stride), c, hidden, inside, me.lane, &y);
+                realign::store_chunk::<E>(shifted(p.y, p.y_stride), c as u32, hidden as u32, inside, me.lane, &y);
             } else {
                 store_chunk::<E, M>(y_row, c, hidden, inside, &y);
             }
