@@ -149,15 +149,15 @@ impl Stage {
 /// A thread's chunks `first + t + j * tpr` (`j < k`, with `(t, tpr, k)` as `me`) of two
 /// operands' rows, each `(row, ok)`, as f32 lanes (zeros where not `ok`). `first` is 0
 /// unless `SLICE`: then the block holds the row's chunks `first .. first + tpr * k` (a split
-/// forward block's tiles) and also loads the vector after them, which holds the last `m`
-/// columns of its last chunk.
+/// forward block's tiles). The slot after the last chunk holds the vector after it (the last
+/// `m` columns of the last chunk), or zeros past the row.
 ///
-/// Each thread loads the aligned vectors of its chunk slots that lie wholly inside the row,
-/// both operands' loads issued before any is waited for. The vectors that straddle an end of
-/// the row (its first when column 0 is off the grid, its last when the row does not end on
-/// it) are read element by element by the row's first warp, one element per lane, with no
-/// branch. All of them go to shared memory (`stage`), and after a block barrier each thread
-/// reads its chunks back at the row's offset. Every thread of the block must call it.
+/// Each thread copies the aligned vectors of its chunk slots that lie wholly inside the row
+/// to shared memory (`stage`), every copy of both operands started before any is waited for.
+/// The vectors that straddle an end of the row (its first when column 0 is off the grid, its
+/// last when the row does not end on it) are read element by element by the row's first warp,
+/// one element per lane, with no branch. After a block barrier each thread reads its chunks
+/// back at the row's offset. Every thread of the block must call it.
 ///
 /// # Safety
 /// For each operand, when `ok`: its row is a row of `hidden` elements of a checked operand.
@@ -276,10 +276,10 @@ unsafe fn stage_pair<E: Elem, const SLICE: bool>(
 impl Stage {
     /// `L` elements of a staged operand (`second`: the second one; column 0 `m` elements into
     /// its vector 0) from column `col`, which may be up to `L - 1` before column 0 (a wrapped
-    /// `u64`: the lanes before the row hold other words of shared memory), as f32 lanes.
+    /// `u32`: the lanes before the row hold other words of shared memory), as f32 lanes.
     ///
     /// # Safety
-    /// The operands are staged ([`stage_pair`]) and the launch has the staging's spare vector
+    /// The operands are staged ([`stage_pair`]) and the launch has the staging's spare bytes
     /// after the block's last area (`rmsnorm_realigned_smem_bytes`).
     #[inline(always)]
     unsafe fn columns<E: Elem>(self, second: bool, col: u32, m: u32) -> [f32; 8] {
@@ -321,7 +321,7 @@ unsafe fn staged_chunk<E: Elem>(smem: *mut u32, first: u32, c: u32, m: u32) -> [
     unsafe { staged_at::<E>(smem, first * 4 + c * 16 + m * E::BYTES as u32) }
 }
 
-/// The 16 bytes of shared memory from `byte` (a multiple of the element size): four word
+/// The 16 bytes of shared memory from `byte` (a multiple of the element size): five word
 /// reads and, at an odd 16-bit offset, a funnel shift per word.
 ///
 /// # Safety
