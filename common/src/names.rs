@@ -321,8 +321,8 @@ impl KernelId {
             // the other row reduces or stores.
             KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             // Two 512-thread rows per SM (64 registers): the rows are staged in shared memory,
-            // so registers, not bytes in flight, set the rows per SM (uncapped, ptxas took
-            // 88 for 32 per thread: one row of 352-512 threads per SM, 1.4-1.7x slower).
+            // so registers, not bytes in flight, set the rows per SM (an uncapped build took
+            // 88 at 32 per thread, one row of 352-512 threads per SM: 1.4x slower).
             KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 2)),
             // Two 512-thread rows per SM (64 registers) on the 16-per-thread vector path,
             // which holds the weight through the reduction.
