@@ -260,6 +260,11 @@ pub const DEFAULT_MAX_SMEM_BYTES: u32 = 48 * 1024;
 pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType, w_f32: bool) -> u32 {
     let lanes = dtype.lanes_per_16b() as u32;
     let slots = g.threads_per_row * (g.elems_per_thread / lanes);
+    if g.looped {
+        // The looped kernel's tile ring, then per operand a tile's slots, the vector before
+        // them and the one after (the weight is staged in the residual's place in pass 2).
+        return RMSNORM_LOOP_SMEM_BYTES + 2 * (slots + 2) * 16 + 32;
+    }
     let w_bytes = if w_f32 { 4 } else { dtype.size_bytes() as u32 };
     RMSNORM_SMEM_BYTES + slots * lanes * w_bytes + g.rows_per_block * 2 * (slots + 1) * 16 + 32
 }
@@ -272,15 +277,17 @@ pub const fn rmsnorm_realigned_smem_bytes(g: &NormGeometry, dtype: DType, w_f32:
 pub const RMSNORM_REALIGNED_MAX_SMEM_BYTES: u32 = 99 * 1024;
 
 /// Whether rows of `hidden` elements of `dtype` can take the realigned forward (with an f32
-/// weight when `w_f32`): they have the 16- or 32-per-thread geometry (the f32 form of 32 is
-/// not built) and their staging fits [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]: 16-bit rows up to
-/// 16384 elements (12288 with an f32 weight), f32 rows up to 8192.
+/// weight when `w_f32`): rows of the 16- or 32-per-thread geometry (the f32 form of 32 is not
+/// built) whose staging fits [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`] (16-bit rows up to 16384
+/// elements, 12288 with an f32 weight; f32 rows up to 8192), and looped rows below 2^31
+/// elements with a weight of the storage dtype (the looped form stages the weight as it
+/// stages the rows).
 pub const fn rmsnorm_realigned_fits(dtype: DType, hidden: u64, w_f32: bool) -> bool {
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden);
     let held = match variant {
         NormFwdVariant::E16 => true,
         NormFwdVariant::E32 => dtype.size_bytes() == 2,
-        NormFwdVariant::Loop => false,
+        NormFwdVariant::Loop => hidden < 1 << 31 && !(w_f32 && dtype.size_bytes() == 2),
     };
     held && rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32)
         <= RMSNORM_REALIGNED_MAX_SMEM_BYTES

@@ -63,13 +63,13 @@
 //! same whether it is computed alone or in a batch of any size at any position, at any offset
 //! from the 16-byte grid, whichever memory path runs it ([`NormPath`]:
 //! 16-byte vectors when every operand allows them; the realigned kernel, aligned vectors
-//! staged through shared memory, for rows off the grid up to 16384 16-bit or 8192 f32
-//! elements with a 16-byte aligned weight; one element per access otherwise), and from one
-//! run to the next. Rows longer than 16384 elements at up to a quarter as many rows as
-//! multiprocessors run on sm_90 as one thread-block cluster per row (a tile or two of the row
-//! per block, on any of the three memory paths: realigned off the grid when the weight is
-//! aligned and the block's staging fits), which computes the looped kernel's sums in its
-//! order, so the same bits. `dw`
+//! staged through shared memory, for rows off the grid with a 16-byte aligned weight: whole
+//! rows up to 16384 16-bit or 8192 f32 elements, longer rows tile by tile with a weight of the
+//! storage dtype; one element per access otherwise), and from one run to the next. Rows longer
+//! than 16384 elements at few rows (`split_forward`) run on sm_90 as one thread-block cluster
+//! per row (a tile or two of the row per block, on any of the three memory paths: realigned
+//! off the grid when the weight is aligned and the block's staging fits), which computes the
+//! looped kernel's sums in its order, so the same bits. `dw`
 //! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
 //! backward runs give the same bits; no float atomics anywhere.
 //!
@@ -312,9 +312,15 @@ pub fn plan_rmsnorm_forward(
             (rows as u64).div_ceil(geometry.rows_per_block as u64),
         )?
     };
-    if let Some((kernel, blocks, shared_mem_bytes)) =
-        split_forward(dtype, mode, w.addr % 16 == 0, rows, hidden, limits)
-    {
+    if let Some((kernel, blocks, shared_mem_bytes)) = split_forward(
+        dtype,
+        mode,
+        w.addr % 16 == 0,
+        realigned,
+        rows,
+        hidden,
+        limits,
+    ) {
         return Ok(Launch {
             kernel,
             grid: grid_u32("rows", blocks)?,
@@ -343,30 +349,40 @@ pub fn plan_rmsnorm_forward(
 }
 
 /// The cluster-split forward, its grid (`rows` clusters) and shared memory, where it
-/// applies: looped rows on a device with clusters, at most a quarter as many rows as
-/// multiprocessors (one block per row would leave most of the GPU idle; from 64 rows on an
-/// H200 the one-block kernel was as fast or faster). Its memory path: the vector one on the
-/// 16-byte grid; off it, the realigned one where the weight is 16-byte aligned and the
-/// block's staging fits, else the scalar one. It computes the same bits as the looped kernel
-/// (`rmsnorm_split_geometry`), so the choice by `rows` keeps batch invariance.
+/// applies: looped rows on a device with clusters, on the vector and scalar paths at most a
+/// quarter as many rows as multiprocessors (one block per row would leave most of the GPU
+/// idle; from 64 rows on an H200 the one-block vector kernel was as fast or faster). Off the
+/// grid it takes the realigned path where the weight is 16-byte aligned and the block's
+/// staging fits, and then up to one row per multiprocessor for 16-bit rows, at any number of
+/// rows for f32 rows and where there is no looped realigned kernel (`realigned_loop` false):
+/// the split reads each element once, the looped realigned kernel reads `h` back, and on an
+/// H200 the looped realigned kernel was the faster of the two only for 16-bit rows, from a
+/// few hundred rows on. Else the scalar path. It computes the same bits as the looped kernel (`rmsnorm_split_geometry`),
+/// so the choice by `rows` keeps batch invariance.
 fn split_forward(
     dtype: DType,
     mode: VecMode,
     w_aligned: bool,
+    realigned_loop: bool,
     rows: usize,
     hidden: usize,
     limits: &GridLimits,
 ) -> Option<(KernelId, u64, u32)> {
     let (variant, cluster) = rmsnorm_split_geometry(dtype, hidden as u64)?;
-    if !(limits.clusters && rows > 0 && rows as u64 * 4 <= limits.sm_count as u64) {
-        return None;
-    }
     let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, variant);
     let (path, smem) = match (mode, realigned) {
         (VecMode::V16, _) => (NormPath::V16, RMSNORM_SPLIT_SMEM_BYTES),
         (VecMode::Scalar, Some(bytes)) if w_aligned => (NormPath::Realigned, bytes),
         (VecMode::Scalar, _) => (NormPath::Scalar, RMSNORM_SPLIT_SMEM_BYTES),
     };
+    let sms = limits.sm_count as u64;
+    let takes = match path {
+        NormPath::Realigned => rows as u64 <= sms || !realigned_loop || dtype == DType::F32,
+        _ => rows as u64 * 4 <= sms,
+    };
+    if !(limits.clusters && rows > 0 && takes) {
+        return None;
+    }
     Some((
         KernelId::RmsNormFwdSplit(dtype, path, variant),
         rows as u64 * cluster as u64,

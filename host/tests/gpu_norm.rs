@@ -826,11 +826,13 @@ fn forward_every_placement_option_and_layout() {
     let Some((k, _)) = gpu("forward_every_placement_option_and_layout") else {
         return;
     };
+    // 140001: rows beyond the cluster split's reach (more than 16 tiles), so the looped
+    // one-block kernels run on every path at any number of rows.
     let hidden: Vec<usize> = if quick() {
-        vec![3, 896, 12289, 16384, 20000, 100000]
+        vec![3, 896, 12289, 16384, 20000, 100000, 140001]
     } else {
         vec![
-            1, 3, 769, 896, 4096, 5125, 7001, 12289, 16384, 65536, 70001, 100000,
+            1, 3, 769, 896, 4096, 5125, 7001, 12289, 16384, 65536, 70001, 100000, 140001,
         ]
     };
     let mut cases = Vec::new();
@@ -858,9 +860,10 @@ fn forward_every_placement_option_and_layout() {
                             // kernels run as well as the w-first ones.
                             rows: if h <= 4096 && i % 4 == 3 {
                                 2000
-                            } else if h > 16384 && i % 4 == 3 {
+                            } else if h > 16384 && h < 140001 && i % 4 == 3 {
                                 // Looped rows: more rows than multiprocessors, so the
-                                // one-block kernel runs as well as the cluster split.
+                                // one-block kernel runs as well as the cluster split
+                                // (140001 has no split: every row count runs it).
                                 150
                             } else {
                                 [1, 2, 7][i % 3]
@@ -1090,9 +1093,12 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
         batch_invariance::<bf16, f32>(&k, &s, h, 0);
     }
     // Odd sizes: rows start at every offset from the 16-byte grid within one batch, and the
-    // realigned kernel (up to its geometry's limit) and the scalar one give the same bits, in
-    // any batch.
-    for h in [1usize, 3, 769, 1001, 4095, 5125, 7001, 8193, 12289, 16383] {
+    // realigned kernel (whole rows, or looped beyond 16384 elements) and the scalar one give
+    // the same bits, in any batch; a looped row alone runs on a cluster where there are
+    // clusters.
+    for h in [
+        1usize, 3, 769, 1001, 4095, 5125, 7001, 8193, 12289, 16383, 16385, 20001, 65537,
+    ] {
         let c = Fwd::new(64, h);
         let seed = fresh_seed();
         let inp = fwd_inputs::<bf16>(&c, seed);
@@ -1187,23 +1193,38 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
 }
 
 /// Rows of more tiles than the looped kernel's ring holds (33 and 66 tiles: the ring is
-/// combined and reused several times) against the f64 reference, every dtype.
+/// combined and reused several times) against the f64 reference, every dtype, on the vector
+/// grid and off it (the looped realigned kernel).
 #[test]
 fn forward_rows_longer_than_the_tile_ring() {
     let Some((k, s)) = gpu("forward_rows_longer_than_the_tile_ring") else {
         return;
     };
     for dtype in DType::ALL {
-        for (rows, hidden) in [(3usize, 270_000usize), (1, 540_000)] {
+        for (rows, hidden) in [
+            (3usize, 270_000usize),
+            (1, 540_000),
+            (3, 270_001),
+            (1, 540_003),
+        ] {
             let c = Fwd {
                 hf: rows == 1,
                 ..Fwd::new(rows, hidden)
             };
             let (_, kernel) = forward_any(&k, &s, dtype, &c, fresh_seed());
             assert!(
-                matches!(kernel, KernelId::RmsNormFwd(_, _, NormFwdVariant::Loop)),
+                matches!(
+                    kernel.rmsnorm_forward_form(),
+                    Some((_, _, NormFwdVariant::Loop))
+                ),
                 "{kernel:?}"
             );
+            if hidden % 2 == 1 {
+                assert!(
+                    matches!(kernel, KernelId::RmsNormFwdRealigned(_, _)),
+                    "{kernel:?}"
+                );
+            }
         }
     }
 }

@@ -648,20 +648,23 @@ fn vector_kernel_only_when_every_operand_allows_it() {
         t.rstd.as_mut().unwrap().addr += 4;
         assert_eq!(mode(&t), NormPath::V16);
         // A row length that is not a multiple of the vector: realigned while its staging fits
-        // (16-bit rows up to 16384 elements, f32 up to 8192), scalar beyond.
+        // (16-bit rows up to 16384 elements, f32 up to 8192), then for f32 rows of 32 per
+        // thread scalar, and looped rows (beyond 16384 elements) realigned tile by tile.
         let longest = if size == 4 { 8192 } else { 16384 };
-        for h in [hidden + 1, longest - 1] {
+        for h in [hidden + 1, longest - 1, 16385, 65537, 131073, 1_000_001] {
             assert_eq!(
                 mode(&fwd_descs(dtype, 7, h, true)),
                 NormPath::Realigned,
                 "H={h}"
             );
         }
-        assert_eq!(
-            mode(&fwd_descs(dtype, 7, longest + 1, true)),
-            NormPath::Scalar
-        );
-        // An f32 weight of 16-bit rows is staged in f32: realigned up to 12288 elements.
+        if size == 4 {
+            for h in [8193, 16383] {
+                assert_eq!(mode(&fwd_descs(dtype, 7, h, true)), NormPath::Scalar);
+            }
+        }
+        // An f32 weight of 16-bit rows is staged in f32: realigned up to 12288 elements, and
+        // not on the looped form, which stages the weight as a row of the storage dtype.
         if size == 2 {
             let with_f32_weight = |h: usize| {
                 let mut t = fwd_descs(dtype, 7, h, true);
@@ -670,6 +673,7 @@ fn vector_kernel_only_when_every_operand_allows_it() {
             };
             assert_eq!(with_f32_weight(12287), NormPath::Realigned);
             assert_eq!(with_f32_weight(12289), NormPath::Scalar);
+            assert_eq!(with_f32_weight(65537), NormPath::Scalar);
         }
         // A single row does not need a vector-multiple stride.
         let mut t = fwd_descs(dtype, 1, hidden, true);
@@ -1301,7 +1305,10 @@ fn kernel_table_holds_every_norm_entry() {
 /// split forward: one cluster per row, one tile per block up to 8 tiles, two up to 16, the
 /// same form (memory path, looped) and parameters as the looped kernel, its own shared
 /// memory; on the vector path and, for rows off the 16-byte grid, on the realigned or the
-/// scalar one. Never without clusters, beyond `sm_count / 4` rows, or for shorter rows.
+/// scalar one; on the realigned path up to one row per multiprocessor, and f32 rows at any
+/// number (see also `split_forward_takes_more_rows_of_an_f32_weight`). Never without
+/// clusters or for shorter rows. Off the grid the looped kernel is the realigned one where
+/// the weight is aligned.
 #[test]
 fn split_forward_plan() {
     use ferrofuse_common::{
@@ -1328,7 +1335,7 @@ fn split_forward_plan() {
                     assert_eq!(per_block == 1, tiles <= 8, "{what}");
                 }
             }
-            for rows in [1usize, 2, 7, 32, 33, 34, 64, 132, 1000] {
+            for rows in [1usize, 2, 7, 32, 33, 34, 64, 132, 133, 1000, 70000] {
                 let t = fwd_descs(dtype, rows, hidden, true);
                 let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
                 let l = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
@@ -1366,21 +1373,34 @@ fn split_forward_plan() {
                     let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
                     let s = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
                     if variant == NormFwdVariant::Loop {
+                        let one_block = if w_aligned {
+                            NormPath::Realigned
+                        } else {
+                            NormPath::Scalar
+                        };
                         assert_eq!(
                             looped.kernel.rmsnorm_forward_form(),
-                            Some((dtype, NormPath::Scalar, variant)),
+                            Some((dtype, one_block, variant)),
                             "{what}"
                         );
                     }
                     assert_eq!(s.params, looped.params, "{what}");
+                    let realigned = geom
+                        .and_then(|(v, _)| rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, v));
+                    let path = if w_aligned && realigned.is_some() {
+                        NormPath::Realigned
+                    } else {
+                        NormPath::Scalar
+                    };
+                    // The realigned split up to one row per multiprocessor, and at any number
+                    // of rows for f32 (one staging buffer in the looped realigned kernel).
+                    let split_rows = match path {
+                        NormPath::Realigned if dtype == DType::F32 => usize::MAX,
+                        NormPath::Realigned => 132,
+                        _ => 33,
+                    };
                     match geom {
-                        Some((v, n)) if rows <= 33 => {
-                            let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, v);
-                            let path = if w_aligned && realigned.is_some() {
-                                NormPath::Realigned
-                            } else {
-                                NormPath::Scalar
-                            };
+                        Some((v, n)) if rows <= split_rows => {
                             assert_eq!(
                                 s.kernel,
                                 KernelId::RmsNormFwdSplit(dtype, path, v),
@@ -1402,6 +1422,37 @@ fn split_forward_plan() {
                         _ => assert_eq!(s, looped, "{what}"),
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Off the grid, 16-bit rows with an f32 weight have no looped realigned kernel: there the
+/// realigned split takes any number of rows (its weight aligned), not the scalar kernel.
+#[test]
+fn split_forward_takes_more_rows_of_an_f32_weight() {
+    let cl = limits().with_clusters(true);
+    for dtype in [DType::F16, DType::BF16] {
+        for rows in [1usize, 34, 1000] {
+            for w_aligned in [true, false] {
+                let mut t = fwd_descs(dtype, rows, 65535, true);
+                t.weight = mat(2, DType::F32, 1, 65535);
+                if !w_aligned {
+                    t.weight.addr += 4;
+                }
+                let l = plan_rmsnorm_forward(&t, &opts(), &cl).unwrap();
+                let want = match (w_aligned, rows <= 33) {
+                    (true, _) => {
+                        KernelId::RmsNormFwdSplit(dtype, NormPath::Realigned, NormFwdVariant::E16)
+                    }
+                    (false, true) => {
+                        KernelId::RmsNormFwdSplit(dtype, NormPath::Scalar, NormFwdVariant::E16)
+                    }
+                    (false, false) => {
+                        KernelId::RmsNormFwd(dtype, VecMode::Scalar, NormFwdVariant::Loop)
+                    }
+                };
+                assert_eq!(l.kernel, want, "{dtype:?} rows={rows} aligned={w_aligned}");
             }
         }
     }

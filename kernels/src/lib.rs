@@ -17,6 +17,9 @@
 )]
 // An enum as a const parameter: the memory path (`VecMode`) of every kernel body.
 #![cfg_attr(target_arch = "nvptx64", feature(adt_const_params))]
+// `#[inline(always)]` on closures (norm/realign: the per-vector output closures, which LLVM
+// otherwise may keep as calls with their captures in local memory).
+#![cfg_attr(target_arch = "nvptx64", feature(stmt_expr_attributes))]
 // norm/reduce: the fma intrinsic, dynamic shared memory, the convergent shuffle intrinsic.
 #![cfg_attr(
     target_arch = "nvptx64",

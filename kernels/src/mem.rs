@@ -550,6 +550,55 @@ pub fn shfl_up_1(v: [u32; 4]) -> [u32; 4] {
     v.map(|w| unsafe { shfl_sync_up_i32(0xffff_ffff, w, 1, 0) })
 }
 
+/// The 16 bytes of shared memory `shift` bytes (`< 16`) past `p`: the 16-byte vector at `p`
+/// and, when `shift > 0`, the one after it (a predicated read), then two levels of word
+/// selects (by 8 bytes, then 4) and a funnel shift per word. One asm block, so that no branch
+/// or select is left for LLVM to merge (as plain code, it turned the selects into an array in
+/// local memory indexed at run time).
+///
+/// # Safety
+/// `p` is 16-byte aligned shared memory (a generic address), readable for 16 bytes, and for
+/// 32 when `shift > 0`.
+#[inline(always)]
+pub unsafe fn ld_shared_window(p: *const u32, shift: u32) -> [u32; 4] {
+    let mut o = [0u32; 4];
+    // SAFETY: the caller's contract; reads shared memory only.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p8, p4, ps; .reg .u64 s;",
+            ".reg .b32 l0, l1, l2, l3, h0, h1, h2, h3, a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4;",
+            "setp.ne.u32 ps, {shift}, 0;",
+            "and.b32 a0, {shift}, 8;",
+            "setp.ne.u32 p8, a0, 0;",
+            "and.b32 a0, {shift}, 4;",
+            "setp.ne.u32 p4, a0, 0;",
+            "cvta.to.shared.u64 s, {p};",
+            "ld.shared.v4.u32 {{l0, l1, l2, l3}}, [s];",
+            "mov.b32 h0, 0; mov.b32 h1, 0; mov.b32 h2, 0; mov.b32 h3, 0;",
+            "@ps ld.shared.v4.u32 {{h0, h1, h2, h3}}, [s+16];",
+            "selp.b32 a0, l2, l0, p8;",
+            "selp.b32 a1, l3, l1, p8;",
+            "selp.b32 a2, h0, l2, p8;",
+            "selp.b32 a3, h1, l3, p8;",
+            "selp.b32 a4, h2, h0, p8;",
+            "selp.b32 a5, h3, h1, p8;",
+            "selp.b32 b0, a1, a0, p4;",
+            "selp.b32 b1, a2, a1, p4;",
+            "selp.b32 b2, a3, a2, p4;",
+            "selp.b32 b3, a4, a3, p4;",
+            "selp.b32 b4, a5, a4, p4;",
+            "shf.r.clamp.b32 {o0}, b0, b1, {bits};",
+            "shf.r.clamp.b32 {o1}, b1, b2, {bits};",
+            "shf.r.clamp.b32 {o2}, b2, b3, {bits};",
+            "shf.r.clamp.b32 {o3}, b3, b4, {bits}; }}",
+            o0 = out(reg32) o[0], o1 = out(reg32) o[1], o2 = out(reg32) o[2], o3 = out(reg32) o[3],
+            p = in(reg64) p as u64, shift = in(reg32) shift, bits = in(reg32) 8 * (shift % 4),
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    o
+}
+
 /// The low word of `(hi:lo) >> n` (`shf.r.clamp`; `n` is at most 32).
 #[inline(always)]
 pub fn funnel_shift_right(lo: u32, hi: u32, n: u32) -> u32 {

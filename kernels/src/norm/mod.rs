@@ -871,14 +871,34 @@ macro_rules! realigned_entries {
 }
 
 // The rows `rmsnorm_realigned_fits` admits: the 16- and 32-per-thread geometry (the f32 form of
-// 32 per thread is not built), staging within `RMSNORM_REALIGNED_MAX_SMEM_BYTES`. Looped rows
-// would need a staging per tile.
+// 32 per thread is not built), staging within `RMSNORM_REALIGNED_MAX_SMEM_BYTES`; looped rows
+// below.
 realigned_entries! {
     F32, 16 => rmsnorm_fwd_f32_realigned_e16;
     F16, 16 => rmsnorm_fwd_f16_realigned_e16;
     F16, 32 => rmsnorm_fwd_f16_realigned_e32;
     Bf16, 16 => rmsnorm_fwd_bf16_realigned_e16;
     Bf16, 32 => rmsnorm_fwd_bf16_realigned_e32;
+}
+
+macro_rules! realigned_loop_entries {
+    ($($e:ty => $name:ident;)*) => {$(
+        /// RMSNorm forward of looped rows on the realigned path, staged tile by tile; see
+        /// `realign::fwd_loop`.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
+            unsafe { realign::fwd_loop::<$e>(&p) }
+        }
+    )*};
+}
+
+realigned_loop_entries! {
+    F32 => rmsnorm_fwd_f32_realigned_loop;
+    F16 => rmsnorm_fwd_f16_realigned_loop;
+    Bf16 => rmsnorm_fwd_bf16_realigned_loop;
 }
 
 macro_rules! w_first_entries {

@@ -52,17 +52,17 @@ use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
 
 use ferrofuse_common::{
-    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32,
-    RmsNormFwdParams,
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32, RmsNormFwdParams,
 };
 
 use crate::mem::{
     Elem, F32, cp_async_16_if, cp_async_wait_all, funnel_shift_right, grid, grid_dependency_sync,
-    shfl_up_1, st_v4_if,
+    ld_shared_window, shfl_up_1, st_v4_if,
 };
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
-use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, rstd_of};
+use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, rstd_of, split};
 
 /// One operand's row: the 16-byte boundary at or before column 0 and column 0's offset from it.
 #[derive(Clone, Copy)]
@@ -110,11 +110,13 @@ struct Vector([u32; 4]);
 const WEIGHT_FIRST_WORD: u32 = RMSNORM_SMEM_BYTES / 4;
 
 /// Where one row's staged operands live: the word index of operand 0's vector 0 in the
-/// block's dynamic shared memory, and the vectors per operand.
+/// block's dynamic shared memory, and the vectors per operand; how they are read off the
+/// 16-byte grid (`wide`: see [`staged_at`]).
 #[derive(Clone, Copy)]
 pub(super) struct Stage {
     first_word: u32,
     vectors: u32,
+    wide: bool,
 }
 
 impl Stage {
@@ -131,6 +133,9 @@ impl Stage {
                 + slots * w_vectors * 4
                 + r_local as u32 * 2 * vectors * 4,
             vectors,
+            // Word reads: window reads, free of bank conflicts, cost more instructions than
+            // they saved here (and with four chunks per thread did not fit 64 registers).
+            wide: false,
         }
     }
 
@@ -142,6 +147,7 @@ impl Stage {
         Stage {
             first_word: RMSNORM_SPLIT_SMEM_BYTES / 4,
             vectors: (tpr * k as u64 + 1) as u32,
+            wide: true,
         }
     }
 }
@@ -287,7 +293,7 @@ impl Stage {
         let byte = (first * 4).wrapping_add(col.wrapping_add(m).wrapping_mul(E::BYTES as u32));
         // SAFETY: the caller's contract; areas lie after the reduction buffers, so a column
         // up to L - 1 before column 0 is still inside the shared memory.
-        E::unpack(unsafe { staged_at::<E>(smem_f32() as *mut u32, byte) })
+        E::unpack(unsafe { staged_at::<E>(smem_f32() as *mut u32, byte, self.wide) })
     }
 
     /// The chunks in slot `c` of both staged operands (column 0 `ma` and `mb` elements into
@@ -303,8 +309,8 @@ impl Stage {
         // vectors, as `c < vectors - 1`.
         unsafe {
             (
-                E::unpack(staged_chunk::<E>(smem, self.first_word, c, ma)),
-                E::unpack(staged_chunk::<E>(smem, b_first, c, mb)),
+                E::unpack(staged_chunk::<E>(smem, self.first_word, c, ma, self.wide)),
+                E::unpack(staged_chunk::<E>(smem, b_first, c, mb, self.wide)),
             )
         }
     }
@@ -316,18 +322,31 @@ impl Stage {
 /// # Safety
 /// Words `first + 4c .. first + 4c + 8` are inside the staging area.
 #[inline(always)]
-unsafe fn staged_chunk<E: Elem>(smem: *mut u32, first: u32, c: u32, m: u32) -> [u32; 4] {
+unsafe fn staged_chunk<E: Elem>(
+    smem: *mut u32,
+    first: u32,
+    c: u32,
+    m: u32,
+    wide: bool,
+) -> [u32; 4] {
     // SAFETY: the caller's contract.
-    unsafe { staged_at::<E>(smem, first * 4 + c * 16 + m * E::BYTES as u32) }
+    unsafe { staged_at::<E>(smem, first * 4 + c * 16 + m * E::BYTES as u32, wide) }
 }
 
-/// The 16 bytes of shared memory from `byte` (a multiple of the element size): five word
-/// reads and, at an odd 16-bit offset, a funnel shift per word.
+/// The 16 bytes of shared memory from `byte` (a multiple of the element size). When `wide`:
+/// the 16-byte vector there and, off the 16-byte grid, the one after it, read whole
+/// ([`ld_shared_window`]); reads of 16 bytes by consecutive threads 16 bytes apart are free of
+/// bank conflicts. Otherwise (fewer registers): five word reads, which conflict four ways, and
+/// a funnel shift per word.
 ///
 /// # Safety
-/// The five words from `byte / 4` are inside the block's dynamic shared memory.
+/// The vectors holding bytes `byte .. byte + 16` are inside the block's dynamic shared memory.
 #[inline(always)]
-unsafe fn staged_at<E: Elem>(smem: *mut u32, byte: u32) -> [u32; 4] {
+unsafe fn staged_at<E: Elem>(smem: *mut u32, byte: u32, wide: bool) -> [u32; 4] {
+    if wide {
+        // SAFETY: the caller's contract; the vector at the 16-byte boundary at or before byte.
+        return unsafe { ld_shared_window(smem.add((byte / 16 * 4) as usize), byte % 16) };
+    }
     let word = byte / 4;
     let mut w = [0u32; 5];
     // SAFETY: the caller's contract.
@@ -489,14 +508,14 @@ unsafe fn staged_weight<E: Elem>(col: u32, w_f32: bool, gemma: bool) -> [f32; 8]
     let mut f = unsafe {
         if w_f32 && E::BYTES == 2 {
             let (lo, hi) = (
-                F32::unpack(staged_at::<F32>(smem, byte(4))),
-                F32::unpack(staged_at::<F32>(smem, byte(4).wrapping_add(16))),
+                F32::unpack(staged_at::<F32>(smem, byte(4), false)),
+                F32::unpack(staged_at::<F32>(smem, byte(4).wrapping_add(16), false)),
             );
             [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
         } else if w_f32 {
-            F32::unpack(staged_at::<F32>(smem, byte(4)))
+            F32::unpack(staged_at::<F32>(smem, byte(4), false))
         } else {
-            E::unpack(staged_at::<E>(smem, byte(E::BYTES as u32)))
+            E::unpack(staged_at::<E>(smem, byte(E::BYTES as u32), false))
         }
     };
     if gemma {
@@ -613,8 +632,10 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     // Whether `h` and `y` sit at the same offset from the grid (dense outputs of one layout):
     // then a vector's columns are the same in both.
     let same = h_row.m == y_row.m;
-    let out_vector = |q: u32, ok: bool| {
-        let h_of = |m: u32| {
+    let out_vector = #[inline(always)]
+    |q: u32, ok: bool| {
+        let h_of = #[inline(always)]
+        |m: u32| {
             let col = (q * lanes).wrapping_sub(m);
             // SAFETY: staged above (the spare bytes cover the vector after the last slot).
             let (x, r) = unsafe {
@@ -640,4 +661,180 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     };
     unroll!(j < k => { out_vector(t + j as u32 * tpr, true); });
     out_vector(tpr * k as u32, me.t == 0);
+}
+
+/// Copies aligned vector `f - 1` of the row `at` (the one before a tile's first slot `f`,
+/// wholly inside the row when `f > 0`) into the 16 bytes before the staging area whose slot 0
+/// is at word `slot0`; zeros when `!ok` or `f == 0`. One thread (`mine`) issues it; the
+/// caller's staging barrier ([`stage_pair`]) completes it.
+///
+/// # Safety
+/// When `ok` and `f > 0`, `at` is a row of a checked operand with more than `f` vectors; the
+/// four words before `slot0` are the area's spare slot.
+#[inline(always)]
+unsafe fn stage_before(at: Shifted, ok: bool, slot0: u32, f: u32, mine: bool) {
+    let smem = smem_f32() as *mut u32;
+    let q = f.saturating_sub(1);
+    // SAFETY: the caller's contract; a 16-byte aligned slot, a whole vector of the row.
+    unsafe {
+        cp_async_16_if(
+            smem.add((slot0 - 4) as usize),
+            at.base + q as u64 * 16,
+            ok & (f > 0),
+            mine,
+        )
+    };
+}
+
+/// Forward of looped rows (longer than 32 elements per thread of a 512-thread block) on the
+/// realigned path: the chunk map, tiles and sum of squares of the looped kernel
+/// ([`super::fwd_loop`]), so the same bits, with 16-byte accesses at any offset.
+///
+/// Each tile is staged as in [`fwd`], with one more vector before it, so that every aligned
+/// output vector of the tile's slots can be formed from it whatever the operands' offsets
+/// (an output vector's columns reach one vector before and one after its slot's). Pass 1
+/// stages x and the residual, sums the squares of the thread's chunks into the looped
+/// kernel's tile ring, and stores `h` by aligned vector; pass 2 stages `h` as stored (`x`
+/// without a residual) and the weight as a second operand (a row at offset 0), and stores `y`
+/// by aligned vector. A barrier closes every tile, so the staging is not overwritten while
+/// read, and pass 2 reads `h` after the barriers that follow its stores.
+///
+/// Aliasing: `h` may be `x` or the residual and `y` may be `x`, exactly, so at the same
+/// offset; an output vector then has the columns of the input vector in its own slot, and the
+/// vector before a tile, which may already hold the previous tile's output, is never used.
+/// Every vector a tile reads is staged before any of its stores.
+///
+/// # Safety
+/// The host's plan: params checked (extents, the weight 16-byte aligned and of the storage
+/// dtype, aliasing, `hidden < 2^31`), one row of `RMSNORM_MAX_THREADS_PER_ROW` threads per
+/// block, `rmsnorm_realigned_smem_bytes` of dynamic shared memory for its looped geometry.
+#[inline(always)]
+pub(super) unsafe fn fwd_loop<E: Elem>(p: &RmsNormFwdParams) {
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<true>(tpr);
+    let row = grid::block_x();
+    let live = row < p.rows;
+    let nchunks = p.hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    // Rows below 2^31 elements (host-checked): indices fit 32 bits.
+    let (t, tpr32, hidden, slots) = (me.t as u32, me.tpr as u32, p.hidden as u32, per_tile as u32);
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    prefetch_first(p.x);
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    let (x_row, res_row) = (
+        shifted(p.x, p.x_stride),
+        shifted(p.residual, p.residual_stride),
+    );
+    let (h_row, y_row) = (shifted(p.h, p.h_stride), shifted(p.y, p.y_stride));
+    // After the tile ring: per operand, the vector before the tile, its slots and the one after.
+    let stage = Stage {
+        first_word: RMSNORM_LOOP_SMEM_BYTES / 4 + 4,
+        vectors: slots + 2,
+        wide: false,
+    };
+    let b_slot0 = stage.first_word + stage.vectors * 4;
+    let lanes = E::LANES as u32;
+    grid_dependency_sync();
+
+    // Pass 1: h = x + residual, its squares summed per tile as the looped kernel does; h
+    // stored by aligned vector.
+    let mut sum_sq = 0.0f32;
+    let mut tile = 0u64;
+    while tile < tiles {
+        let f = (tile * per_tile) as u32;
+        // SAFETY: every thread of the block gets here; when live, row < rows (host-checked)
+        // and the tile's vectors are the row's; the shared memory is the launch's.
+        unsafe {
+            stage_before(x_row, live, stage.first_word, f, t == 32);
+            stage_before(res_row, live && has_res, b_slot0, f, t == 33);
+            stage_pair::<E, true>(
+                (x_row, live),
+                (res_row, live && has_res),
+                (t, tpr32, k),
+                stage,
+                hidden,
+                f,
+            );
+        }
+        let mut acc = 0.0f32;
+        unroll!(j < k => {
+            // SAFETY: a slot of the tile, staged above.
+            let (x, r) = unsafe { stage.pair::<E>(t + j as u32 * tpr32, x_row.m, res_row.m) };
+            let h = add_residual::<E>(&x, &r, has_res, hf);
+            unroll!(l < E::LANES => { acc = fmaf32(h[l], h[l], acc); });
+        });
+        // SAFETY: every thread of the block calls it for every tile in order; the ring is the
+        // first RMSNORM_LOOP_SMEM_BYTES of the launch's shared memory.
+        sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, &me, tile, tiles) };
+        if has_res {
+            // Vector `f + s` of h from the staged columns it holds (the row's vector after the
+            // last tile by thread 0).
+            let out_h = |s: u32, ok: bool| {
+                let col = (s * lanes).wrapping_sub(h_row.m);
+                // SAFETY: staged above; columns up to one vector before and after the slots.
+                let (x, r) = unsafe {
+                    (
+                        stage.columns::<E>(false, col, x_row.m),
+                        stage.columns::<E>(true, col, res_row.m),
+                    )
+                };
+                let h = add_residual::<E>(&x, &r, has_res, hf);
+                // SAFETY: a row of h (host-checked), whose loads this tile issued before the
+                // staging barrier.
+                unsafe { store_vector::<E>(h_row, f + s, hidden, ok, &h) };
+            };
+            unroll!(j < k => { out_h(t + j as u32 * tpr32, live); });
+            out_h(slots, live && t == 0 && tile + 1 == tiles);
+        }
+        sync_block();
+        tile += 1;
+    }
+    let rstd = rstd_of(sum_sq, p.hidden, p.eps);
+    if !live {
+        return;
+    }
+    if me.t == 0 && p.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
+    }
+    // Pass 2: h as stored (x when there is no residual), rounded to the storage dtype as the
+    // looped kernel reads it back, and the weight (a row at offset 0), staged per tile.
+    let src = if has_res { h_row } else { x_row };
+    let w_row = Shifted { base: p.w, m: 0 };
+    let mut tile = 0u64;
+    while tile < tiles {
+        let f = (tile * per_tile) as u32;
+        // SAFETY: as in pass 1; h was stored by this block before the last pass-1 barrier.
+        unsafe {
+            stage_before(src, true, stage.first_word, f, t == 32);
+            stage_before(w_row, true, b_slot0, f, t == 33);
+            stage_pair::<E, true>((src, true), (w_row, true), (t, tpr32, k), stage, hidden, f);
+        }
+        let out_y = |s: u32, ok: bool| {
+            let col = (s * lanes).wrapping_sub(y_row.m);
+            // SAFETY: as in pass 1.
+            let (h, mut w) = unsafe {
+                (
+                    stage.columns::<E>(false, col, src.m),
+                    stage.columns::<E>(true, col, 0),
+                )
+            };
+            if gemma {
+                unroll!(l < E::LANES => { w[l] = 1.0 + w[l]; });
+            }
+            let y = normalize::<E>(&h, rstd, &w, hf);
+            // SAFETY: a row of y (host-checked); y may be x, staged before this store.
+            unsafe { store_vector::<E>(y_row, f + s, hidden, ok, &y) };
+        };
+        unroll!(j < k => { out_y(t + j as u32 * tpr32, true); });
+        out_y(slots, t == 0 && tile + 1 == tiles);
+        sync_block();
+        tile += 1;
+    }
 }
