@@ -42,6 +42,12 @@
 //! are held by the first and last lanes of warps, which store the elements their vectors
 //! share with a neighbour one by one.
 //!
+//! # Tiles of a looped row
+//! A row longer than a block's registers hold ([`fwd_loop`]) is staged a tile at a time, with
+//! one more vector before the tile than a slice has, so that the tile's output vectors can be
+//! formed from the staging whatever the offsets of the inputs and outputs; the weight and `h`
+//! (read back for `y`) are staged the same way, as a second pass.
+//!
 //! # Aliasing
 //! Every load of the row is issued and completed before the staging barrier and every store
 //! comes after it, so in-place forms read each element before anyone overwrites it. A slice's
