@@ -105,9 +105,8 @@ struct Args {
     /// brings.
     #[arg(long)]
     no_pdl: bool,
-    /// Run the add + RMSNorm forward's long rows (at few rows, or off the 16-byte grid) one
-    /// block per row instead of on a thread-block cluster (sm_90+; the same bits), to see
-    /// what the split brings.
+    /// Run the add + RMSNorm forward's long rows one block per row where they would run on a
+    /// thread-block cluster (sm_90+; the same bits), to see what the split brings.
     #[arg(long)]
     no_cluster_split: bool,
 }

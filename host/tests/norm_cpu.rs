@@ -1393,7 +1393,7 @@ fn split_forward_plan() {
                         NormPath::Scalar
                     };
                     // The realigned split up to one row per multiprocessor, and at any number
-                    // of rows for f32 (one staging buffer in the looped realigned kernel).
+                    // of rows for f32 (where the looped realigned kernel was the slower).
                     let split_rows = match path {
                         NormPath::Realigned if dtype == DType::F32 => usize::MAX,
                         NormPath::Realigned => 132,
