@@ -354,6 +354,21 @@ impl KernelId {
         }
     }
 
+    /// A `.maxnreg` that `cargo xtask ptx` writes into the entry instead of `.minnctapersm`
+    /// (with the same `.maxntid`), where the launch bounds' register budget is more than the
+    /// kernel should take: the 16-bit whole-row realigned kernel at 16 per thread holds the
+    /// bodies specialised on a row's offset, which took 64 registers under the bounds and
+    /// cost rows of 160-192 threads a block per multiprocessor on the form that does not use
+    /// them; at 56 neither spills.
+    pub const fn max_registers(self) -> Option<u32> {
+        match self {
+            KernelId::RmsNormFwdRealigned(DType::BF16 | DType::F16, NormFwdVariant::E16) => {
+                Some(56)
+            }
+            _ => None,
+        }
+    }
+
     /// Dynamic shared memory beyond the default 48 KiB that this kernel may be launched with:
     /// the host raises the function's limit to it when it loads the module.
     pub const fn dynamic_smem_opt_in(self) -> Option<u32> {

@@ -87,14 +87,32 @@ enum Layout {
     /// As `Misaligned`, but the weight is at an aligned address: the realigned forward kernel
     /// where its geometry allows, the scalar kernels otherwise.
     Shifted,
+    /// As `Shifted`, but each row operand of the forward at its own offset (see
+    /// [`Layout::of_operand`]), so that a row's operands mostly sit at different offsets from
+    /// the grid: the realigned forward's form for offsets known only at run time. Elsewhere
+    /// (the backward, rstd) as `Misaligned`.
+    Staggered,
+    /// Every buffer starts this many elements past an aligned address, rows `H + n` apart.
+    Offset(usize),
 }
 
-const LAYOUTS: [Layout; 4] = [
+/// The forward's layouts; the backward takes the first three.
+const LAYOUTS: [Layout; 5] = [
     Layout::Dense,
     Layout::Padded,
     Layout::Misaligned,
     Layout::Shifted,
+    Layout::Staggered,
 ];
+
+/// The row operands of a forward call, for [`Layout::of_operand`].
+#[derive(Clone, Copy)]
+enum Operand {
+    X,
+    Residual,
+    Y,
+    H,
+}
 
 impl Layout {
     /// (offset of element [0, 0], row stride) for rows of `cols` with vectors of `lanes`.
@@ -102,7 +120,23 @@ impl Layout {
         match self {
             Layout::Dense => (0, cols),
             Layout::Padded => (0, cols.next_multiple_of(lanes) + lanes),
-            Layout::Misaligned | Layout::Shifted => (1, cols + 1),
+            Layout::Misaligned | Layout::Shifted | Layout::Staggered => (1, cols + 1),
+            Layout::Offset(n) => (n, cols + n),
+        }
+    }
+
+    /// The layout of one row operand of a forward call: `Staggered` puts x 1 element past
+    /// the grid, the residual 3, y 0 and h 2 (with rows `H + n` apart, each row's offsets
+    /// differ from one another but for some rows); the others are the same for every operand.
+    fn of_operand(self, op: Operand) -> Layout {
+        match self {
+            Layout::Staggered => Layout::Offset(match op {
+                Operand::X => 1,
+                Operand::Residual => 3,
+                Operand::Y => 0,
+                Operand::H => 2,
+            }),
+            other => other,
         }
     }
 
@@ -114,7 +148,7 @@ impl Layout {
     /// The layout of the weight (one row) for inputs laid out as `self`.
     fn of_weight(self) -> Layout {
         match self {
-            Layout::Shifted => Layout::Dense,
+            Layout::Shifted | Layout::Staggered => Layout::Dense,
             other => other,
         }
     }
@@ -491,12 +525,19 @@ fn run_forward<T: Element, W: Element>(
 ) -> FwdOut<T> {
     let (rows, hidden) = (c.rows, c.hidden);
     let lanes = T::DTYPE.lanes_per_16b();
-    let lx = Laid::new(&inp.x, rows, hidden, c.layout, lanes);
-    let lr = Laid::new(&inp.residual, rows, hidden, c.layout, lanes);
+    let layout = |op| c.layout.of_operand(op);
+    let lx = Laid::new(&inp.x, rows, hidden, layout(Operand::X), lanes);
+    let lr = Laid::new(
+        &inp.residual,
+        rows,
+        hidden,
+        layout(Operand::Residual),
+        lanes,
+    );
     let w_vals: Vec<W> = inp.w_f64.iter().map(|&v| W::from_f64(v)).collect();
     let lw = Laid::new(&w_vals, 1, hidden, c.layout.of_weight(), lanes);
-    let ly = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
-    let lh = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
+    let ly = Laid::<T>::poisoned(rows, hidden, layout(Operand::Y), lanes);
+    let lh = Laid::<T>::poisoned(rows, hidden, layout(Operand::H), lanes);
     // rstd: contiguous, or every other f32 in the padded and misaligned layouts.
     let ls = Laid::<f32>::poisoned(rows, 1, c.layout, 1);
 
@@ -1104,7 +1145,7 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
         let inp = fwd_inputs::<bf16>(&c, seed);
         let what = format!("bf16 {c:?} seed {seed}");
         let full = bits_of(&run_forward::<bf16, bf16>(&k, &s, &c, &inp, &what));
-        for layout in [Layout::Misaligned, Layout::Shifted] {
+        for layout in [Layout::Misaligned, Layout::Shifted, Layout::Staggered] {
             let other = Fwd { layout, ..c };
             let got = bits_of(&run_forward::<bf16, bf16>(&k, &s, &other, &inp, &what));
             for r in 0..c.rows {

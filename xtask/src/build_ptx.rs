@@ -42,12 +42,14 @@ pub fn build_checked_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<S
 
 /// Writes `.maxntid` / `.minnctapersm` after the parameter list of every entry that has
 /// [`KernelId::launch_bounds`] (rustc has no attribute for them): ptxas then fits the
-/// kernel's registers to those blocks.
+/// kernel's registers to those blocks; `.maxnreg` instead of `.minnctapersm` where
+/// [`KernelId::max_registers`] asks for a tighter budget.
 ///
 /// [`KernelId::launch_bounds`]: ferrofuse_common::KernelId::launch_bounds
+/// [`KernelId::max_registers`]: ferrofuse_common::KernelId::max_registers
 fn add_launch_bounds(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len() + 4096);
-    let mut pending: Option<(u32, u32)> = None;
+    let mut pending: Option<((u32, u32), Option<u32>)> = None;
     for line in ptx.split_inclusive('\n') {
         out.push_str(line);
         if let Some(rest) = line.trim().strip_prefix(".visible .entry ") {
@@ -55,15 +57,17 @@ fn add_launch_bounds(ptx: &str) -> String {
             pending = ferrofuse_common::KernelId::ALL
                 .iter()
                 .find(|k| k.name() == name)
-                .and_then(|k| k.launch_bounds());
+                .and_then(|k| Some((k.launch_bounds()?, k.max_registers())));
         }
         // The parameter list ends with a line starting with `)`.
         if pending.is_some() && line.starts_with(')') {
-            let (threads, blocks) = pending.take().unwrap_or_default();
+            let ((threads, blocks), max_registers) = pending.take().unwrap_or_default();
             out.push_str(&format!(".maxntid {threads}, 1, 1\n"));
-            // 0: no directive; 1 is written too (with `.maxntid` alone, ptxas held some
-            // 512-thread kernels to 64 registers and spilled).
-            if blocks > 0 {
+            if let Some(registers) = max_registers {
+                out.push_str(&format!(".maxnreg {registers}\n"));
+            } else if blocks > 0 {
+                // 0: no directive; 1 is written too (with `.maxntid` alone, ptxas held some
+                // 512-thread kernels to 64 registers and spilled).
                 out.push_str(&format!(".minnctapersm {blocks}\n"));
             }
         }

@@ -48,6 +48,16 @@
 //! formed from the staging whatever the offsets of the inputs and outputs; the weight and `h`
 //! (read back for `y`) are staged the same way, as a second pass.
 //!
+//! # Reads at a known offset
+//! Where every operand of a row sits at the same offset `m` (dense tensors of one layout), an
+//! output vector's columns are the staged vector in its own slot, and a chunk is the 16 bytes
+//! `m` elements into its slot's vector and the next: with `m` known at compile time, one or two
+//! 16-byte reads and a fixed funnel shift per word, free of bank conflicts, where a shift known
+//! only at run time takes five conflicting word reads (or selects). The whole-row (16 per
+//! thread, one row per block) and looped kernels of 16-bit rows are therefore compiled once per
+//! offset (`at_offset`) besides the run-time form, which rows whose operands sit at different
+//! offsets take; the bits are the same either way.
+//!
 //! # Aliasing
 //! Every load of the row is issued and completed before the staging barrier and every store
 //! comes after it, so in-place forms read each element before anyone overwrites it. A slice's
@@ -322,6 +332,56 @@ impl Stage {
     }
 }
 
+impl Stage {
+    /// [`Stage::pair`] in a body compiled for offset `M` of both operands (at run time when
+    /// `M` is [`ANY_OFFSET`]).
+    ///
+    /// # Safety
+    /// As for [`Stage::pair`]; unless `M` is `ANY_OFFSET`, `M` is both operands' offset.
+    #[inline(always)]
+    unsafe fn pair_at<E: Elem, const M: u32>(
+        self,
+        c: u32,
+        ma: u32,
+        mb: u32,
+    ) -> ([f32; 8], [f32; 8]) {
+        if M == ANY_OFFSET {
+            // SAFETY: the caller's contract.
+            return unsafe { self.pair::<E>(c, ma, mb) };
+        }
+        let smem = smem_f32() as *mut u32;
+        // `M < L`; the modulus only keeps the instances no row reaches (an f32 row's offsets
+        // stop at 3) well-formed.
+        let shift = (M * E::BYTES as u32) % 16;
+        let b_first = self.first_word + self.vectors * 4;
+        // SAFETY: the caller's contract: vectors `c` and `c + 1` of each area.
+        unsafe {
+            (
+                E::unpack(staged_at_known_shift(smem, self.first_word + 4 * c, shift)),
+                E::unpack(staged_at_known_shift(smem, b_first + 4 * c, shift)),
+            )
+        }
+    }
+
+    /// Staged vector `q` of both operands, as f32 lanes: an output vector's columns when the
+    /// outputs sit at the inputs' offset ([`shared_offset`]).
+    ///
+    /// # Safety
+    /// Vector `q` of each area is staged (it may be the spare vector after the last).
+    #[inline(always)]
+    unsafe fn vectors_at<E: Elem>(self, q: u32) -> ([f32; 8], [f32; 8]) {
+        let smem = smem_f32() as *mut u32;
+        let b_first = self.first_word + self.vectors * 4;
+        // SAFETY: the caller's contract.
+        unsafe {
+            (
+                E::unpack(staged_at_known_shift(smem, self.first_word + 4 * q, 0)),
+                E::unpack(staged_at_known_shift(smem, b_first + 4 * q, 0)),
+            )
+        }
+    }
+}
+
 /// The chunk in slot `c` of a staged row or slice (its first vector at word `first`) whose
 /// column 0 is `m` elements into vector 0: the 16 bytes from byte `16 c + m * BYTES`.
 ///
@@ -388,6 +448,95 @@ fn window<E: Elem>(lo: [u32; 4], hi: [u32; 4], m: u32) -> [u32; 4] {
         };
     });
     out
+}
+
+/// The offset parameter of a body compiled for offsets known only at run time.
+const ANY_OFFSET: u32 = 8;
+
+/// `$f::<$g.., M>($a..)` with `M` the constant equal to `$m` (an offset from the 16-byte grid in
+/// elements, `< 8`): one instance of the body per offset, so that its staged reads are at
+/// shifts known at compile time ([`staged_at_known_shift`]).
+macro_rules! at_offset {
+    ($m:expr, $f:ident::<$($g:tt),*>($($a:expr),* $(,)?)) => {
+        match $m {
+            0 => $f::<$($g,)* 0>($($a),*),
+            1 => $f::<$($g,)* 1>($($a),*),
+            2 => $f::<$($g,)* 2>($($a),*),
+            3 => $f::<$($g,)* 3>($($a),*),
+            4 => $f::<$($g,)* 4>($($a),*),
+            5 => $f::<$($g,)* 5>($($a),*),
+            6 => $f::<$($g,)* 6>($($a),*),
+            _ => $f::<$($g,)* 7>($($a),*),
+        }
+    };
+}
+
+/// The offset from the 16-byte grid shared by a row's inputs and outputs (`x` and `y`, and
+/// with a residual also it and `h`), if they share one, as dense tensors of one layout do,
+/// and the kernel has bodies compiled for each offset. Then every output vector's columns are
+/// one staged vector of each input (no shift), and every chunk sits at the same shift in each
+/// input's staging.
+///
+/// Those bodies exist for 16-bit rows on sm_90: f32 rows take the run-time form (the
+/// specialised whole-row body spilled at 64 registers, and f32 looped rows take the cluster
+/// split), and so does sm_80 (where ptxas spilled the specialised 32-per-thread and looped
+/// bodies).
+#[inline(always)]
+fn shared_offset<E: Elem>(
+    x: Shifted,
+    res: Shifted,
+    h: Shifted,
+    y: Shifted,
+    has_res: bool,
+) -> Option<u32> {
+    let m = x.m;
+    let shared = y.m == m && (!has_res || (res.m == m && h.m == m));
+    (shared && E::BYTES == 2 && cfg!(target_feature = "sm_90")).then_some(m)
+}
+
+/// The 16 bytes of shared memory `shift` bytes (`< 16`, a multiple of 2) past the 16-byte
+/// aligned word `word`. `shift` must be a constant once inlined (a body compiled for one
+/// offset, [`at_offset`]): then the word choice is fixed and the read is one 16-byte load, or
+/// two and a funnel shift per word; 16-byte loads by consecutive threads 16 bytes apart are
+/// free of bank conflicts. (With `shift` known only at run time the choice takes selects:
+/// [`ld_shared_window`].)
+///
+/// # Safety
+/// The vector at `word` is inside the block's dynamic shared memory, and when `shift > 0`
+/// the one after it.
+#[inline(always)]
+unsafe fn staged_at_known_shift(smem: *mut u32, word: u32, shift: u32) -> [u32; 4] {
+    // SAFETY: the caller's contract; 16-byte aligned.
+    let lo = unsafe { *(smem.add(word as usize) as *const Vector) }.0;
+    if shift == 0 {
+        return lo;
+    }
+    // SAFETY: as above.
+    let hi = unsafe { *(smem.add(word as usize + 4) as *const Vector) }.0;
+    let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+    let (words, bits) = ((shift / 4) as usize, 8 * (shift % 4));
+    let mut out = [0u32; 4];
+    unroll!(i < 4 => {
+        out[i] = if bits == 0 {
+            w[words + i]
+        } else {
+            funnel_shift_right(w[words + i], w[words + i + 1], bits)
+        };
+    });
+    out
+}
+
+/// The 16 bytes of shared memory from `back` bytes (a constant once inlined, as for
+/// [`staged_at_known_shift`]) before the 16-byte aligned word `word`: a weight read for an
+/// output vector of a row at offset `m` is `m` elements before the vector's slot.
+///
+/// # Safety
+/// The vectors holding those bytes are inside the block's dynamic shared memory.
+#[inline(always)]
+unsafe fn staged_before_word(smem: *mut u32, word: u32, back: u32) -> [u32; 4] {
+    let vectors = back.div_ceil(16);
+    // SAFETY: the caller's contract.
+    unsafe { staged_at_known_shift(smem, word.wrapping_sub(4 * vectors), vectors * 16 - back) }
 }
 
 /// Stores chunk `c` of the row `at` (values `v`, rounded to nearest even in the storage dtype)
@@ -530,6 +679,116 @@ unsafe fn staged_weight<E: Elem>(col: u32, w_f32: bool, gemma: bool) -> [f32; 8]
     f
 }
 
+/// [`staged_weight`] of output vector `q` of a row at offset `M` (a body compiled for it): the
+/// columns from `q L - M`.
+///
+/// # Safety
+/// As for [`staged_weight`].
+#[inline(always)]
+unsafe fn staged_weight_at<E: Elem, const M: u32>(q: u32, w_f32: bool, gemma: bool) -> [f32; 8] {
+    let smem = smem_f32() as *mut u32;
+    let first = WEIGHT_FIRST_WORD + 4 * weight_vectors::<E>(w_f32) * q;
+    let back = M * if w_f32 { 4 } else { E::BYTES as u32 };
+    // SAFETY: the caller's contract; the area lies after the reduction buffers, which hold
+    // the bytes before column 0.
+    let mut f = unsafe {
+        if w_f32 && E::BYTES == 2 {
+            let (lo, hi) = (
+                F32::unpack(staged_before_word(smem, first, back)),
+                F32::unpack(staged_before_word(smem, first + 4, back)),
+            );
+            [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+        } else if w_f32 {
+            F32::unpack(staged_before_word(smem, first, back))
+        } else {
+            E::unpack(staged_before_word(smem, first, back))
+        }
+    };
+    if gemma {
+        unroll!(l < E::LANES => { f[l] = 1.0 + f[l]; });
+    }
+    f
+}
+
+/// The sum of squares of a thread's chunks in slots `t + j * tpr` (`j < k`, with
+/// `(t, tpr, k)` as `me`) of the staged x and residual (offsets `mx` and `mr`), in the chunk
+/// map's order; in a body compiled for offset `M` of both, or [`ANY_OFFSET`].
+///
+/// # Safety
+/// As for [`Stage::pair_at`], for each of the slots.
+#[inline(always)]
+unsafe fn sum_squares<E: Elem, const M: u32>(
+    stage: Stage,
+    me: (u32, u32, usize),
+    (mx, mr): (u32, u32),
+    has_res: bool,
+    hf: bool,
+) -> f32 {
+    let (t, tpr, k) = me;
+    let mut acc = 0.0f32;
+    unroll!(j < k => {
+        // SAFETY: the caller's contract.
+        let (x, r) = unsafe { stage.pair_at::<E, M>(t + j as u32 * tpr, mx, mr) };
+        let h = add_residual::<E>(&x, &r, has_res, hf);
+        unroll!(l < E::LANES => { acc = fmaf32(h[l], h[l], acc); });
+    });
+    acc
+}
+
+/// [`fwd`]'s outputs in a body compiled for the row's shared offset `M` ([`shared_offset`]):
+/// vector `q` of `h` and of `y` (when `ok`) from staged vector `q` of x and the residual, the
+/// same per-element operations as the chunks that hold those columns.
+///
+/// # Safety
+/// As for [`fwd`]'s outputs: staged, `M` the offset of every operand, `h_row` and `y_row`
+/// rows of the checked outputs.
+#[inline(always)]
+unsafe fn out_vector_at<E: Elem, const M: u32>(
+    p: &RmsNormFwdParams,
+    stage: Stage,
+    (h_row, y_row): (Shifted, Shifted),
+    rstd: f32,
+    q: u32,
+    ok: bool,
+) {
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let hidden = p.hidden as u32;
+    // SAFETY: the caller's contract.
+    let (x, r) = unsafe { stage.vectors_at::<E>(q) };
+    let h = add_residual::<E>(&x, &r, has_res, hf);
+    // SAFETY: a row of h; h may be x or the residual, whose every load was issued before the
+    // staging barrier.
+    unsafe { store_vector::<E>(h_row, q, hidden, ok && has_res, &h) };
+    let (w_f32, gemma) = (p.flags & RMSNORM_W_F32 != 0, p.flags & RMSNORM_GEMMA != 0);
+    // SAFETY: staged.
+    let w = unsafe { staged_weight_at::<E, M>(q, w_f32, gemma) };
+    let y = normalize::<E>(&h, rstd, &w, hf);
+    // SAFETY: as for h; y may be x.
+    unsafe { store_vector::<E>(y_row, q, hidden, ok, &y) };
+}
+
+/// Every output vector of [`fwd`]'s thread `t` ([`out_vector_at`] of its slots `t + j * tpr`,
+/// `j < k`, with `(t, tpr, k)` as `me`; thread 0 also the vector after the last slot).
+///
+/// # Safety
+/// As for [`out_vector_at`].
+#[inline(always)]
+unsafe fn out_vectors_at<E: Elem, const M: u32>(
+    p: &RmsNormFwdParams,
+    stage: Stage,
+    outputs: (Shifted, Shifted),
+    rstd: f32,
+    me: (u32, u32, usize),
+) {
+    let (t, tpr, k) = me;
+    // SAFETY: the caller's contract.
+    unsafe {
+        unroll!(j < k => { out_vector_at::<E, M>(p, stage, outputs, rstd, t + j as u32 * tpr, true); });
+        out_vector_at::<E, M>(p, stage, outputs, rstd, tpr * k as u32, t == 0);
+    }
+}
+
 /// Stores aligned vector `q` of the output row `at` (`v`: its columns `q L - m ..`, rounded to
 /// nearest even in the storage dtype) when `ok`: one 16-byte store when the vector lies wholly
 /// inside the row, else, for the two vectors that straddle its ends, the columns inside it
@@ -609,15 +868,32 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
             0,
         )
     };
+    // Dense operands of one layout share their offset: the body compiled for it reads the
+    // staging at shifts known at compile time. Only for blocks of one row of 16 per thread,
+    // and only where at most four such bodies run on a multiprocessor at once: more overflow
+    // the instruction cache (rows at eight offsets, five or more to a multiprocessor: 1.15-1.35x
+    // slower). That is rows of 256 threads or more (at most four such blocks fit a
+    // multiprocessor's registers at 56 per thread, `KernelId::max_registers`) or an even row
+    // stride (rows of 16-bit elements then sit at four offsets at most). At 32 per thread the
+    // specialised bodies were slower (bench/TUNING.md).
+    let outputs = || (shifted(p.h, p.h_stride), shifted(p.y, p.y_stride));
+    let few_bodies = tpr >= 256 || p.x_stride % 2 == 0;
+    let offset = if ONE_ROW && EPT == 16 && few_bodies {
+        let (h_row, y_row) = outputs();
+        shared_offset::<E>(x_row, res_row, h_row, y_row, has_res)
+    } else {
+        None
+    };
     // The sum of squares over the thread's chunks, in the chunk map's order (chunks past the
     // row are zeros in the staging and add nothing).
-    let mut acc = 0.0f32;
-    unroll!(j < k => {
-        // SAFETY: slot t + j * tpr < tpr * k, staged above; the staging is not written again.
-        let (x, r) = unsafe { stage.pair::<E>(t + j as u32 * tpr, x_row.m, res_row.m) };
-        let h = add_residual::<E>(&x, &r, has_res, hf);
-        unroll!(l < E::LANES => { acc = fmaf32(h[l], h[l], acc); });
-    });
+    let ms = (x_row.m, res_row.m);
+    // SAFETY: slots t + j * tpr < tpr * k, staged above; the staging is not written again.
+    let acc = unsafe {
+        match offset {
+            Some(m) => at_offset!(m, sum_squares::<E>(stage, (t, tpr, k), ms, has_res, hf)),
+            None => sum_squares::<E, ANY_OFFSET>(stage, (t, tpr, k), ms, has_res, hf),
+        }
+    };
     // SAFETY: every thread of the block gets here; buffer 0's slots are the block's warps,
     // inside RMSNORM_SMEM_BYTES, before the staging.
     let sum_sq = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
@@ -633,7 +909,17 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     // from the staged columns it holds, element by element with the same operations as the
     // chunk that holds them, so with the same bits; no thread needs another's values. The
     // thread owning slot `q` stores vector `q`, thread 0 also the one after the last slot.
-    let (h_row, y_row) = (shifted(p.h, p.h_stride), shifted(p.y, p.y_stride));
+    let (h_row, y_row) = outputs();
+    if let Some(m) = offset {
+        // SAFETY: staged above, every operand at offset m.
+        unsafe {
+            at_offset!(
+                m,
+                out_vectors_at::<E>(p, stage, (h_row, y_row), rstd, (t, tpr, k))
+            )
+        };
+        return;
+    }
     let lanes = E::LANES as u32;
     // Whether `h` and `y` sit at the same offset from the grid (dense outputs of one layout):
     // then a vector's columns are the same in both.
@@ -716,6 +1002,34 @@ unsafe fn stage_before(at: Shifted, ok: bool, slot0: u32, f: u32, mine: bool) {
 /// block, `rmsnorm_realigned_smem_bytes` of dynamic shared memory for its looped geometry.
 #[inline(always)]
 pub(super) unsafe fn fwd_loop<E: Elem>(p: &RmsNormFwdParams) {
+    let row = grid::block_x();
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    let offset = shared_offset::<E>(
+        shifted(p.x, p.x_stride),
+        shifted(p.residual, p.residual_stride),
+        shifted(p.h, p.h_stride),
+        shifted(p.y, p.y_stride),
+        p.residual != 0,
+    );
+    // A block is one row, so every thread takes the same body. Dense operands of one layout
+    // share their offset: the body compiled for it reads the staging at shifts known at
+    // compile time.
+    // SAFETY: the caller's contract; `offset` is every operand's.
+    unsafe {
+        match offset {
+            Some(m) => at_offset!(m, fwd_loop_at::<E>(p)),
+            None => fwd_loop_at::<E, ANY_OFFSET>(p),
+        }
+    }
+}
+
+/// [`fwd_loop`] compiled for offset `M` of every operand ([`shared_offset`]), or
+/// [`ANY_OFFSET`].
+///
+/// # Safety
+/// As for [`fwd_loop`]; unless `M` is `ANY_OFFSET`, `M` is the offset of every operand.
+#[inline(always)]
+unsafe fn fwd_loop_at<E: Elem, const M: u32>(p: &RmsNormFwdParams) {
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -768,13 +1082,9 @@ pub(super) unsafe fn fwd_loop<E: Elem>(p: &RmsNormFwdParams) {
                 f,
             );
         }
-        let mut acc = 0.0f32;
-        unroll!(j < k => {
-            // SAFETY: a slot of the tile, staged above.
-            let (x, r) = unsafe { stage.pair::<E>(t + j as u32 * tpr32, x_row.m, res_row.m) };
-            let h = add_residual::<E>(&x, &r, has_res, hf);
-            unroll!(l < E::LANES => { acc = fmaf32(h[l], h[l], acc); });
-        });
+        let ms = (x_row.m, res_row.m);
+        // SAFETY: slots of the tile, staged above.
+        let acc = unsafe { sum_squares::<E, M>(stage, (t, tpr32, k), ms, has_res, hf) };
         // SAFETY: every thread of the block calls it for every tile in order; the ring is the
         // first RMSNORM_LOOP_SMEM_BYTES of the launch's shared memory.
         sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, &me, tile, tiles) };
@@ -785,10 +1095,14 @@ pub(super) unsafe fn fwd_loop<E: Elem>(p: &RmsNormFwdParams) {
                 let col = (s * lanes).wrapping_sub(h_row.m);
                 // SAFETY: staged above; columns up to one vector before and after the slots.
                 let (x, r) = unsafe {
-                    (
-                        stage.columns::<E>(false, col, x_row.m),
-                        stage.columns::<E>(true, col, res_row.m),
-                    )
+                    if M == ANY_OFFSET {
+                        (
+                            stage.columns::<E>(false, col, x_row.m),
+                            stage.columns::<E>(true, col, res_row.m),
+                        )
+                    } else {
+                        stage.vectors_at::<E>(s)
+                    }
                 };
                 let h = add_residual::<E>(&x, &r, has_res, hf);
                 // SAFETY: a row of h (host-checked), whose loads this tile issued before the
@@ -824,12 +1138,24 @@ pub(super) unsafe fn fwd_loop<E: Elem>(p: &RmsNormFwdParams) {
         }
         let out_y = |s: u32, ok: bool| {
             let col = (s * lanes).wrapping_sub(y_row.m);
+            let smem = smem_f32() as *mut u32;
             // SAFETY: as in pass 1.
             let (h, mut w) = unsafe {
-                (
-                    stage.columns::<E>(false, col, src.m),
-                    stage.columns::<E>(true, col, 0),
-                )
+                if M == ANY_OFFSET {
+                    (
+                        stage.columns::<E>(false, col, src.m),
+                        stage.columns::<E>(true, col, 0),
+                    )
+                } else {
+                    (
+                        E::unpack(staged_at_known_shift(smem, stage.first_word + 4 * s, 0)),
+                        E::unpack(staged_before_word(
+                            smem,
+                            b_slot0 + 4 * s,
+                            M * E::BYTES as u32,
+                        )),
+                    )
+                }
             };
             if gemma {
                 unroll!(l < E::LANES => { w[l] = 1.0 + w[l]; });
