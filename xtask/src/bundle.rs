@@ -14,7 +14,15 @@
 //!   their results (default `peers.json`);
 //! - `run.sh peers [args]`: `peers.py args` alone.
 //!
+//! - `run.sh ab [args]`: with `--baseline REV`, the benchmark of REV and of this tree back to
+//!   back, twice (`ferrofuse-bench args --json ab-{before,after}-{1,2}.json`, in the caller's
+//!   folder): an A/B measurement in one session, without the peers.
+//!
 //! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark.
+//!
+//! For a GPU machine reached by copying one file: `--only-tests NAMES` bundles just those test
+//! executables (no examples), and `--archive FILE` strips the executables and writes the bundle
+//! as one `.tar.xz` (a few MB instead of a few hundred).
 //!
 //! `--candle` adds ferrofuse-candle (built with candle's CUDA feature and the CUDA 13.0 wheels,
 //! see `tools::candle_cuda`): its test executables and `llama_mlp` example (run by `run.sh
@@ -40,6 +48,18 @@ pub struct Args {
     /// cores).
     #[arg(long)]
     candle: bool,
+    /// Only these test executables (comma-separated target names, e.g. `gpu_norm,gpu_runtime`),
+    /// and no examples.
+    #[arg(long, value_delimiter = ',')]
+    only_tests: Vec<String>,
+    /// Also bundle the benchmark as built at this git revision (`ferrofuse-bench-baseline`,
+    /// with that revision's committed PTX), for `run.sh ab`.
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Strip the executables and write the bundle to this `.tar.xz` as well (relative to the
+    /// repository, as `--out`).
+    #[arg(long)]
+    archive: Option<PathBuf>,
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
@@ -76,6 +96,7 @@ case "$task" in
       "$t" "$@" || status=1
     done
     for e in "$here"/examples/*; do
+      [ -e "$e" ] || continue
       echo "== example $(basename "$e")"
       "$e" || status=1
     done
@@ -125,7 +146,16 @@ case "$task" in
     echo "run.sh bench: $((SECONDS - start)) s in all" ;;
   peers)
     python3 "$here/peers.py" "$@" || status=$? ;;
-  *) echo "usage: run.sh test|sanitize|bench|peers [args]"; exit 2 ;;
+  ab)
+    # The baseline's benchmark and this tree's, alternating, twice: the same arguments.
+    if [ ! -x "$here/ferrofuse-bench-baseline" ]; then
+      echo "this bundle has no baseline (cargo xtask gpu-bundle --baseline REV)"; exit 2
+    fi
+    for round in 1 2; do
+      "$here/ferrofuse-bench-baseline" "$@" --json "ab-before-$round.json" || status=1
+      "$here/ferrofuse-bench" "$@" --json "ab-after-$round.json" || status=1
+    done ;;
+  *) echo "usage: run.sh test|sanitize|bench|peers|ab [args]"; exit 2 ;;
 esac
 exit $status
 "#;
@@ -151,8 +181,27 @@ pub fn run(args: &Args) -> Result<(), String> {
         return Err(crate::ptx::stale_message(&stale));
     }
 
-    let tests = build_test_executables(&cargo, &root)?;
-    let examples = build_examples(&cargo, &root)?;
+    let mut tests = build_test_executables(&cargo, &root)?;
+    let examples = if args.only_tests.is_empty() {
+        build_examples(&cargo, &root)?
+    } else {
+        if let Some(missing) = args
+            .only_tests
+            .iter()
+            .find(|name| !tests.iter().any(|(t, _)| t == *name))
+        {
+            return Err(format!(
+                "--only-tests: ferrofuse has no test target {missing}"
+            ));
+        }
+        tests.retain(|(name, _)| args.only_tests.contains(name));
+        Vec::new()
+    };
+    let baseline = args
+        .baseline
+        .as_deref()
+        .map(|rev| build_baseline_bench(&root, rev))
+        .transpose()?;
     let candle = if args.candle {
         Some(build_candle(&cargo, &root)?)
     } else {
@@ -171,6 +220,9 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
 
     copy(&tools::build_bench(&root)?, &out.join("ferrofuse-bench"))?;
+    if let Some(exe) = &baseline {
+        copy(exe, &out.join("ferrofuse-bench-baseline"))?;
+    }
     copy(&root.join("bench/peers.py"), &out.join("peers.py"))?;
     if let Some(c) = &candle {
         for dir in ["candle/tests", "candle/examples", "lib"] {
@@ -193,10 +245,78 @@ pub fn run(args: &Args) -> Result<(), String> {
         tests.len()
     );
     println!(
-        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers",
+        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers | ab",
         out.display()
     );
+    if let Some(archive) = &args.archive {
+        let archive = if archive.is_absolute() {
+            archive.clone()
+        } else {
+            root.join(archive)
+        };
+        write_archive(&out, &archive)?;
+        println!("and as one archive: {}", archive.display());
+    }
     Ok(())
+}
+
+/// The benchmark as built at git revision `rev`: a detached worktree under `target/`, built
+/// with its own target folder (kept, so that the next baseline build is incremental).
+fn build_baseline_bench(root: &Path, rev: &str) -> Result<PathBuf, String> {
+    let worktree = root.join("target/baseline-tree");
+    let git = |args: &[&str]| tools::run(Command::new("git").args(args).current_dir(root));
+    if worktree.exists() {
+        git(&["worktree", "remove", "--force", &worktree.to_string_lossy()])?;
+    }
+    git(&[
+        "worktree",
+        "add",
+        "--detach",
+        &worktree.to_string_lossy(),
+        rev,
+    ])?;
+    let built = tools::run(
+        Command::new(tools::cargo())
+            .args(["build", "--release", "--quiet", "-p", "ferrofuse-bench"])
+            .env("CARGO_TARGET_DIR", root.join("target/baseline"))
+            .current_dir(&worktree),
+    );
+    git(&["worktree", "remove", "--force", &worktree.to_string_lossy()])?;
+    built?;
+    Ok(root.join("target/baseline/release/ferrofuse-bench"))
+}
+
+/// Strips the bundle's executables (`strip`, where the machine has it) and writes the folder
+/// as `archive` (`tar -cJf`, xz at its highest level).
+fn write_archive(bundle: &Path, archive: &Path) -> Result<(), String> {
+    let mut executables = vec![bundle.join("ferrofuse-bench")];
+    for dir in ["tests", "examples", "candle/tests", "candle/examples"] {
+        if let Ok(entries) = std::fs::read_dir(bundle.join(dir)) {
+            executables.extend(entries.filter_map(|e| e.ok()).map(|e| e.path()));
+        }
+    }
+    for name in ["ferrofuse-bench-baseline", "candle-peer"] {
+        if bundle.join(name).exists() {
+            executables.push(bundle.join(name));
+        }
+    }
+    match Command::new("strip").args(&executables).status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(format!("strip failed ({s})")),
+        Err(e) => eprintln!("xtask: not stripping the executables ({e})"),
+    }
+    let (Some(parent), Some(name)) = (bundle.parent(), bundle.file_name()) else {
+        return Err(format!("{}: not a folder to archive", bundle.display()));
+    };
+    tools::run(
+        Command::new("tar")
+            .env("XZ_OPT", "-9 -T0")
+            .arg("-cJf")
+            .arg(archive)
+            .arg("-C")
+            .arg(parent)
+            .arg(name),
+    )
 }
 
 /// What `--candle` adds to the bundle.
