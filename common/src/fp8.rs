@@ -47,7 +47,7 @@ pub fn e4m3_from_f32(x: f32) -> u8 {
 #[inline(always)]
 pub fn dynamic_scale(amax: f32, min_scale: f32, ub: f32) -> f32 {
     let a = if amax < ub { amax } else { ub };
-    // `a / 448`, correctly rounded (see `div_by`) for every `a` above 448 * 2^-126.
+    // `a / 448`, correctly rounded (see `div_near`) for every `a` above 448 * 2^-126.
     let s = div_by(a, E4M3_MAX, 1.0 / E4M3_MAX);
     if s > min_scale { s } else { min_scale }
 }
@@ -86,7 +86,7 @@ pub fn reciprocal(scale: f32) -> f32 {
 /// The only place where the kernels and the reference may differ in the last bit of the
 /// f32 quotient.
 #[inline(always)]
-fn divide_far(y: f32, scale: f32) -> f32 {
+pub fn divide_far(y: f32, scale: f32) -> f32 {
     #[cfg(target_arch = "nvptx64")]
     {
         let q: f32;
@@ -103,15 +103,33 @@ fn divide_far(y: f32, scale: f32) -> f32 {
     }
 }
 
-/// `y / scale`, correctly rounded, given `inv = reciprocal(scale)`: `q = y * inv`, then one
-/// correction `q + (y - q * scale) * inv` with the residual exact (an FMA). With `inv` the
-/// correctly rounded reciprocal and `q` within an ulp of the quotient, that is the correctly
-/// rounded quotient (Markstein's theorem) wherever `q` is a normal f32; where `q` overflows
-/// the quotient saturates to 448 either way, and where it is subnormal (below 2^-126) it
-/// converts to a signed zero either way. The kernels divide each element this way: two FMAs
-/// and a multiply instead of `div.rn.f32`, whose slow-path subroutine doubled the per-token
-/// kernel's registers. `host/tests/fp8_cpu.rs` compares it with `/` on random and boundary
-/// values.
+/// `y / scale`, correctly rounded, given `inv = reciprocal(scale)` nonzero (a scale in
+/// `[2^-100, 2^100]`): `q = y * inv`, then one correction `q + (y - q * scale) * inv` with the
+/// residual exact (an FMA). With `inv` the correctly rounded reciprocal and `q` within an ulp
+/// of the quotient, that is the correctly rounded quotient (Markstein's theorem) wherever `q`
+/// is a normal f32; where `q` overflows the quotient saturates to 448 either way, and where it
+/// is subnormal (below 2^-126) it converts to a signed zero either way.
+///
+/// Branch-free (selects only), so a kernel's per-element divisions stay in one basic block
+/// that the compiler can interleave: a multiply, two FMAs, a select and a sign copy instead
+/// of `div.rn.f32`, whose slow-path subroutine doubled the per-token kernel's registers.
+/// `host/tests/fp8_cpu.rs` compares it with `/` on random and boundary values.
+#[inline(always)]
+pub fn div_near(y: f32, scale: f32, inv: f32) -> f32 {
+    let q = y * inv;
+    let r = crate::act::fma(-q, scale, y);
+    let c = crate::act::fma(r, inv, q);
+    // An overflowing `q` (+-inf) makes `c` NaN; the quotient is `q` then (it saturates).
+    let c = if c.is_nan() { q } else { c };
+    // `c` has the quotient's sign except for `y = -0`, where `r = +0` and `-0 + +0 = +0`:
+    // `q` always has it (`inv > 0`).
+    f32::from_bits((c.to_bits() & 0x7fff_ffff) | (q.to_bits() & 0x8000_0000))
+}
+
+/// `y / scale`: the value of [`div_near`] for a scale in `[2^-100, 2^100]` (`inv` nonzero),
+/// else [`divide_far`]. For single divisions (the dynamic scale's `amax / 448`): written with
+/// branches, which keep the registers of the longest sm_80 norm rows in budget where the
+/// branch-free form, live across the row's reduction, did not.
 #[inline(always)]
 pub fn div_by(y: f32, scale: f32, inv: f32) -> f32 {
     if inv == 0.0 {

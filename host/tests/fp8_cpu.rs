@@ -179,6 +179,38 @@ fn division_by_a_scale_is_correctly_rounded() {
             );
         }
     }
+    // Signed zeros, infinities, NaN and quotients that overflow or underflow.
+    let specials = [
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        -f32::MAX,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        1e-45,
+        -1e-45,
+        3.0e38,
+        -1.5e-40,
+    ];
+    for s in [
+        1.0f32,
+        7.888_609e-31,
+        1.267_650_6e30,
+        0.37,
+        1.0 / (448.0 * 512.0),
+    ] {
+        let inv = reciprocal(s);
+        for y in specials {
+            assert_eq!(
+                div_by(y, s, inv).to_bits(),
+                (y / s).to_bits(),
+                "{y:e} / {s:e}"
+            );
+        }
+        assert!(div_by(f32::NAN, s, inv).is_nan());
+    }
     for _ in 0..200_000 {
         let amax = rng.random_range(0.0f32..1.0) * 2f32.powi(rng.random_range(-100..120));
         let min = 1e-30;

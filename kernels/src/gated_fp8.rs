@@ -52,7 +52,7 @@ use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 #[cfg(not(ferrofuse_fp8_cvt))]
 use ferrofuse_common::fp8::e4m3_from_f32;
-use ferrofuse_common::fp8::{FP8_PER_GROUP, div_by, dynamic_scale, reciprocal};
+use ferrofuse_common::fp8::{FP8_PER_GROUP, div_near, divide_far, dynamic_scale, reciprocal};
 use ferrofuse_common::{
     Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
     GatedFp8Params, GridWalk,
@@ -114,9 +114,17 @@ fn e4m3x2(lo: f32, hi: f32) -> u32 {
 #[inline(always)]
 pub(crate) fn quantize(w: u64, y: &[f32; 8], scale: f32, inv: f32) -> [u32; 2] {
     let mut q = [0.0f32; 8];
-    unroll!(l < w as usize => {
-        q[l] = div_by(y[l], scale, inv);
-    });
+    // One branch per access, not per element: the lanes' divisions share a basic block that
+    // the compiler interleaves.
+    if inv != 0.0 {
+        unroll!(l < w as usize => {
+            q[l] = div_near(y[l], scale, inv);
+        });
+    } else {
+        unroll!(l < w as usize => {
+            q[l] = divide_far(y[l], scale);
+        });
+    }
     match w {
         1 => [e4m3x2(q[0], 0.0) & 0xff, 0],
         4 => [e4m3x2(q[0], q[1]) | e4m3x2(q[2], q[3]) << 16, 0],
