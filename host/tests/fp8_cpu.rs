@@ -147,11 +147,21 @@ fn software_conversion_matches_the_reference() {
     assert_eq!(e4m3_from_f32(-f32::NAN), 0xff);
 }
 
-/// The kernels' division by a scale (reciprocal, one FMA correction) is the correctly rounded
-/// quotient for scales in `[2^-100, 2^100]`, including the dynamic scale's `amax / 448`.
+/// The kernels' division by a scale (reciprocal, one FMA correction), in both forms (the
+/// branch-free `div_near` of the element loops and the branching `div_by`), is the correctly
+/// rounded quotient for scales in `[2^-100, 2^100]`, including the dynamic scale's `amax / 448`.
 #[test]
 fn division_by_a_scale_is_correctly_rounded() {
-    use ferrofuse_common::fp8::{div_by, reciprocal};
+    use ferrofuse_common::fp8::{div_by, div_near, reciprocal};
+    let check = |y: f32, s: f32, inv: f32| {
+        let want = (y / s).to_bits();
+        assert_eq!(div_by(y, s, inv).to_bits(), want, "div_by {y:e} / {s:e}");
+        assert_eq!(
+            div_near(y, s, inv).to_bits(),
+            want,
+            "div_near {y:e} / {s:e}"
+        );
+    };
     let mut rng = StdRng::seed_from_u64(11);
     let mut scales: Vec<f32> = vec![1.0, 3.0, 448.0, 1.0 / 448.0, 0.03, 1.0 / (448.0 * 512.0)];
     for _ in 0..2000 {
@@ -162,21 +172,14 @@ fn division_by_a_scale_is_correctly_rounded() {
         assert!(inv != 0.0, "{s:e}");
         for _ in 0..500 {
             let y = rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-60..60));
-            let q = div_by(y, s, inv);
-            assert_eq!(q.to_bits(), (y / s).to_bits(), "{y:e} / {s:e}");
+            check(y, s, inv);
         }
         // Quotients that land on E4M3 rounding boundaries: y = s * (halfway values).
         for k in 0..256u32 {
             let t = e4m3_value(k as u8);
-            if !t.is_finite() {
-                continue;
+            if t.is_finite() {
+                check((t as f32) * s, s, inv);
             }
-            let y = (t as f32) * s;
-            assert_eq!(
-                div_by(y, s, inv).to_bits(),
-                (y / s).to_bits(),
-                "{y:e} / {s:e}"
-            );
         }
     }
     // Signed zeros, infinities, NaN and quotients that overflow or underflow.
@@ -203,13 +206,10 @@ fn division_by_a_scale_is_correctly_rounded() {
     ] {
         let inv = reciprocal(s);
         for y in specials {
-            assert_eq!(
-                div_by(y, s, inv).to_bits(),
-                (y / s).to_bits(),
-                "{y:e} / {s:e}"
-            );
+            check(y, s, inv);
         }
         assert!(div_by(f32::NAN, s, inv).is_nan());
+        assert!(div_near(f32::NAN, s, inv).is_nan());
     }
     for _ in 0..200_000 {
         let amax = rng.random_range(0.0f32..1.0) * 2f32.powi(rng.random_range(-100..120));
