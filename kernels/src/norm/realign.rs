@@ -712,7 +712,8 @@ unsafe fn staged_weight_at<E: Elem, const M: u32>(q: u32, w_f32: bool, gemma: bo
 
 /// The sum of squares of a thread's chunks in slots `t + j * tpr` (`j < k`, with
 /// `(t, tpr, k)` as `me`) of the staged x and residual (offsets `mx` and `mr`), in the chunk
-/// map's order; in a body compiled for offset `M` of both, or [`ANY_OFFSET`].
+/// map's order; in a body compiled for offset `M` of both, or [`ANY_OFFSET`] (then as a loop
+/// when `rolled`, see [`fwd`]).
 ///
 /// # Safety
 /// As for [`Stage::pair_at`], for each of the slots.
@@ -723,9 +724,22 @@ unsafe fn sum_squares<E: Elem, const M: u32>(
     (mx, mr): (u32, u32),
     has_res: bool,
     hf: bool,
+    rolled: bool,
 ) -> f32 {
     let (t, tpr, k) = me;
     let mut acc = 0.0f32;
+    if M == ANY_OFFSET && rolled {
+        // The same chunks in the same order, as a loop whose bound is known only at run time.
+        let mut c = t;
+        while c < tpr * k as u32 {
+            // SAFETY: the caller's contract.
+            let (x, r) = unsafe { stage.pair::<E>(c, mx, mr) };
+            let h = add_residual::<E>(&x, &r, has_res, hf);
+            unroll!(l < E::LANES => { acc = fmaf32(h[l], h[l], acc); });
+            c += tpr;
+        }
+        return acc;
+    }
     unroll!(j < k => {
         // SAFETY: the caller's contract.
         let (x, r) = unsafe { stage.pair_at::<E, M>(t + j as u32 * tpr, mx, mr) };
@@ -887,11 +901,21 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     // The sum of squares over the thread's chunks, in the chunk map's order (chunks past the
     // row are zeros in the staging and add nothing).
     let ms = (x_row.m, res_row.m);
+    // The run-time body's per-chunk reads and per-vector outputs as loops rather than
+    // unrolled: each iteration is long, and at few rows a multiprocessor then fetches its
+    // instructions once instead of once per chunk (the kernel's time there was mostly
+    // instruction fetch). Not in the entry that also holds the bodies compiled per offset
+    // (whole rows of 16 per thread): with the loops ptxas compiled those bodies longer, and
+    // they were slower.
+    let rolled = !(ONE_ROW && EPT == 16);
     // SAFETY: slots t + j * tpr < tpr * k, staged above; the staging is not written again.
     let acc = unsafe {
         match offset {
-            Some(m) => at_offset!(m, sum_squares::<E>(stage, (t, tpr, k), ms, has_res, hf)),
-            None => sum_squares::<E, ANY_OFFSET>(stage, (t, tpr, k), ms, has_res, hf),
+            Some(m) => at_offset!(
+                m,
+                sum_squares::<E>(stage, (t, tpr, k), ms, has_res, hf, false)
+            ),
+            None => sum_squares::<E, ANY_OFFSET>(stage, (t, tpr, k), ms, has_res, hf, rolled),
         }
     };
     // SAFETY: every thread of the block gets here; buffer 0's slots are the block's warps,
@@ -921,27 +945,35 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
         return;
     }
     let lanes = E::LANES as u32;
-    // Whether `h` and `y` sit at the same offset from the grid (dense outputs of one layout):
-    // then a vector's columns are the same in both.
-    let same = h_row.m == y_row.m;
+    // Whether `h` (when stored) and `y` sit at the same offset from the grid (dense outputs of
+    // one layout): then a vector's columns are the same in both.
+    let h_m = if has_res { h_row.m } else { y_row.m };
+    let same = h_m == y_row.m;
+    // Whether the inputs sit there too: then an output vector's columns are the staged vector
+    // in its own slot of each input, read without a shift.
+    let unshifted = same && x_row.m == y_row.m && (!has_res || res_row.m == y_row.m);
     let out_vector = #[inline(always)]
-    |q: u32, ok: bool| {
+    |q: u32| {
         let h_of = #[inline(always)]
         |m: u32| {
             let col = (q * lanes).wrapping_sub(m);
             // SAFETY: staged above (the spare bytes cover the vector after the last slot).
             let (x, r) = unsafe {
-                (
-                    stage.columns::<E>(false, col, x_row.m),
-                    stage.columns::<E>(true, col, res_row.m),
-                )
+                if unshifted {
+                    stage.vectors_at::<E>(q)
+                } else {
+                    (
+                        stage.columns::<E>(false, col, x_row.m),
+                        stage.columns::<E>(true, col, res_row.m),
+                    )
+                }
             };
             add_residual::<E>(&x, &r, has_res, hf)
         };
-        let mut h = h_of(h_row.m);
+        let mut h = h_of(h_m);
         // SAFETY: a row of h (host-checked); h may be x or the residual, whose every load was
         // issued before the staging barrier.
-        unsafe { store_vector::<E>(h_row, q, hidden, ok && has_res, &h) };
+        unsafe { store_vector::<E>(h_row, q, hidden, has_res, &h) };
         if !same {
             h = h_of(y_row.m);
         }
@@ -949,10 +981,26 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
         let w = unsafe { staged_weight::<E>((q * lanes).wrapping_sub(y_row.m), w_f32, gemma) };
         let y = normalize::<E>(&h, rstd, &w, hf);
         // SAFETY: as for h; y may be x.
-        unsafe { store_vector::<E>(y_row, q, hidden, ok, &y) };
+        unsafe { store_vector::<E>(y_row, q, hidden, true, &y) };
     };
-    unroll!(j < k => { out_vector(t + j as u32 * tpr, true); });
-    out_vector(tpr * k as u32, me.t == 0);
+    // The vector after the last slot holds columns of the row only when an output's last
+    // vector is it (the row's last chunk then straddles it); thread 0 stores it.
+    let slots = tpr * k as u32;
+    let spare = || t == 0 && hidden + h_m.max(y_row.m) > slots * lanes;
+    if rolled {
+        // The bound is known only at run time, so the loop stays a loop (see `rolled`).
+        let end = slots + spare() as u32;
+        let mut q = t;
+        while q < end {
+            out_vector(q);
+            q += tpr;
+        }
+    } else {
+        unroll!(j < k => { out_vector(t + j as u32 * tpr); });
+        if spare() {
+            out_vector(slots);
+        }
+    }
 }
 
 /// Copies aligned vector `f - 1` of the row `at` (the one before a tile's first slot `f`,
@@ -1084,7 +1132,7 @@ unsafe fn fwd_loop_at<E: Elem, const M: u32>(p: &RmsNormFwdParams) {
         }
         let ms = (x_row.m, res_row.m);
         // SAFETY: slots of the tile, staged above.
-        let acc = unsafe { sum_squares::<E, M>(stage, (t, tpr32, k), ms, has_res, hf) };
+        let acc = unsafe { sum_squares::<E, M>(stage, (t, tpr32, k), ms, has_res, hf, false) };
         // SAFETY: every thread of the block calls it for every tile in order; the ring is the
         // first RMSNORM_LOOP_SMEM_BYTES of the launch's shared memory.
         sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, &me, tile, tiles) };
