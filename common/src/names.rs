@@ -356,15 +356,15 @@ impl KernelId {
 
     /// A `.maxnreg` that `cargo xtask ptx` writes into the entry instead of `.minnctapersm`
     /// (with the same `.maxntid`), where the launch bounds' register budget is more than the
-    /// kernel should take: the 16-bit whole-row realigned kernel at 16 per thread holds the
-    /// bodies specialised on a row's offset, which took 64 registers under the bounds and
-    /// cost rows of 160-192 threads a block per multiprocessor on the form that does not use
-    /// them; at 56 neither spills.
+    /// kernel should take: the whole-row realigned kernels. At 16 per thread the 16-bit entry
+    /// holds the bodies specialised on a row's offset, which took 64 registers under the
+    /// bounds and cost rows of 160-192 threads a block per multiprocessor on the form that
+    /// does not use them; the others took 61-64 once the weight's ragged vector was loaded
+    /// after the row's copies (`realign::stage_weight_tail`), a block per multiprocessor
+    /// fewer for rows of 288-320 threads at 32 per thread. At 56 none spills.
     pub const fn max_registers(self) -> Option<u32> {
         match self {
-            KernelId::RmsNormFwdRealigned(DType::BF16 | DType::F16, NormFwdVariant::E16) => {
-                Some(56)
-            }
+            KernelId::RmsNormFwdRealigned(_, NormFwdVariant::E16 | NormFwdVariant::E32) => Some(56),
             _ => None,
         }
     }

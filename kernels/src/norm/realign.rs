@@ -195,7 +195,7 @@ pub(super) unsafe fn load_pair<E: Elem, const SLICE: bool>(
 ) -> ([[f32; 8]; MAX_CHUNKS], [[f32; 8]; MAX_CHUNKS]) {
     let (t, tpr, k) = me;
     // SAFETY: the caller's contract.
-    unsafe { stage_pair::<E, SLICE>(a, b, me, stage, hidden, first) };
+    unsafe { stage_pair::<E, SLICE>(a, b, me, stage, hidden, first, || {}) };
     let mut xa = [[0.0f32; 8]; MAX_CHUNKS];
     let mut xb = [[0.0f32; 8]; MAX_CHUNKS];
     unroll!(j < k => {
@@ -207,6 +207,8 @@ pub(super) unsafe fn load_pair<E: Elem, const SLICE: bool>(
 
 /// The staging half of [`load_pair`] (same arguments and contract): every vector of the
 /// block's slots written to `stage`, then a block barrier; [`Stage::pair`] reads the chunks.
+/// `before_wait` runs after every copy and edge load is issued, before the wait for them
+/// (staging of the caller's whose loads should overlap those: [`stage_weight_tail`]).
 #[inline(always)]
 unsafe fn stage_pair<E: Elem, const SLICE: bool>(
     a: (Shifted, bool),
@@ -215,6 +217,7 @@ unsafe fn stage_pair<E: Elem, const SLICE: bool>(
     stage: Stage,
     hidden: u32,
     first: u32,
+    before_wait: impl FnOnce(),
 ) {
     let (t, tpr, k) = me;
     let first = if SLICE { first } else { 0 };
@@ -291,6 +294,7 @@ unsafe fn stage_pair<E: Elem, const SLICE: bool>(
             }
         }
     }
+    before_wait();
     cp_async_wait_all();
     sync_block();
 }
@@ -588,8 +592,8 @@ pub(super) unsafe fn store_chunk<E: Elem>(
 /// chunk `c` in `w_vectors` vectors (one, or two for an f32 weight of a 16-bit row's 8-lane
 /// chunks), at word `WEIGHT_FIRST_WORD + 4 * w_vectors * c`. The threads of the block's first
 /// row stage it (the weight is every row's): whole vectors as asynchronous copies (zeros past
-/// the row), the ragged last vector element by element by its chunk's owner. The caller's
-/// staging barrier ([`stage_pair`]) makes it visible.
+/// the row); the ragged last vector is [`stage_weight_tail`]'s. The caller's staging barrier
+/// ([`stage_pair`]) makes them visible.
 ///
 /// # Safety
 /// `w` holds `hidden` elements (4 bytes each when `w_f32`, else of `E`), 16-byte aligned; the
@@ -619,8 +623,28 @@ unsafe fn stage_weight<E: Elem>(w: u64, w_f32: bool, me: (u32, u32, usize), hidd
             };
         });
     });
-    // The ragged last vector, when the row does not end on the grid: by its chunk's owner,
-    // after every copy is issued.
+}
+
+/// The ragged last vector of the weight's staging ([`stage_weight`]), when the row does not end
+/// on the grid: loaded element by element and stored by the owner of its chunk slot. Called
+/// after the block's copies of x and the residual are issued (the `before_wait` of
+/// [`stage_pair`]), so that its loads' latency overlaps theirs: the store waits for the loads,
+/// and called before them it held the owner's warp, and so the block's barrier, for both
+/// latencies in turn.
+///
+/// # Safety
+/// As for [`stage_weight`], with the same arguments; before the staging barrier.
+#[inline(always)]
+unsafe fn stage_weight_tail<E: Elem>(
+    w: u64,
+    w_f32: bool,
+    me: (u32, u32, usize),
+    hidden: u32,
+    ok: bool,
+) {
+    let (t, tpr, _) = me;
+    let w_vectors = weight_vectors::<E>(w_f32);
+    let wl = if w_f32 { 4 } else { E::LANES as u32 };
     let last = (hidden - 1) / wl;
     if ok && hidden % wl != 0 && (last / w_vectors) % tpr == t {
         let mut bits = [0u32; 4];
@@ -637,7 +661,8 @@ unsafe fn stage_weight<E: Elem>(w: u64, w_f32: bool, me: (u32, u32, usize), hidd
                 bits[i] = lo | hi << 16;
             }
         });
-        // SAFETY: as above; no copy writes this vector.
+        let smem = smem_f32() as *mut u32;
+        // SAFETY: the caller's contract; no copy writes this vector.
         unsafe {
             *(smem.add((WEIGHT_FIRST_WORD + last * 4) as usize) as *mut Vector) = Vector(bits)
         };
@@ -871,7 +896,8 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     // SAFETY: the host checked the weight and sized the shared memory; every thread of the
     // block calls `stage_pair`, whose barrier also covers the weight's copies.
     unsafe {
-        stage_weight::<E>(p.w, w_f32, (t, tpr, k), hidden, me.r_local == 0);
+        let stages_weight = me.r_local == 0;
+        stage_weight::<E>(p.w, w_f32, (t, tpr, k), hidden, stages_weight);
         // When live, row < rows: a row of each operand (host-checked).
         stage_pair::<E, false>(
             (x_row, live),
@@ -880,6 +906,7 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
             stage,
             hidden,
             0,
+            || stage_weight_tail::<E>(p.w, w_f32, (t, tpr, k), hidden, stages_weight),
         )
     };
     // Dense operands of one layout share their offset: the body compiled for it reads the
@@ -1128,6 +1155,7 @@ unsafe fn fwd_loop_at<E: Elem, const M: u32>(p: &RmsNormFwdParams) {
                 stage,
                 hidden,
                 f,
+                || {},
             );
         }
         let ms = (x_row.m, res_row.m);
@@ -1182,7 +1210,15 @@ unsafe fn fwd_loop_at<E: Elem, const M: u32>(p: &RmsNormFwdParams) {
         unsafe {
             stage_before(src, true, stage.first_word, f, t == 32);
             stage_before(w_row, true, b_slot0, f, t == 33);
-            stage_pair::<E, true>((src, true), (w_row, true), (t, tpr32, k), stage, hidden, f);
+            stage_pair::<E, true>(
+                (src, true),
+                (w_row, true),
+                (t, tpr32, k),
+                stage,
+                hidden,
+                f,
+                || {},
+            );
         }
         let out_y = |s: u32, ok: bool| {
             let col = (s * lanes).wrapping_sub(y_row.m);
