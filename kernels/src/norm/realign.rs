@@ -959,7 +959,8 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     // The outputs by aligned vector of each output row: vector `q` of `h` (of `y`) is formed
     // from the staged columns it holds, element by element with the same operations as the
     // chunk that holds them, so with the same bits; no thread needs another's values. The
-    // thread owning slot `q` stores vector `q`, thread 0 also the one after the last slot.
+    // thread owning slot `q` stores vector `q`, thread 0 also the one after the last slot
+    // where that holds columns of the row.
     let (h_row, y_row) = outputs();
     if let Some(m) = offset {
         // SAFETY: staged above, every operand at offset m.
