@@ -7,9 +7,9 @@ use crate::NormBwdVariant as Bwd;
 use crate::NormFwdVariant as Fwd;
 use crate::{
     DType, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, NormBwdVariant, NormFwdVariant,
-    RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_THREADS,
-    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_REALIGNED_MAX_SMEM_BYTES, ZERO_FILL_THREADS,
-    rmsnorm_bwd_max_threads_per_row,
+    RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_STAGED_MAX_SMEM_BYTES,
+    RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_REALIGNED_MAX_SMEM_BYTES,
+    ZERO_FILL_THREADS, rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged,
 };
 use VecMode::{Scalar, V16};
 
@@ -335,8 +335,18 @@ impl KernelId {
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
-            // The register-resident backward of bf16 rows: its 512-thread blocks must launch
-            // (unbounded the scalar path took up to 147 registers).
+            // The staged backward of bf16 rows: two 512-thread rows per SM (64 registers), one
+            // row's reduction and stores while the other's copies land.
+            KernelId::RmsNormBwd(DType::BF16, VecMode::V16, NormBwdVariant::E16) => {
+                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 2))
+            }
+            // f16 rows of the staged backward, at most 256 threads: four blocks per SM (64
+            // registers). The f32 kernel spilled below its own choice of 128 (two blocks).
+            KernelId::RmsNormBwd(DType::F16, VecMode::V16, NormBwdVariant::E16) => {
+                Some((RMSNORM_BWD_LOOP_THREADS, 4))
+            }
+            // The scalar backward of bf16 rows: its 512-thread blocks must launch (unbounded it
+            // took up to 147 registers).
             KernelId::RmsNormBwd(DType::BF16, _, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
@@ -376,6 +386,9 @@ impl KernelId {
             KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)
+            }
+            KernelId::RmsNormBwd(_, mode, variant) if rmsnorm_bwd_staged(mode, variant) => {
+                Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             _ => None,
         }

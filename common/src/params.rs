@@ -4,7 +4,7 @@
 //! index arithmetic wraps past 2^31 (or 2^32) elements. Every struct is `#[repr(C)]` with its
 //! fields ordered so no padding is implicit: the host copies the bytes, the kernel reads them.
 
-use crate::{DType, NormPath};
+use crate::{DType, NormPath, VecMode};
 
 /// Block size of `zero_fill` (the benchmark's L2 flush).
 pub const ZERO_FILL_THREADS: u32 = 256;
@@ -151,6 +151,42 @@ pub const RMSNORM_BLOCK_TARGET: u32 = 256;
 /// Dynamic shared memory of every forward and backward launch: two sets of 32 f32 warp
 /// partials (the backward alternates between them from one row to the next).
 pub const RMSNORM_SMEM_BYTES: u32 = 256;
+/// Dynamic shared memory of a backward rows launch ([`RmsNormBwdParams`]): on the vector path
+/// rows held in registers (`NormBwdVariant::E16`) are copied into shared memory one row ahead
+/// of their use, so after the reduction buffers come two rows' copies of `h`, `dy` and, when
+/// the call has one, `dres`: per row and operand 16 elements per thread. Other launches use
+/// the reduction buffers only.
+pub const fn rmsnorm_bwd_smem_bytes(
+    dtype: DType,
+    mode: VecMode,
+    variant: NormBwdVariant,
+    g: &NormGeometry,
+    has_dres: bool,
+) -> u32 {
+    if !rmsnorm_bwd_staged(mode, variant) {
+        return RMSNORM_SMEM_BYTES;
+    }
+    let operands = if has_dres { 3 } else { 2 };
+    RMSNORM_SMEM_BYTES + 2 * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
+}
+
+/// Whether a backward rows kernel stages its rows in shared memory (see
+/// [`rmsnorm_bwd_smem_bytes`]).
+pub const fn rmsnorm_bwd_staged(mode: VecMode, variant: NormBwdVariant) -> bool {
+    matches!((mode, variant), (VecMode::V16, NormBwdVariant::E16))
+}
+
+/// Most dynamic shared memory a staged backward launch asks for (512 threads of bf16 or 256 of
+/// f32, `dres` present): above the default 48 KiB, within the opt-in limit of every GPU the
+/// PTX runs on (see [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]).
+pub const RMSNORM_BWD_STAGED_MAX_SMEM_BYTES: u32 =
+    RMSNORM_SMEM_BYTES + 2 * 3 * RMSNORM_BWD_MAX_THREADS_PER_ROW * 16 * 2;
+const _: () = assert!(
+    rmsnorm_bwd_max_threads_per_row(DType::F32) * 4 <= RMSNORM_BWD_MAX_THREADS_PER_ROW * 2
+        && rmsnorm_bwd_max_threads_per_row(DType::F16) * 2 <= RMSNORM_BWD_MAX_THREADS_PER_ROW * 2
+);
+const _: () = assert!(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES <= RMSNORM_REALIGNED_MAX_SMEM_BYTES);
+
 /// The backward grid has at most this many threads in all; each block then loops over row
 /// groups and keeps its share of `dw` in registers. Bounds the `dw` workspace to
 /// `131072 / block_threads * rows_per_block * hidden` floats (see [`NormBwdLayout`]).
@@ -181,8 +217,9 @@ impl NormFwdVariant {
     ];
 }
 
-/// How a backward kernel holds a row: 16 elements per thread in registers (rows up to
-/// 512 x 16 = 8192), or tiles of 16 per thread in a loop.
+/// How a backward kernel holds a row: 16 elements per thread (rows up to 512 x 16 = 8192;
+/// on the vector path staged in shared memory, see [`rmsnorm_bwd_smem_bytes`]), or tiles of
+/// 16 per thread in a loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NormBwdVariant {
     E16 = 0,
@@ -322,10 +359,10 @@ pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant,
     }
 }
 
-/// Most threads per row of the register-resident backward for `dtype`: 512 for bf16 rows
-/// (up to 8192 elements), 256 (up to 4096) for f32 and f16 rows: every path of a dtype has
-/// the same geometry, and the f32 kernels and the f16 scalar one needed more than the 128
-/// registers a 512-thread block allows (they spilled).
+/// Most threads per row of the 16-per-thread backward (`NormBwdVariant::E16`) for `dtype`:
+/// 512 for bf16 rows (up to 8192 elements), 256 (up to 4096) for f32 and f16 rows: every path
+/// of a dtype has the same geometry, and the f32 kernels and the f16 scalar one needed more
+/// than the 128 registers a 512-thread block allows (they spilled).
 pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
     match dtype {
         DType::BF16 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
@@ -550,7 +587,7 @@ pub struct RmsNormFwdParams {
 ///
 /// Aliasing: `dx` may be exactly `dy` or exactly `dres`; the workspace overlaps nothing.
 /// Launch: the geometry of [`rmsnorm_bwd_geometry`], the blocks of [`rmsnorm_bwd_layout`],
-/// [`RMSNORM_SMEM_BYTES`] of dynamic shared memory.
+/// [`rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RmsNormBwdParams {

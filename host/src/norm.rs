@@ -90,9 +90,9 @@ use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, NormPath, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES,
     RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
     RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
-    VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
-    rmsnorm_split_smem_bytes,
+    VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
@@ -609,7 +609,7 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
         kernel: KernelId::RmsNormBwd(dtype, mode, variant),
         grid: grid_u32("rows", blocks)?,
         block: geometry.block_threads(),
-        shared_mem_bytes: RMSNORM_SMEM_BYTES,
+        shared_mem_bytes: rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres.is_some()),
         params: RmsNormBwdParams {
             dy: dy.addr,
             h: h.addr,

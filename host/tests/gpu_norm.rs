@@ -1791,7 +1791,14 @@ fn backward_is_deterministic_bitwise() {
         return;
     };
     let shapes: Vec<(usize, usize)> = if quick() {
-        vec![(300, 1024), (40, 8192), (70, 7001)]
+        // 3000 x 896 and 600 x 8192: blocks that take several row groups in turn.
+        vec![
+            (300, 1024),
+            (40, 8192),
+            (70, 7001),
+            (3000, 896),
+            (600, 8192),
+        ]
     } else {
         vec![
             (8192, 4096),

@@ -552,7 +552,7 @@ fn forward_geometry_covers_each_row_without_waste() {
 fn backward_geometry_and_workspace() {
     for dtype in DType::ALL {
         let lanes = dtype.lanes_per_16b();
-        // bf16 rows are held in registers up to 8192 elements, f16 and f32 rows up to 4096.
+        // bf16 rows are held 16 per thread up to 8192 elements, f16 and f32 rows up to 4096.
         let max_e16 = if dtype == DType::BF16 { 8192 } else { 4096 };
         for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
             let (variant, g) = rmsnorm_backward_geometry(dtype, hidden);
@@ -563,6 +563,31 @@ fn backward_geometry_and_workspace() {
                     assert!(hidden <= max_e16 && t * 16 / lanes >= hidden.div_ceil(lanes));
                 }
                 NormBwdVariant::Loop => assert!(hidden > max_e16 && g.looped),
+            }
+            // The vector path of rows held 16 per thread stages two rows' h, dy and dres (when
+            // the call has one) in shared memory; every other launch uses the reduction
+            // buffers only. Either fits the kernel's limit.
+            for dres in [false, true] {
+                let l = bwd(&bwd_descs(dtype, 1000, hidden, dres)).unwrap().rows;
+                let KernelId::RmsNormBwd(_, mode, _) = l.kernel else {
+                    panic!("{:?}", l.kernel)
+                };
+                let want = if mode == VecMode::V16 && variant == NormBwdVariant::E16 {
+                    let operands = 2 + dres as u32;
+                    RMSNORM_SMEM_BYTES
+                        + 2 * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
+                } else {
+                    RMSNORM_SMEM_BYTES
+                };
+                assert_eq!(l.shared_mem_bytes, want, "{dtype:?} {hidden} dres {dres}");
+                let limit = l
+                    .kernel
+                    .dynamic_smem_opt_in()
+                    .unwrap_or(DEFAULT_MAX_SMEM_BYTES);
+                assert!(
+                    want <= limit,
+                    "{dtype:?} {hidden}: {want} bytes of shared memory"
+                );
             }
             for rows in [0usize, 1, 7, 1000, 100_000] {
                 let t = bwd_descs(dtype, rows, hidden, false);

@@ -101,6 +101,75 @@ pub fn cp_async_wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack, preserves_flags)) };
 }
 
+/// Closes the group of [`cp_async_16_if`] copies this thread started since the last group
+/// (an empty group when there were none), for [`cp_async_wait_group`].
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: bookkeeping of this thread's copies only.
+    unsafe { asm!("cp.async.commit_group;", options(nostack, preserves_flags)) };
+}
+
+/// Waits until at most the `N` most recent of this thread's copy groups are still in flight:
+/// the bytes of every older group are then in shared memory.
+#[inline(always)]
+pub fn cp_async_wait_group<const N: u32>() {
+    // SAFETY: waits only; not `nomem`, so no shared-memory access moves across it.
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack, preserves_flags)) };
+}
+
+/// The 32-bit shared-memory address of `p`, a generic address of shared memory (what the
+/// `*_shared` accesses below take: one register per address instead of two).
+#[inline(always)]
+pub fn shared_addr(p: *const u32) -> u32 {
+    let a: u32;
+    // SAFETY: an address conversion; no memory access.
+    unsafe {
+        asm!(
+            "{{ .reg .u64 s; cvta.to.shared.u64 s, {p}; cvt.u32.u64 {a}, s; }}",
+            p = in(reg64) p as u64, a = out(reg32) a,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    a
+}
+
+/// As [`cp_async_16_if`], to the shared-memory address `dst` (see [`shared_addr`]).
+///
+/// # Safety
+/// As for [`cp_async_16_if`].
+#[inline(always)]
+pub unsafe fn cp_async_16_shared_if(dst: u32, src: u64, read: bool, pred: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "{{ .reg .pred go; setp.ne.u32 go, {2}, 0;",
+            "@go cp.async.cg.shared.global [{0}], [{1}], 16, {3}; }}",
+            in(reg32) dst, in(reg64) src, in(reg32) pred as u32, in(reg32) 16 * read as u32,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
+/// The 16 bytes of shared memory at the shared-memory address `a` (see [`shared_addr`]).
+///
+/// # Safety
+/// `a` is 16-byte aligned and readable for 16 bytes.
+#[inline(always)]
+pub unsafe fn ld_shared_v4(a: u32) -> [u32; 4] {
+    let mut o = [0u32; 4];
+    // SAFETY: the caller's contract; reads shared memory only. Not `pure`: every call reads
+    // (a caller reads the same bytes again rather than keep them in registers).
+    unsafe {
+        asm!(
+            "ld.shared.v4.u32 {{{o0}, {o1}, {o2}, {o3}}}, [{a}];",
+            o0 = out(reg32) o[0], o1 = out(reg32) o[1], o2 = out(reg32) o[2], o3 = out(reg32) o[3],
+            a = in(reg32) a,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    o
+}
+
 /// Stores 16 bytes to `p` when `pred` (predicated, no branch).
 #[inline(always)]
 pub unsafe fn st_v4_if(p: u64, v: [u32; 4], pred: bool) {

@@ -1,9 +1,9 @@
 //! `cargo xtask ptx [--check] [--json] [--arch sm_90]`: build the kernels' PTX for every arch
 //! the host crate ships, write it to `host/ptx/` (with `--check`: fail if the committed files
 //! differ instead), assemble it with `ptxas -v`, and report each kernel's resources.
-//! Fails if any kernel spills, has a stack frame, or needs more registers than its largest
-//! launch can have (registers x block threads <= 65536), and if a norm kernel's first loads are
-//! not issued back to back (see `check_load_batching`).
+//! Fails if any kernel spills or has a stack frame (beyond `ALLOWED_SPILLS`), or needs more
+//! registers than its largest launch can have (registers x block threads <= 65536), and if a
+//! norm kernel's first loads are not issued back to back (see `check_load_batching`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,7 +76,13 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     let bad: Vec<_> = all
         .iter()
-        .filter(|k| k.spill_stores + k.spill_loads + k.stack_frame > 0)
+        .filter(|k| {
+            let allowed = ALLOWED_SPILLS
+                .iter()
+                .find(|(name, ..)| *name == k.kernel)
+                .map_or(0, |&(_, bytes, _)| bytes);
+            k.spill_stores.max(k.spill_loads).max(k.stack_frame) > allowed
+        })
         .map(|k| format!("{} ({})", k.kernel, k.arch))
         .collect();
     if !bad.is_empty() {
@@ -170,10 +176,10 @@ fn kernel_id(name: &str) -> Option<KernelId> {
 
 /// The norm kernels' first load phase (x and residual in the forward, h, dy and dres in the
 /// backward rows kernel, h and dy in its looped phase A) must reach the PTX as one run of
-/// `ld.global.v4` (on the realigned path, of `cp.async` copies to shared memory) with no
-/// branch between them: a branch per chunk made each load wait for the previous one and cost
-/// up to 1.9x (bench/TUNING.md). Counts the vector loads from the first one to the first
-/// branch after it, per vector entry.
+/// `ld.global.v4` (on the realigned path and in the staged backward, of `cp.async` copies to
+/// shared memory) with no branch between them: a branch per chunk made each load wait for the
+/// previous one and cost up to 1.9x (bench/TUNING.md). Counts the vector loads from the first
+/// one to the first branch after it, per vector entry.
 fn check_load_batching(ptx: &str) -> Result<(), String> {
     let mut short = Vec::new();
     for id in KernelId::ALL {
@@ -189,7 +195,10 @@ fn check_load_batching(ptx: &str) -> Result<(), String> {
         };
         let want = operands * elems / dtype.lanes_per_16b();
         let load = match id {
-            KernelId::RmsNormFwdRealigned(..) => "cp.async.cg.shared.global",
+            KernelId::RmsNormFwdRealigned(..)
+            | KernelId::RmsNormBwd(_, VecMode::V16, NormBwdVariant::E16) => {
+                "cp.async.cg.shared.global"
+            }
             _ => "ld.global.v4",
         };
         let got = leading_vector_loads(ptx, id.name(), load);
@@ -228,6 +237,17 @@ fn leading_vector_loads(ptx: &str, name: &str, load: &str) -> usize {
     }
     loads
 }
+
+/// Kernels allowed to spill, with the most bytes of spill stores, spill loads or stack frame
+/// each may have, and why; any other spill, or more, fails the build.
+const ALLOWED_SPILLS: &[(&str, u32, &str)] = &[
+    ("rmsnorm_bwd_bf16_v16_e16", 56, STAGED_BWD_SPILLS),
+    ("rmsnorm_bwd_f16_v16_e16", 56, STAGED_BWD_SPILLS),
+];
+const STAGED_BWD_SPILLS: &str = "the staged 16-bit backward is held to 64 registers (two \
+     512-thread or four 256-thread blocks per SM); its form for blocks of several rows, whose \
+     row addresses are per thread, keeps about ten loop-invariant values in local memory (L1 \
+     hits, a few loads per row)";
 
 /// Registers one block may hold (sm_80 and sm_90).
 const REGISTERS_PER_BLOCK: u32 = 65536;

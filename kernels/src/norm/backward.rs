@@ -7,52 +7,63 @@ use core::num::NonZeroU64;
 
 use ferrofuse_common::{
     RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
-    RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
+    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
 };
 
 use super::{
     MAX_CHUNKS, Me, Path, Row, load_chunk, load_f32s, load_w, prefetch_first, store_chunk,
     store_f32s,
 };
-use crate::mem::{Elem, F32, div_full, grid, grid_dependency_sync, ld_f32_if, ld_v4_if};
+use crate::mem::{
+    Elem, F32, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
+    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v4_if, shared_addr, st_v4_if,
+};
 use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
 
-/// Backward, rows of up to 8192 elements: 16 per thread in registers (up to 512 threads per
-/// row). Each block walks the row groups `block, block + grid, ...`; each thread keeps its
-/// columns' share of `dw` in registers and writes it to its row slot of the workspace at the
-/// end.
-///
-/// A row's `h`, `dy`, `dres` and `w` stay as loaded (raw storage bits, half the registers of
-/// f32 for 16-bit dtypes) from the loads to the stores, and are widened to f32 where used:
-/// before the reduction for `sum(h * w * dy)` and `dw`, again after it for `dx`. What lives
-/// through the reduction is then about 48 registers of data per thread, which lets several
-/// blocks of rows share a multiprocessor and overlap one row's reduction with another's
-/// loads.
+/// Backward, rows of up to 8192 elements: 16 per thread (up to 512 threads per row). Each
+/// block walks the row groups `block, block + grid, ...`; each thread keeps its columns'
+/// share of `dw` in registers and writes it to its row slot of the workspace at the end.
+/// Rows on the 16-byte grid take [`bwd_staged`], the others [`bwd_scalar`]; both assign and
+/// accumulate elements identically.
 ///
 /// # Safety
-/// As for [`fwd_regs`](super::fwd_regs), with [`RmsNormBwdParams`] and the backward geometry.
+/// As for [`fwd_regs`](super::fwd_regs), with [`RmsNormBwdParams`], the backward geometry and
+/// [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
 #[inline(always)]
 pub(super) unsafe fn bwd_regs<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
-    // Rows of more than 128 threads fill a block alone: the row addresses are then uniform
-    // (computed once per row for the block, not per thread and chunk), as in the forward.
-    // Both forms assign and accumulate elements identically.
-    // Both forms in one kernel cost the scalar path more registers than a 512-thread block
-    // allows, so it keeps the general one.
-    if M != Path::Scalar && p.rows_per_block == 1 {
-        // SAFETY: the caller's contract.
-        unsafe { bwd_regs_in::<E, M, true>(p) }
+    if M == Path::V16 {
+        // Rows of more than 128 threads fill a block alone: the row addresses are then
+        // uniform (computed once per row for the block, not per thread and chunk), as in the
+        // forward.
+        if p.rows_per_block == 1 {
+            // SAFETY: the caller's contract.
+            unsafe { bwd_staged::<E, true>(p) }
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { bwd_staged::<E, false>(p) }
+        }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { bwd_regs_in::<E, M, false>(p) }
+        unsafe { bwd_scalar::<E>(p) }
     }
 }
 
-/// [`bwd_regs`] for blocks of one row (`ONE_ROW`) or of several.
+/// [`bwd_regs`] on the vector path. Each row's `h`, `dy` and `dres` are copied into shared
+/// memory (`cp.async`, through no register) while the row before is computed, and read from
+/// there twice: before the reduction for `sum(h * w * dy)` and `dw`, after it for `dx`. A
+/// thread copies and reads only its own chunks' slots, so no barrier guards the copies; two
+/// rows' slots alternate. What lives in registers through the reduction is then the weight
+/// (the same chunks for every row, loaded once) and the `dw` partials, and the next row's
+/// bytes are in flight during this row's reduction and stores.
+///
+/// The same elements are summed in the same order as in [`bwd_scalar`], so both give the same
+/// bits.
 ///
 /// # Safety
-/// As for [`bwd_regs`].
+/// As for [`bwd_regs`], with [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared
+/// memory (`dres`'s buffers included when `p.dres != 0`).
 #[inline(always)]
-unsafe fn bwd_regs_in<E: Elem, const M: Path, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
+unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -60,7 +71,162 @@ unsafe fn bwd_regs_in<E: Elem, const M: Path, const ONE_ROW: bool>(p: &RmsNormBw
     ) else {
         return;
     };
+    let hidden = p.hidden;
+    let lanes = E::LANES as u64;
+    let nchunks = hidden.div_ceil(lanes);
+    let groups = p.rows.div_ceil(rpb.get());
+    let has_dres = p.dres != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let hidden_f = hidden as f32;
+    // The staged slots: after the reduction buffers, per row buffer `b` and operand `o` (h, dy,
+    // dres), chunk `j` of every thread, 16 bytes each, consecutive threads side by side (16
+    // bytes apart: the reads are free of bank conflicts). An address only: `dres`'s slots (o =
+    // 2) are outside the area when the call has no `dres`, and then neither copied nor read.
+    let threads = (tpr.get() * rpb.get()) as u32;
+    let operands = 2 + has_dres as u32;
+    let mine =
+        shared_addr(smem_f32() as *const u32) + RMSNORM_SMEM_BYTES + 16 * grid::thread_x() as u32;
+    let slot =
+        |b: u32, o: u32, j: usize| mine + ((b * operands + o) * k as u32 + j as u32) * threads * 16;
     let me = Me::new::<ONE_ROW>(tpr);
+    let (t, tpr32, r_local) = (me.t as u32, me.tpr as u32, me.r_local as u32);
+    let chunk = |j: usize| (j as u32 * tpr32 + t) as u64;
+    let row_of = |g: u64| g * rpb.get() + r_local as u64;
+    let at = |base, stride, row| {
+        if ONE_ROW {
+            Row::hoisted::<E>(base, stride, row)
+        } else {
+            Row::of(base, stride, row)
+        }
+    };
+    let chunk_addr = |r: Row, c: u64| r.base + (r.index * r.stride + c * lanes) * E::BYTES;
+    // Starts the copies of group `g`'s rows into buffer `b` (zeros past the row or for a row
+    // past the last) as one copy group; an empty group for a group past the last (the branch
+    // is uniform across the block, and skips the addresses, which the few-row calls'
+    // critical path would otherwise compute for nothing).
+    let copy_rows = |g: u64, b: u32| {
+        if g >= groups {
+            cp_async_commit();
+            return;
+        }
+        let row = row_of(g);
+        let live = row < p.rows;
+        let (h_row, dy_row) = (at(p.h, p.h_stride, row), at(p.dy, p.dy_stride, row));
+        let dres_row = at(p.dres, p.dres_stride, row);
+        unroll!(j < k => {
+            let c = chunk(j);
+            let ok = live && c < nchunks;
+            // SAFETY: when ok, row < rows and c < nchunks: a 16-byte aligned chunk inside the
+            // operand (host-checked for the vector path); the slots are this thread's, inside
+            // the staging area the host sized (2 * operands * k * threads slots of 16 bytes).
+            // Predicated, not branched: the copies issue back to back.
+            unsafe {
+                cp_async_16_shared_if(slot(b, 0, j), chunk_addr(h_row, c), ok, true);
+                cp_async_16_shared_if(slot(b, 1, j), chunk_addr(dy_row, c), ok, true);
+                cp_async_16_shared_if(slot(b, 2, j), chunk_addr(dres_row, c), ok, has_dres);
+            }
+        });
+        cp_async_commit();
+    };
+    let rstd_of = |g: u64| {
+        let row = row_of(g);
+        // SAFETY: a row < rows of the rstd column (host-checked).
+        unsafe { ld_f32_if(p.rstd + row * p.rstd_stride * 4, g < groups && row < p.rows) }
+    };
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
+
+    let step = grid::grid_dim_x();
+    let mut g = grid::block_x();
+    copy_rows(g, 0);
+    copy_rows(g + step, 1);
+    // The weight of this thread's chunks, the same for every row: widened (and 1 + w for
+    // Gemma) once.
+    // SAFETY: the host checked the weight.
+    let w = unsafe {
+        load_w::<E, { Path::V16 }>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true)
+    };
+    let mut rstd_next = rstd_of(g);
+    let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut b = 0u32;
+    while g < groups {
+        let row = row_of(g);
+        let live = row < p.rows;
+        let rstd = rstd_next;
+        rstd_next = rstd_of(g + step);
+        cp_async_wait_group::<1>();
+        // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
+        // chunks past the row are all zeros and change nothing.
+        let mut acc = 0.0f32;
+        unroll!(j < k => {
+            // SAFETY: this thread's slots (inside the area), whose copies have landed (the
+            // wait above).
+            let (hj, dyj) = unsafe {
+                (E::unpack(ld_shared_v4(slot(b, 0, j))), E::unpack(ld_shared_v4(slot(b, 1, j))))
+            };
+            accumulate::<E>(&hj, &dyj, &w[j], rstd, &mut acc, &mut dw[j]);
+        });
+        pin_partials::<E>(&mut dw, k);
+        // SAFETY: every thread of the block runs the same number of iterations (g is
+        // per-block), and the two buffers alternate (see reduce::row_sum).
+        let coef = unsafe { row_coef(acc, &me, b, hidden_f, rstd) };
+        let dx_row = at(p.dx, p.dx_stride, row);
+        unroll!(j < k => {
+            let c = chunk(j);
+            // SAFETY: as above.
+            let (hj, dyj) = unsafe {
+                (E::unpack(ld_shared_v4(slot(b, 0, j))), E::unpack(ld_shared_v4(slot(b, 1, j))))
+            };
+            let mut dx = dx_chunk::<E>(&hj, &dyj, &w[j], rstd, coef);
+            if has_dres {
+                // SAFETY: as above.
+                let dresj = E::unpack(unsafe { ld_shared_v4(slot(b, 2, j)) });
+                unroll!(l < E::LANES => { dx[l] += dresj[l]; });
+            }
+            // SAFETY: as for the copies; dx may be dy or dres, whose chunk was copied already.
+            unsafe { st_v4_if(chunk_addr(dx_row, c), E::pack(&dx), live && c < nchunks) };
+        });
+        // This thread is done with buffer b: the row after next goes there.
+        copy_rows(g + 2 * step, b);
+        g += step;
+        b ^= 1;
+    }
+    // The last groups' copies were empty; nothing is left in flight past the kernel.
+    cp_async_wait_all();
+    // This row slot's partial dw, a row of the f32 workspace. Its address is formed here,
+    // from opaque copies of the thread's place: the compiler would otherwise reuse values of
+    // the first iteration (the slot's row is the block's first row) and hold them, spilled,
+    // through the loop.
+    let (t, r_local) = (opaque_u32(t), opaque_u32(r_local));
+    let slot_row = grid::block_x() * rpb.get() + r_local as u64;
+    unroll!(j < k => {
+        let c = (j as u32 * tpr32 + t) as u64;
+        // SAFETY: slot_row < grid * rows_per_block = the workspace's slot rows (host-sized);
+        // row offsets slot_row * hidden * 4 are 16-byte multiples (L divides hidden).
+        unsafe { store_f32s::<{ Path::V16 }>(p.workspace, slot_row * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+    });
+}
+
+/// [`bwd_regs`] on the scalar path (rows off the 16-byte grid): one predicated load per
+/// element. A row's `h` and `dy` stay as loaded (raw storage bits, packed as the vector path
+/// holds them, half the registers of f32 for 16-bit dtypes) through the reduction and are
+/// widened where used, before it for `sum(h * w * dy)` and `dw`, again after it for `dx`;
+/// `w` and `dres` are read after the reduction (`w` again, L1 hits), one chunk at a time.
+///
+/// # Safety
+/// As for [`bwd_regs`].
+#[inline(always)]
+unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
+    let k = 16 / E::LANES;
+    let (Some(tpr), Some(rpb)) = (
+        NonZeroU64::new(p.threads_per_row as u64),
+        NonZeroU64::new(p.rows_per_block as u64),
+    ) else {
+        return;
+    };
+    let me = Me::new::<false>(tpr);
     let hidden = p.hidden;
     let lanes = E::LANES as u64;
     let nchunks = hidden.div_ceil(lanes);
@@ -80,20 +246,13 @@ unsafe fn bwd_regs_in<E: Elem, const M: Path, const ONE_ROW: bool>(p: &RmsNormBw
     while g < groups {
         let row = g * rpb.get() + me.r_local;
         let live = row < p.rows;
-        let at = |base, stride| {
-            if ONE_ROW {
-                Row::hoisted::<E>(base, stride, row)
-            } else {
-                Row::of(base, stride, row)
-            }
-        };
+        let at = |base, stride| Row::of(base, stride, row);
         let h_row = at(p.h, p.h_stride);
         let dy_row = at(p.dy, p.dy_stride);
         let dres_row = at(p.dres, p.dres_stride);
         let dx_row = at(p.dx, p.dx_stride);
         let mut h = [[0u32; 4]; MAX_CHUNKS];
         let mut dy = [[0u32; 4]; MAX_CHUNKS];
-        let mut dres = [[0u32; 4]; MAX_CHUNKS];
         // SAFETY: when live, row < rows: inside every operand (host-checked).
         let rstd = unsafe { ld_f32_if(p.rstd + row * p.rstd_stride * 4, live) };
         unroll!(j < k => {
@@ -101,17 +260,14 @@ unsafe fn bwd_regs_in<E: Elem, const M: Path, const ONE_ROW: bool>(p: &RmsNormBw
             let ok = live && c < nchunks;
             // SAFETY: as above, when ok c < nchunks.
             unsafe {
-                h[j] = load_raw::<E, M>(h_row, c, hidden, ok);
-                dy[j] = load_raw::<E, M>(dy_row, c, hidden, ok);
-                if M != Path::Scalar {
-                    dres[j] = load_raw::<E, M>(dres_row, c, hidden, ok && has_dres);
-                }
+                h[j] = load_raw::<E>(h_row, c, hidden, ok);
+                dy[j] = load_raw::<E>(dy_row, c, hidden, ok);
             }
         });
         // w is re-read per row (an L1 hit after the first row), in the same batch as the
         // rows' loads, rather than held across rows: registers are the limit here.
         // SAFETY: the host checked the weight.
-        let wr = unsafe { load_w_raw::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, live) };
+        let wr = unsafe { load_w_raw::<E>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, live) };
         // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
         // chunks past the row are all zeros and change nothing.
         let mut acc = 0.0f32;
@@ -119,56 +275,35 @@ unsafe fn bwd_regs_in<E: Elem, const M: Path, const ONE_ROW: bool>(p: &RmsNormBw
             let hj = E::unpack(h[j]);
             let dyj = E::unpack(dy[j]);
             let wj = w_of::<E>(&wr[j], w_f32, gemma);
-            unroll!(l < E::LANES => {
-                acc = fmaf32(hj[l], wj[l] * dyj[l], acc);
-                dw[j][l] = fmaf32(dyj[l], hj[l] * rstd, dw[j][l]);
-            });
+            accumulate::<E>(&hj, &dyj, &wj, rstd, &mut acc, &mut dw[j]);
         });
-        // The partials pass through an opaque copy here, before the reduction: otherwise
-        // the compiler sinks their update to the end of the iteration and keeps this row's
-        // widened h and dy alive through the reduction.
-        unroll!(j < k => { unroll!(l < E::LANES => {
-            dw[j][l] = f32::from_bits(opaque_u32(dw[j][l].to_bits()));
-        }); });
+        pin_partials::<E>(&mut dw, k);
         // SAFETY: every thread of the block runs the same number of iterations (g is
         // per-block), and the two buffers alternate (see reduce::row_sum).
-        let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(buf)) };
-        let coef = div_full(total, hidden_f) * (rstd * rstd);
+        let coef = unsafe { row_coef(acc, &me, buf, hidden_f, rstd) };
         // The raw bits pass through an opaque copy, so that the compiler widens them again
         // here instead of keeping the f32 values of the first widening alive through the
         // reduction (twice the registers for 16-bit dtypes).
         let h = opaque(h, k);
         let dy = opaque(dy, k);
-        let dres = opaque(dres, k);
-        // The scalar path reads w again (L1 hits) rather than hold it: registers, as for dres.
-        let wr = if M == Path::Scalar {
-            // SAFETY: as above.
-            unsafe { load_w_raw::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, live) }
-        } else {
-            opaque_w(wr, k)
-        };
+        // w is read again (L1 hits) rather than held: registers, as for dres.
+        // SAFETY: as above.
+        let wr = unsafe { load_w_raw::<E>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, live) };
         unroll!(j < k => {
             let c = j as u64 * me.tpr + me.t;
             let hj = E::unpack(h[j]);
             let dyj = E::unpack(dy[j]);
-            // The scalar path loads dres here, one chunk at a time: its element loads held
-            // through the reduction took more registers than a 512-thread block allows.
-            let dresj = if M == Path::Scalar {
-                // SAFETY: as for the loads above.
-                E::unpack(unsafe { load_raw::<E, M>(dres_row, c, hidden, live && c < nchunks && has_dres) })
-            } else {
-                E::unpack(dres[j])
-            };
+            // dres is loaded here, one chunk at a time: its element loads held through the
+            // reduction took more registers than a 512-thread block allows.
+            // SAFETY: as for the loads above.
+            let dresj = E::unpack(unsafe { load_raw::<E>(dres_row, c, hidden, live && c < nchunks && has_dres) });
             let wj = w_of::<E>(&wr[j], w_f32, gemma);
-            let mut dx = [0.0f32; 8];
-            unroll!(l < E::LANES => {
-                dx[l] = rstd * (wj[l] * dyj[l] - hj[l] * coef);
-                if has_dres {
-                    dx[l] += dresj[l];
-                }
-            });
+            let mut dx = dx_chunk::<E>(&hj, &dyj, &wj, rstd, coef);
+            if has_dres {
+                unroll!(l < E::LANES => { dx[l] += dresj[l]; });
+            }
             // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-            unsafe { store_chunk::<E, M>(dx_row, c, hidden, live && c < nchunks, &dx) };
+            unsafe { store_chunk::<E, { Path::Scalar }>(dx_row, c, hidden, live && c < nchunks, &dx) };
         });
         g += step;
         buf ^= 1;
@@ -177,41 +312,78 @@ unsafe fn bwd_regs_in<E: Elem, const M: Path, const ONE_ROW: bool>(p: &RmsNormBw
     let slot = grid::block_x() * rpb.get() + me.r_local;
     unroll!(j < k => {
         let c = j as u64 * me.tpr + me.t;
-        // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized);
-        // row offsets slot*hidden*4 are 16-byte multiples on the vector path (L | hidden).
-        unsafe { store_f32s::<M>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+        // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized).
+        unsafe { store_f32s::<{ Path::Scalar }>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
 }
 
+/// One chunk's part of a row's `sum(h * g)` (`g = w * dy`, `w` the f32 factor of
+/// [`w_of`]) added to `acc`, and its `dw += dy * (h * rstd)`. Dead rows and chunks past the row
+/// are all zeros and change neither.
+#[inline(always)]
+fn accumulate<E: Elem>(
+    h: &[f32; 8],
+    dy: &[f32; 8],
+    w: &[f32; 8],
+    rstd: f32,
+    acc: &mut f32,
+    dw: &mut [f32; 8],
+) {
+    unroll!(l < E::LANES => {
+        *acc = fmaf32(h[l], w[l] * dy[l], *acc);
+        dw[l] = fmaf32(dy[l], h[l] * rstd, dw[l]);
+    });
+}
+
+/// The `dw` partials through an opaque copy, before the reduction: otherwise the compiler
+/// sinks their update past it and keeps the row's widened `h` and `dy` alive through it.
+#[inline(always)]
+fn pin_partials<E: Elem>(dw: &mut [[f32; 8]; MAX_CHUNKS], k: usize) {
+    unroll!(j < k => { unroll!(l < E::LANES => {
+        dw[j][l] = f32::from_bits(opaque_u32(dw[j][l].to_bits()));
+    }); });
+}
+
+/// The row's `rstd^2 * sum(h * g) / hidden` from this thread's part `acc` of the sum.
+///
+/// # Safety
+/// As for [`row_sum`]: every thread of the block calls it, alternating `buf`.
+#[inline(always)]
+unsafe fn row_coef(acc: f32, me: &Me, buf: u32, hidden: f32, rstd: f32) -> f32 {
+    // SAFETY: the caller's contract.
+    let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(buf)) };
+    div_full(total, hidden) * (rstd * rstd)
+}
+
+/// One chunk of `dx = rstd * (w * dy - h * coef)` (the caller adds `dres`).
+#[inline(always)]
+fn dx_chunk<E: Elem>(h: &[f32; 8], dy: &[f32; 8], w: &[f32; 8], rstd: f32, coef: f32) -> [f32; 8] {
+    let mut dx = [0.0f32; 8];
+    unroll!(l < E::LANES => { dx[l] = rstd * (w[l] * dy[l] - h[l] * coef); });
+    dx
+}
+
 /// Chunk `c` of the row `at` as raw storage bits (what [`Elem::unpack`] widens), or zeros
-/// when `!ok`. The vector path keeps the loaded vector; the scalar path packs the widened
-/// elements back, which is exact (they came from the storage dtype).
+/// when `!ok`: one predicated load per element (columns past the row stay 0), the raw bits
+/// put where a vector load would have put them.
 ///
 /// # Safety
 /// As for [`load_chunk`].
 #[inline(always)]
-unsafe fn load_raw<E: Elem, const M: Path>(at: Row, c: u64, hidden: u64, ok: bool) -> [u32; 4] {
-    if M == Path::V16 {
-        let first = at.index * at.stride + c * E::LANES as u64;
-        // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
-        unsafe { ld_v4_if(at.base + first * E::BYTES, ok) }
-    } else {
-        // One predicated load per element (columns past the row stay 0), its raw bits put
-        // where the vector load would have put them.
-        let first = at.index * at.stride + c * E::LANES as u64;
-        let mut r = [0u32; 4];
-        unroll!(l < E::LANES => {
-            let inside = ok && c * E::LANES as u64 + (l as u64) < hidden;
-            // SAFETY: caller's contract: column c*L + l < hidden of a row inside the matrix.
-            let b = unsafe { E::load_bits_if(at.base + (first + l as u64) * E::BYTES, inside) };
-            if E::LANES == 8 {
-                r[l / 2] |= b << (16 * (l % 2));
-            } else {
-                r[l] = b;
-            }
-        });
-        r
-    }
+unsafe fn load_raw<E: Elem>(at: Row, c: u64, hidden: u64, ok: bool) -> [u32; 4] {
+    let first = at.index * at.stride + c * E::LANES as u64;
+    let mut r = [0u32; 4];
+    unroll!(l < E::LANES => {
+        let inside = ok && c * E::LANES as u64 + (l as u64) < hidden;
+        // SAFETY: caller's contract: column c*L + l < hidden of a row inside the matrix.
+        let b = unsafe { E::load_bits_if(at.base + (first + l as u64) * E::BYTES, inside) };
+        if E::LANES == 8 {
+            r[l / 2] |= b << (16 * (l % 2));
+        } else {
+            r[l] = b;
+        }
+    });
+    r
 }
 
 /// The raw weight of a thread's `k` chunks `first + j * tpr`: per chunk, the storage dtype's
@@ -219,10 +391,10 @@ unsafe fn load_raw<E: Elem, const M: Path>(at: Row, c: u64, hidden: u64, ok: boo
 /// chunks past the row or when `!ok`. [`w_of`] widens one chunk.
 ///
 /// # Safety
-/// `w` holds `hidden` elements of its dtype, aligned for the path (host-checked).
+/// `w` holds `hidden` elements of its dtype (host-checked).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn load_w_raw<E: Elem, const M: Path>(
+unsafe fn load_w_raw<E: Elem>(
     w: u64,
     first: u64,
     tpr: u64,
@@ -237,16 +409,15 @@ unsafe fn load_w_raw<E: Elem, const M: Path>(
     if w_f32 {
         unroll!(j < k => {
             let c = first + j as u64 * tpr;
-            // SAFETY: when c < nchunks, chunk c is inside w; it starts at element c*L, 16-byte
-            // aligned on the vector path because L*4 is a multiple of 16.
-            let f = unsafe { load_f32s::<M>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
+            // SAFETY: when c < nchunks, chunk c is inside w.
+            let f = unsafe { load_f32s::<{ Path::Scalar }>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
             unroll!(l < 8 => { v[j][l] = f[l].to_bits(); });
         });
     } else {
         unroll!(j < k => {
             let c = first + j as u64 * tpr;
             // SAFETY: as above; the weight is row 0 of a one-row matrix.
-            let r = unsafe { load_raw::<E, M>(Row::of(w, 0, 0), c, hidden, ok && c < nchunks) };
+            let r = unsafe { load_raw::<E>(Row::of(w, 0, 0), c, hidden, ok && c < nchunks) };
             unroll!(l < 4 => { v[j][l] = r[l]; });
         });
     }
@@ -273,13 +444,6 @@ fn w_of<E: Elem>(raw: &[u32; 8], w_f32: bool, gemma: bool) -> [f32; 8] {
 #[inline(always)]
 fn opaque(mut v: [[u32; 4]; MAX_CHUNKS], k: usize) -> [[u32; 4]; MAX_CHUNKS] {
     unroll!(j < k => { unroll!(l < 4 => { v[j][l] = opaque_u32(v[j][l]); }); });
-    v
-}
-
-/// As [`opaque`], for the weight's chunks.
-#[inline(always)]
-fn opaque_w(mut v: [[u32; 8]; MAX_CHUNKS], k: usize) -> [[u32; 8]; MAX_CHUNKS] {
-    unroll!(j < k => { unroll!(l < 8 => { v[j][l] = opaque_u32(v[j][l]); }); });
     v
 }
 
