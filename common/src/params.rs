@@ -152,7 +152,7 @@ pub const RMSNORM_BLOCK_TARGET: u32 = 256;
 /// partials (the backward alternates between them from one row to the next).
 pub const RMSNORM_SMEM_BYTES: u32 = 256;
 /// Dynamic shared memory of a backward rows launch ([`RmsNormBwdParams`]): on the vector path
-/// rows held in registers (`NormBwdVariant::E16`) are copied into shared memory one row ahead
+/// rows held 16 per thread (`NormBwdVariant::E16`) are copied into shared memory one row ahead
 /// of their use, so after the reduction buffers come two rows' copies of `h`, `dy` and, when
 /// the call has one, `dres`: per row and operand 16 elements per thread. Other launches use
 /// the reduction buffers only.
