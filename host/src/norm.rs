@@ -609,7 +609,14 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
         kernel: KernelId::RmsNormBwd(dtype, mode, variant),
         grid: grid_u32("rows", blocks)?,
         block: geometry.block_threads(),
-        shared_mem_bytes: rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres.is_some()),
+        shared_mem_bytes: rmsnorm_bwd_smem_bytes(
+            dtype,
+            mode,
+            variant,
+            &geometry,
+            dres.is_some(),
+            blocks,
+        ),
         params: RmsNormBwdParams {
             dy: dy.addr,
             h: h.addr,

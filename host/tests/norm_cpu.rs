@@ -25,9 +25,9 @@ use ferrofuse::{
     VecMode,
 };
 use ferrofuse_common::{
-    DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_GEMMA, RMSNORM_HF,
-    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_realigned_fits,
-    rmsnorm_realigned_smem_bytes,
+    DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
+    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
+    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -565,21 +565,28 @@ fn backward_geometry_and_workspace() {
                 NormBwdVariant::Loop => assert!(hidden > max_e16 && g.looped),
             }
             // The vector path of rows held 16 per thread stages two rows' h, dy and dres (when
-            // the call has one) in shared memory; every other launch uses the reduction
-            // buffers only. Either fits the kernel's limit.
-            for dres in [false, true] {
-                let l = bwd(&bwd_descs(dtype, 1000, hidden, dres)).unwrap().rows;
+            // the call has one) in shared memory, and asks for the most when its grid is small
+            // (spread over the multiprocessors); every other launch uses the reduction buffers
+            // only. Either fits the kernel's limit.
+            for (dres, rows) in [false, true].into_iter().flat_map(|d| [(d, 16), (d, 1000)]) {
+                let l = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap().rows;
                 let KernelId::RmsNormBwd(_, mode, _) = l.kernel else {
                     panic!("{:?}", l.kernel)
                 };
-                let want = if mode == VecMode::V16 && variant == NormBwdVariant::E16 {
+                let staged = mode == VecMode::V16 && variant == NormBwdVariant::E16;
+                let want = if staged && l.grid as u64 <= RMSNORM_BWD_SPREAD_BLOCKS {
+                    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES
+                } else if staged {
                     let operands = 2 + dres as u32;
                     RMSNORM_SMEM_BYTES
                         + 2 * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
                 } else {
                     RMSNORM_SMEM_BYTES
                 };
-                assert_eq!(l.shared_mem_bytes, want, "{dtype:?} {hidden} dres {dres}");
+                assert_eq!(
+                    l.shared_mem_bytes, want,
+                    "{dtype:?} {rows} x {hidden} dres {dres}"
+                );
                 let limit = l
                     .kernel
                     .dynamic_smem_opt_in()
