@@ -335,19 +335,14 @@ impl KernelId {
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
-            // The staged backward of bf16 rows: two 512-thread rows per SM (64 registers), one
-            // row's reduction and stores while the other's copies land.
-            KernelId::RmsNormBwd(DType::BF16, VecMode::V16, NormBwdVariant::E16) => {
+            // The staged backward of 16-bit rows: two 512-thread rows per SM (64 registers),
+            // one row's reduction and stores while the other's copies land.
+            KernelId::RmsNormBwd(DType::BF16 | DType::F16, VecMode::V16, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 2))
             }
-            // f16 rows of the staged backward, at most 256 threads: four blocks per SM (64
-            // registers). The f32 kernel spilled below its own choice of 128 (two blocks).
-            KernelId::RmsNormBwd(DType::F16, VecMode::V16, NormBwdVariant::E16) => {
-                Some((RMSNORM_BWD_LOOP_THREADS, 4))
-            }
-            // The scalar backward of bf16 rows: its 512-thread blocks must launch (unbounded it
-            // took up to 147 registers).
-            KernelId::RmsNormBwd(DType::BF16, _, NormBwdVariant::E16) => {
+            // The scalar backward of 16-bit rows: its 512-thread blocks must launch (unbounded
+            // it took up to 149 registers; at 128 the f16 one spills a little, see xtask).
+            KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
             // One tile per block: two blocks per SM (64 registers), so that a cluster's

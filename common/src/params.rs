@@ -137,8 +137,8 @@ pub const RMSNORM_W_F32: u32 = 4;
 /// Most threads one row gets; the block size never exceeds it either, so a kernel may use up
 /// to 65536 / 512 = 128 registers per thread and still launch.
 pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
-/// Most threads one row (and one block) of the backward gets: bf16 rows of up to
-/// 512 x 16 = 8192 elements are held in registers (see [`rmsnorm_bwd_max_threads_per_row`]).
+/// Most threads one row (and one block) of the backward gets: bf16 and f16 rows of up to
+/// 512 x 16 = 8192 elements are held 16 per thread (see [`rmsnorm_bwd_max_threads_per_row`]).
 /// The 16-per-thread kernels carry launch bounds for their largest block
 /// (`KernelId::launch_bounds`), so they always launch.
 pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
@@ -192,9 +192,9 @@ pub const fn rmsnorm_bwd_staged(mode: VecMode, variant: NormBwdVariant) -> bool 
     matches!((mode, variant), (VecMode::V16, NormBwdVariant::E16))
 }
 
-/// Most dynamic shared memory a staged backward launch asks for (512 threads of bf16 or 256 of
-/// f32, `dres` present): above the default 48 KiB, within the opt-in limit of every GPU the
-/// PTX runs on (see [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]).
+/// Most dynamic shared memory a staged backward launch asks for (512 threads of bf16 or f16,
+/// or 256 of f32, `dres` present): above the default 48 KiB, within the opt-in limit of every
+/// GPU the PTX runs on (see [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]).
 pub const RMSNORM_BWD_STAGED_MAX_SMEM_BYTES: u32 =
     RMSNORM_SMEM_BYTES + 2 * 3 * RMSNORM_BWD_MAX_THREADS_PER_ROW * 16 * 2;
 const _: () = assert!(
@@ -376,12 +376,12 @@ pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant,
 }
 
 /// Most threads per row of the 16-per-thread backward (`NormBwdVariant::E16`) for `dtype`:
-/// 512 for bf16 rows (up to 8192 elements), 256 (up to 4096) for f32 and f16 rows: every path
-/// of a dtype has the same geometry, and the f32 kernels and the f16 scalar one needed more
-/// than the 128 registers a 512-thread block allows (they spilled).
+/// 512 for bf16 and f16 rows (up to 8192 elements), 256 (up to 4096) for f32 rows: every
+/// path of a dtype has the same geometry, and the f32 kernels needed more than the 128
+/// registers a 512-thread block allows (they spilled), besides twice the staging.
 pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
     match dtype {
-        DType::BF16 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
+        DType::BF16 | DType::F16 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
         _ => RMSNORM_BWD_LOOP_THREADS,
     }
 }
@@ -476,8 +476,8 @@ pub const fn rmsnorm_split_smem_bytes(
     }
 }
 
-/// Backward geometry: 16 elements per thread up to 8192 per row for bf16, 4096 for f16 and
-/// f32 (at most [`rmsnorm_bwd_max_threads_per_row`] threads), then
+/// Backward geometry: 16 elements per thread up to 8192 per row for bf16 and f16, 4096 for f32
+/// (at most [`rmsnorm_bwd_max_threads_per_row`] threads), then
 /// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of 4096.
 pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant, NormGeometry) {
     let lanes = dtype.lanes_per_16b() as u64;

@@ -552,8 +552,8 @@ fn forward_geometry_covers_each_row_without_waste() {
 fn backward_geometry_and_workspace() {
     for dtype in DType::ALL {
         let lanes = dtype.lanes_per_16b();
-        // bf16 rows are held 16 per thread up to 8192 elements, f16 and f32 rows up to 4096.
-        let max_e16 = if dtype == DType::BF16 { 8192 } else { 4096 };
+        // 16-bit rows are held 16 per thread up to 8192 elements, f32 rows up to 4096.
+        let max_e16 = if dtype == DType::F32 { 4096 } else { 8192 };
         for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
             let (variant, g) = rmsnorm_backward_geometry(dtype, hidden);
             let t = g.threads_per_row as usize;
