@@ -345,6 +345,10 @@ impl KernelId {
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
+            // The scalar backward of f32 rows: two 256-thread blocks per SM (128 registers).
+            KernelId::RmsNormBwd(DType::F32, VecMode::Scalar, NormBwdVariant::E16) => {
+                Some((RMSNORM_BWD_LOOP_THREADS, 2))
+            }
             // One tile per block: two blocks per SM (64 registers), so that a cluster's
             // blocks and a few rows' clusters share multiprocessors; two tiles, and the f32
             // realigned tile (which spilled at 64): its block.
