@@ -377,8 +377,8 @@ pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant,
 
 /// Most threads per row of the 16-per-thread backward (`NormBwdVariant::E16`) for `dtype`:
 /// 512 for bf16 and f16 rows (up to 8192 elements), 256 (up to 4096) for f32 rows: every
-/// path of a dtype has the same geometry, and the f32 kernels needed more than the 128
-/// registers a 512-thread block allows (they spilled), besides twice the staging.
+/// path of a dtype has the same geometry, and 512 f32 threads would stage twice the 16-bit
+/// bytes, beyond [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`].
 pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
     match dtype {
         DType::BF16 | DType::F16 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
