@@ -1295,6 +1295,33 @@ fn backward_rejects_bad_descriptions_and_aliasing() {
     );
 }
 
+/// A kernel's PTX launch bounds (`.maxntid`) admit the largest block the host launches it with:
+/// a launch beyond them fails. Where they ask for several blocks per SM, those blocks' registers
+/// fit the register file.
+#[test]
+fn launch_bounds_admit_every_launch() {
+    for k in KernelId::ALL {
+        let Some((max_threads, blocks_per_sm)) = k.launch_bounds() else {
+            continue;
+        };
+        assert!(
+            max_threads >= k.max_block_threads(),
+            "{}: .maxntid {max_threads} below its largest block, {}",
+            k.name(),
+            k.max_block_threads()
+        );
+        if blocks_per_sm > 0 {
+            // ptxas then takes at most 65536 / (threads * blocks) registers, which must leave
+            // a useful budget (at least 32 per thread).
+            assert!(
+                65536 / (max_threads * blocks_per_sm) >= 32,
+                "{}: {blocks_per_sm} blocks of {max_threads} per SM",
+                k.name()
+            );
+        }
+    }
+}
+
 #[test]
 fn kernel_table_holds_every_norm_entry() {
     let mut names = std::collections::HashSet::new();
