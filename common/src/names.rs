@@ -340,14 +340,20 @@ impl KernelId {
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, VecMode::V16, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 2))
             }
+            // f32 rows: its 512-thread blocks must launch (128 registers: at 64 it spilled 400
+            // bytes), which leaves two 256-thread blocks per SM for rows up to 4096.
+            KernelId::RmsNormBwd(DType::F32, VecMode::V16, NormBwdVariant::E16) => {
+                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1))
+            }
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (unbounded
             // it took up to 149 registers; at 128 the f16 one spills a little, see xtask).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
-            // The scalar backward of f32 rows: two 256-thread blocks per SM (128 registers).
+            // The scalar backward of f32 rows: its 512-thread blocks must launch, and two
+            // 256-thread blocks then fit an SM (128 registers).
             KernelId::RmsNormBwd(DType::F32, VecMode::Scalar, NormBwdVariant::E16) => {
-                Some((RMSNORM_BWD_LOOP_THREADS, 2))
+                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1))
             }
             // One tile per block: two blocks per SM (64 registers), so that a cluster's
             // blocks and a few rows' clusters share multiprocessors; two tiles, and the f32

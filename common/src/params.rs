@@ -137,8 +137,8 @@ pub const RMSNORM_W_F32: u32 = 4;
 /// Most threads one row gets; the block size never exceeds it either, so a kernel may use up
 /// to 65536 / 512 = 128 registers per thread and still launch.
 pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
-/// Most threads one row (and one block) of the backward gets: bf16 and f16 rows of up to
-/// 512 x 16 = 8192 elements are held 16 per thread (see [`rmsnorm_bwd_max_threads_per_row`]).
+/// Most threads one row (and one block) of the backward gets: rows of up to 512 x 16 = 8192
+/// elements are held 16 per thread (see [`rmsnorm_bwd_max_threads_per_row`]).
 /// The 16-per-thread kernels carry launch bounds for their largest block
 /// (`KernelId::launch_bounds`), so they always launch.
 pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
@@ -178,7 +178,23 @@ pub const fn rmsnorm_bwd_smem_bytes(
         return RMSNORM_BWD_STAGED_MAX_SMEM_BYTES;
     }
     let operands = if has_dres { 3 } else { 2 };
-    RMSNORM_SMEM_BYTES + 2 * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
+    let bytes = dtype.size_bytes() as u32;
+    let buffers = rmsnorm_bwd_staged_buffers(bytes, g.block_threads());
+    RMSNORM_SMEM_BYTES + buffers * operands * g.block_threads() * 16 * bytes
+}
+
+/// Row buffers a staged backward block of `block_threads` threads of `elem_bytes`-byte
+/// elements alternates: two (a block's next row group is copied while it reduces and stores
+/// the current one) while two row groups of three operands fit
+/// [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`], else one (f32 rows of 4097-8192 elements, 512
+/// threads: the next row group is copied once the current one is read, and the other block
+/// on the multiprocessor keeps the memory busy meanwhile).
+pub const fn rmsnorm_bwd_staged_buffers(elem_bytes: u32, block_threads: u32) -> u32 {
+    if block_threads * elem_bytes <= RMSNORM_BWD_MAX_THREADS_PER_ROW * 2 {
+        2
+    } else {
+        1
+    }
 }
 
 /// Staged backward launches of at most this many blocks are spread over the multiprocessors
@@ -192,15 +208,22 @@ pub const fn rmsnorm_bwd_staged(mode: VecMode, variant: NormBwdVariant) -> bool 
     matches!((mode, variant), (VecMode::V16, NormBwdVariant::E16))
 }
 
-/// Most dynamic shared memory a staged backward launch asks for (512 threads of bf16 or f16,
-/// or 256 of f32, `dres` present): above the default 48 KiB, within the opt-in limit of every
-/// GPU the PTX runs on (see [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]).
+/// Most dynamic shared memory a staged backward launch asks for (two row groups of 512 16-bit
+/// threads, or one of 512 f32 threads, `dres` present): above the default 48 KiB, within the
+/// opt-in limit of every GPU the PTX runs on (see [`RMSNORM_REALIGNED_MAX_SMEM_BYTES`]).
 pub const RMSNORM_BWD_STAGED_MAX_SMEM_BYTES: u32 =
     RMSNORM_SMEM_BYTES + 2 * 3 * RMSNORM_BWD_MAX_THREADS_PER_ROW * 16 * 2;
-const _: () = assert!(
-    rmsnorm_bwd_max_threads_per_row(DType::F32) * 4 <= RMSNORM_BWD_MAX_THREADS_PER_ROW * 2
-        && rmsnorm_bwd_max_threads_per_row(DType::F16) * 2 <= RMSNORM_BWD_MAX_THREADS_PER_ROW * 2
-);
+const _: () = {
+    let dtypes = [DType::BF16, DType::F16, DType::F32];
+    let mut i = 0;
+    while i < dtypes.len() {
+        let threads = rmsnorm_bwd_max_threads_per_row(dtypes[i]);
+        let bytes = dtypes[i].size_bytes() as u32;
+        let staged = rmsnorm_bwd_staged_buffers(bytes, threads) * 3 * threads * 16 * bytes;
+        assert!(RMSNORM_SMEM_BYTES + staged <= RMSNORM_BWD_STAGED_MAX_SMEM_BYTES);
+        i += 1;
+    }
+};
 const _: () = assert!(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES <= RMSNORM_REALIGNED_MAX_SMEM_BYTES);
 
 /// The backward grid has at most this many threads in all; each block then loops over row
@@ -376,12 +399,12 @@ pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant,
 }
 
 /// Most threads per row of the 16-per-thread backward (`NormBwdVariant::E16`) for `dtype`:
-/// 512 for bf16 and f16 rows (up to 8192 elements), 256 (up to 4096) for f32 rows: every
-/// path of a dtype has the same geometry, and 512 f32 threads would stage twice the 16-bit
-/// bytes, beyond [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`].
+/// 512 for every storage dtype (rows of up to 8192 elements; f32 blocks of more than 256
+/// threads stage one row group at a time, see [`rmsnorm_bwd_staged_buffers`]). Every path of
+/// a dtype has the same geometry.
 pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
     match dtype {
-        DType::BF16 | DType::F16 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
+        DType::BF16 | DType::F16 | DType::F32 => RMSNORM_BWD_MAX_THREADS_PER_ROW,
         _ => RMSNORM_BWD_LOOP_THREADS,
     }
 }
@@ -476,8 +499,8 @@ pub const fn rmsnorm_split_smem_bytes(
     }
 }
 
-/// Backward geometry: 16 elements per thread up to 8192 per row for bf16 and f16, 4096 for f32
-/// (at most [`rmsnorm_bwd_max_threads_per_row`] threads), then
+/// Backward geometry: 16 elements per thread up to 8192 per row (at most
+/// [`rmsnorm_bwd_max_threads_per_row`] threads), then
 /// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of 4096.
 pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant, NormGeometry) {
     let lanes = dtype.lanes_per_16b() as u64;

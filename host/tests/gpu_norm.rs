@@ -1785,15 +1785,17 @@ fn backward_every_dtype_size_placement_and_option() {
 }
 
 /// Repeated backward runs give the same dx and dw bits (many blocks, many dw slots), and a
-/// row's dx alone is the same as in the batch; bf16, and f16 rows of 8192 (512 threads).
+/// row's dx alone is the same as in the batch; bf16, and f16 and f32 rows of 8192 (512
+/// threads).
 #[test]
 fn backward_is_deterministic_bitwise() {
     let Some((k, s)) = gpu("backward_is_deterministic_bitwise") else {
         return;
     };
     type Shapes = Vec<(usize, usize)>;
-    let (bf16_shapes, f16_shapes): (Shapes, Shapes) = if quick() {
-        // 3000 x 896 and 600 x 8192: blocks that take several row groups in turn.
+    let (bf16_shapes, wide_shapes): (Shapes, Shapes) = if quick() {
+        // 3000 x 896 and 600 x 8192: blocks that take several row groups in turn (f32 rows of
+        // 8192: with one row buffer).
         (
             vec![
                 (300, 1024),
@@ -1820,8 +1822,9 @@ fn backward_is_deterministic_bitwise() {
     for (rows, hidden) in bf16_shapes {
         deterministic_case::<bf16>(&k, &s, rows, hidden);
     }
-    for (rows, hidden) in f16_shapes {
+    for (rows, hidden) in wide_shapes {
         deterministic_case::<f16>(&k, &s, rows, hidden);
+        deterministic_case::<f32>(&k, &s, rows, hidden);
     }
 }
 

@@ -552,8 +552,8 @@ fn forward_geometry_covers_each_row_without_waste() {
 fn backward_geometry_and_workspace() {
     for dtype in DType::ALL {
         let lanes = dtype.lanes_per_16b();
-        // 16-bit rows are held 16 per thread up to 8192 elements, f32 rows up to 4096.
-        let max_e16 = if dtype == DType::F32 { 4096 } else { 8192 };
+        // Rows are held 16 per thread up to 8192 elements.
+        let max_e16 = 8192;
         for hidden in HIDDEN.iter().chain(&BIG_HIDDEN).copied() {
             let (variant, g) = rmsnorm_backward_geometry(dtype, hidden);
             let t = g.threads_per_row as usize;
@@ -577,9 +577,15 @@ fn backward_geometry_and_workspace() {
                 let want = if staged && l.grid as u64 <= RMSNORM_BWD_SPREAD_BLOCKS {
                     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES
                 } else if staged {
+                    // Two row groups' buffers, one for f32 blocks of more than 256 threads.
                     let operands = 2 + dres as u32;
+                    let buffers = if dtype == DType::F32 && g.block_threads() > 256 {
+                        1
+                    } else {
+                        2
+                    };
                     RMSNORM_SMEM_BYTES
-                        + 2 * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
+                        + buffers * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
                 } else {
                     RMSNORM_SMEM_BYTES
                 };

@@ -8,6 +8,7 @@ use core::num::NonZeroU64;
 use ferrofuse_common::{
     RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
+    rmsnorm_bwd_staged_buffers,
 };
 
 use super::{
@@ -52,9 +53,11 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
 /// memory (`cp.async`, through no register) while the row before is computed, and read from
 /// there twice: before the reduction for `sum(h * w * dy)` and `dw`, after it for `dx`. A
 /// thread copies and reads only its own chunks' slots, so no barrier guards the copies; two
-/// rows' slots alternate. What lives in registers through the reduction is then the weight
-/// (the same chunks for every row, loaded once) and the `dw` partials, and the next row's
-/// bytes are in flight during this row's reduction and stores.
+/// row groups' slots alternate (one set where two do not fit: f32 blocks of 512 threads, whose
+/// next group is copied once the current one is read). What lives in registers through the
+/// reduction is then the weight (the same chunks for every row, loaded once) and the `dw`
+/// partials, and with two buffers the next group's bytes are in flight during this one's
+/// reduction and stores.
 ///
 /// The same elements are summed in the same order as in [`bwd_scalar`], so both give the same
 /// bits.
@@ -140,8 +143,13 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
 
     let step = grid::grid_dim_x();
     let mut g = grid::block_x();
+    // Two row buffers, or one where two do not fit (see rmsnorm_bwd_staged_buffers): the
+    // next group is then copied once this thread has read the current one.
+    let two = rmsnorm_bwd_staged_buffers(E::BYTES as u32, threads) == 2;
     copy_rows(g, 0);
-    copy_rows(g + step, 1);
+    if two {
+        copy_rows(g + step, 1);
+    }
     // The weight of this thread's chunks, the same for every row: widened (and 1 + w for
     // Gemma) once.
     // SAFETY: the host checked the weight.
@@ -150,13 +158,19 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
     };
     let mut rstd_next = rstd_of(g);
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
-    let mut b = 0u32;
+    // The row buffer, and the reduction buffer (which alternates from one group to the next
+    // whatever the row buffers do).
+    let (mut b, mut red) = (0u32, 0u32);
     while g < groups {
         let row = row_of(g);
         let live = row < p.rows;
         let rstd = rstd_next;
         rstd_next = rstd_of(g + step);
-        cp_async_wait_group::<1>();
+        if two {
+            cp_async_wait_group::<1>();
+        } else {
+            cp_async_wait_all();
+        }
         // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
         // chunks past the row are all zeros and change nothing.
         let mut acc = 0.0f32;
@@ -171,7 +185,7 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
         pin_partials::<E>(&mut dw, k);
         // SAFETY: every thread of the block runs the same number of iterations (g is
         // per-block), and the two buffers alternate (see reduce::row_sum).
-        let coef = unsafe { row_coef(acc, &me, b, hidden_f, rstd) };
+        let coef = unsafe { row_coef(acc, &me, red, hidden_f, rstd) };
         let dx_row = at(p.dx, p.dx_stride, row);
         unroll!(j < k => {
             let c = chunk(j);
@@ -188,10 +202,16 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
             // SAFETY: as for the copies; dx may be dy or dres, whose chunk was copied already.
             unsafe { st_v4_if(chunk_addr(dx_row, c), E::pack(&dx), live && c < nchunks) };
         });
-        // This thread is done with buffer b: the row after next goes there.
-        copy_rows(g + 2 * step, b);
+        // This thread is done with buffer b: the group after next goes there (with one
+        // buffer, the next group).
+        if two {
+            copy_rows(g + 2 * step, b);
+            b ^= 1;
+        } else {
+            copy_rows(g + step, b);
+        }
         g += step;
-        b ^= 1;
+        red ^= 1;
     }
     // The last groups' copies were empty; nothing is left in flight past the kernel.
     cp_async_wait_all();
