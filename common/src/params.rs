@@ -154,8 +154,10 @@ pub const RMSNORM_SMEM_BYTES: u32 = 256;
 /// Dynamic shared memory of a backward rows launch ([`RmsNormBwdParams`]): on the vector path
 /// rows held 16 per thread (`NormBwdVariant::E16`) are copied into shared memory one row ahead
 /// of their use, so after the reduction buffers come two rows' copies of `h`, `dy` and, when
-/// the call has one, `dres`: per row and operand 16 elements per thread. Other launches use
-/// the reduction buffers only.
+/// the call has one, `dres`: per row and operand 16 elements per thread. The scalar path's
+/// rows held 16 per thread keep the weight there instead, widened to f32, once per block:
+/// 16 f32 per thread of a row ([`rmsnorm_bwd_scalar_weight_bytes`]). Looped rows use the
+/// reduction buffers only.
 ///
 /// A staged launch of at most [`RMSNORM_BWD_SPREAD_BLOCKS`] blocks asks for
 /// [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`] instead, so that at most two of its blocks fit on a
@@ -171,8 +173,11 @@ pub const fn rmsnorm_bwd_smem_bytes(
     has_dres: bool,
     blocks: u64,
 ) -> u32 {
-    if !rmsnorm_bwd_staged(mode, variant) {
+    if matches!(variant, NormBwdVariant::Loop) {
         return RMSNORM_SMEM_BYTES;
+    }
+    if !rmsnorm_bwd_staged(mode, variant) {
+        return RMSNORM_SMEM_BYTES + rmsnorm_bwd_scalar_weight_bytes(g);
     }
     if blocks <= RMSNORM_BWD_SPREAD_BLOCKS {
         return RMSNORM_BWD_STAGED_MAX_SMEM_BYTES;
@@ -182,6 +187,16 @@ pub const fn rmsnorm_bwd_smem_bytes(
     let buffers = rmsnorm_bwd_staged_buffers(bytes, g.block_threads());
     RMSNORM_SMEM_BYTES + buffers * operands * g.block_threads() * 16 * bytes
 }
+
+/// The scalar 16-per-thread backward's weight area (after the reduction buffers): 16 f32 per
+/// thread of a row, at most 32 KiB (512 threads), within the default 48 KiB with the
+/// reduction buffers.
+pub const fn rmsnorm_bwd_scalar_weight_bytes(g: &NormGeometry) -> u32 {
+    g.threads_per_row * 16 * 4
+}
+const _: () = assert!(
+    RMSNORM_SMEM_BYTES + RMSNORM_BWD_MAX_THREADS_PER_ROW * 16 * 4 <= DEFAULT_MAX_SMEM_BYTES
+);
 
 /// Row buffers a staged backward block of `block_threads` threads of `elem_bytes`-byte
 /// elements alternates: two (a block's next row group is copied while it reduces and stores

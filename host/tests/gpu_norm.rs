@@ -91,14 +91,23 @@ enum Layout {
     Shifted,
     /// As `Shifted`, but each row operand of the forward at its own offset (see
     /// [`Layout::of_operand`]), so that a row's operands mostly sit at different offsets from
-    /// the grid: the realigned forward's form for offsets known only at run time. Elsewhere
-    /// (the backward, rstd) as `Misaligned`.
+    /// the grid: the realigned forward's form for offsets known only at run time; the
+    /// backward's operands likewise ([`Layout::of_bwd_operand`]). Elsewhere (rstd, dw) as
+    /// `Misaligned`.
     Staggered,
     /// Every buffer starts this many elements past an aligned address, rows `H + n` apart.
     Offset(usize),
 }
 
-/// The forward's layouts; the backward takes the first three.
+/// The backward's layouts (each operand at its own offset where `Staggered`).
+const BWD_LAYOUTS: [Layout; 4] = [
+    Layout::Dense,
+    Layout::Padded,
+    Layout::Misaligned,
+    Layout::Staggered,
+];
+
+/// The forward's layouts.
 const LAYOUTS: [Layout; 5] = [
     Layout::Dense,
     Layout::Padded,
@@ -145,6 +154,17 @@ impl Layout {
     /// Whether a row of `cols` elements with vectors of `lanes` is on the 16-byte grid.
     fn on_grid(self, cols: usize, lanes: usize) -> bool {
         matches!(self, Layout::Dense | Layout::Padded) && cols.is_multiple_of(lanes)
+    }
+
+    /// The layout of the backward's operand `n` (dy 1, h 2, dres 3, dx 0, the weight 3):
+    /// `Staggered` puts each at its own offset from the grid, so that a row's operands sit at
+    /// different offsets (the scalar backward reads each as its own aligned vectors); the
+    /// others are the same for every operand.
+    fn of_bwd_operand(self, n: usize) -> Layout {
+        match self {
+            Layout::Staggered => Layout::Offset(n),
+            other => other,
+        }
     }
 
     /// The layout of the weight (one row) for inputs laid out as `self`.
@@ -1493,12 +1513,13 @@ fn run_backward<T: Element, W: Element>(
 ) -> BwdOut<T, W> {
     let (rows, hidden) = (c.rows, c.hidden);
     let lanes = T::DTYPE.lanes_per_16b();
-    let ldy = Laid::new(&inp.dy, rows, hidden, c.layout, lanes);
-    let lh = Laid::new(&inp.h, rows, hidden, c.layout, lanes);
-    let ldr = Laid::new(&inp.dres, rows, hidden, c.layout, lanes);
-    let ldx = Laid::<T>::poisoned(rows, hidden, c.layout, lanes);
+    let at = |n| c.layout.of_bwd_operand(n);
+    let ldy = Laid::new(&inp.dy, rows, hidden, at(1), lanes);
+    let lh = Laid::new(&inp.h, rows, hidden, at(2), lanes);
+    let ldr = Laid::new(&inp.dres, rows, hidden, at(3), lanes);
+    let ldx = Laid::<T>::poisoned(rows, hidden, at(0), lanes);
     let w_vals: Vec<W> = inp.w_f64.iter().map(|&v| W::from_f64(v)).collect();
-    let lw = Laid::new(&w_vals, 1, hidden, c.layout, lanes);
+    let lw = Laid::new(&w_vals, 1, hidden, at(3), lanes);
     let ldw = Laid::<W>::poisoned(1, hidden, c.layout, lanes);
     let ls = Laid::new(&inp.rstd, rows, 1, c.layout, 1);
 
@@ -1756,7 +1777,7 @@ fn backward_every_dtype_size_placement_and_option() {
                                 rows: r,
                                 hidden: h,
                                 placement,
-                                layout: LAYOUTS[i % 3],
+                                layout: BWD_LAYOUTS[i % 4],
                                 gemma,
                                 w_f32: dtype != DType::F32 && (i / 3) % 2 == 1,
                             },

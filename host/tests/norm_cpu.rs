@@ -566,8 +566,9 @@ fn backward_geometry_and_workspace() {
             }
             // The vector path of rows held 16 per thread stages two rows' h, dy and dres (when
             // the call has one) in shared memory, and asks for the most when its grid is small
-            // (spread over the multiprocessors); every other launch uses the reduction buffers
-            // only. Either fits the kernel's limit.
+            // (spread over the multiprocessors); the scalar path of rows held 16 per thread
+            // keeps the weight there as f32 (16 per thread of a row); looped rows use the
+            // reduction buffers only. Each fits the kernel's limit.
             for (dres, rows) in [false, true].into_iter().flat_map(|d| [(d, 16), (d, 1000)]) {
                 let l = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap().rows;
                 let KernelId::RmsNormBwd(_, mode, _) = l.kernel else {
@@ -586,6 +587,8 @@ fn backward_geometry_and_workspace() {
                     };
                     RMSNORM_SMEM_BYTES
                         + buffers * operands * g.block_threads() * 16 * dtype.size_bytes() as u32
+                } else if variant == NormBwdVariant::E16 {
+                    RMSNORM_SMEM_BYTES + g.threads_per_row * 16 * 4
                 } else {
                     RMSNORM_SMEM_BYTES
                 };

@@ -150,6 +150,25 @@ pub unsafe fn cp_async_16_shared_if(dst: u32, src: u64, read: bool, pred: bool) 
     }
 }
 
+/// Stores the 16 bytes `v` to shared memory at the shared-memory address `a` (see
+/// [`shared_addr`]).
+///
+/// # Safety
+/// `a` is 16-byte aligned and writable for 16 bytes, and no other thread accesses them
+/// until a barrier.
+#[inline(always)]
+pub unsafe fn st_shared_v4(a: u32, v: [u32; 4]) {
+    // SAFETY: the caller's contract; writes shared memory only.
+    unsafe {
+        asm!(
+            "st.shared.v4.u32 [{a}], {{{v0}, {v1}, {v2}, {v3}}};",
+            a = in(reg32) a, v0 = in(reg32) v[0], v1 = in(reg32) v[1], v2 = in(reg32) v[2],
+            v3 = in(reg32) v[3],
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
 /// The 16 bytes of shared memory at the shared-memory address `a` (see [`shared_addr`]).
 ///
 /// # Safety

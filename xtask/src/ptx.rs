@@ -243,18 +243,11 @@ fn leading_vector_loads(ptx: &str, name: &str, load: &str) -> usize {
 const ALLOWED_SPILLS: &[(&str, u32, &str)] = &[
     ("rmsnorm_bwd_bf16_v16_e16", 56, STAGED_BWD_SPILLS),
     ("rmsnorm_bwd_f16_v16_e16", 56, STAGED_BWD_SPILLS),
-    ("rmsnorm_bwd_f16_scalar_e16", 128, SCALAR_BWD_SPILLS),
-    ("rmsnorm_bwd_f32_scalar_e16", 56, SCALAR_BWD_SPILLS),
 ];
 const STAGED_BWD_SPILLS: &str = "the staged 16-bit backward is held to 64 registers (two \
      512-thread blocks per SM); its form for blocks of several rows, whose \
      row addresses are per thread, keeps about ten loop-invariant values in local memory (L1 \
      hits, a few loads per row)";
-
-const SCALAR_BWD_SPILLS: &str = "the f16 and f32 scalar backward are held to 128 registers \
-     (f16: its 512-thread blocks, rows of up to 8192, the geometry every f16 path shares; f32: \
-     two 256-thread blocks per SM, 14-21% faster off the grid than one at 147); the bf16 \
-     form fits them, these keep a few values of each row in local memory";
 
 /// Registers one block may hold (sm_80 and sm_90).
 const REGISTERS_PER_BLOCK: u32 = 65536;

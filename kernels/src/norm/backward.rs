@@ -11,13 +11,15 @@ use ferrofuse_common::{
     rmsnorm_bwd_staged_buffers,
 };
 
+use super::realign::{self, Shifted, window};
 use super::{
-    MAX_CHUNKS, Me, Path, Row, load_chunk, load_f32s, load_w, prefetch_first, store_chunk,
+    MAX_CHUNKS, Me, Path, Row, load_chunk, load_w, prefetch_first, store_chunk,
     store_f32s,
 };
 use crate::mem::{
     Elem, F32, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v4_if, shared_addr, st_v4_if,
+    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v4_if, shared_addr,
+    st_shared_v4, st_v4_if,
 };
 use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
 
@@ -229,11 +231,16 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
     });
 }
 
-/// [`bwd_regs`] on the scalar path (rows off the 16-byte grid): one predicated load per
-/// element. A row's `h` and `dy` stay as loaded (raw storage bits, packed as the vector path
-/// holds them, half the registers of f32 for 16-bit dtypes) through the reduction and are
-/// widened where used, before it for `sum(h * w * dy)` and `dw`, again after it for `dx`;
-/// `w` and `dres` are read after the reduction (`w` again, L1 hits), one chunk at a time.
+/// [`bwd_regs`] on the scalar path (rows off the 16-byte grid, or operands whose rows start
+/// off it). Every operand's row is read as the aligned 16-byte vectors that lie wholly inside
+/// it (chunk `c` is the end of vector `c` and the start of vector `c + 1`, put together in
+/// registers: [`window`]); a chunk that needs a vector straddling an end of the row is read
+/// element by element (at most the first and the last chunks of a row), so nothing outside
+/// the row is read. `dx` is stored the same way by aligned vector ([`realign::store_chunk`]).
+/// A row's `h` and `dy` stay as loaded (raw storage bits, half the registers of f32 for
+/// 16-bit dtypes) through the reduction and are widened where used, before it for
+/// `sum(h * w * dy)` and `dw`, again after it for `dx`; `w` and `dres` are read after the
+/// reduction (`w` again, L1 hits), one chunk at a time.
 ///
 /// # Safety
 /// As for [`bwd_regs`].
@@ -247,6 +254,7 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
         return;
     };
     let me = Me::new::<false>(tpr);
+    // Rows of the E16 geometry hold at most 8192 elements: chunk indices fit 32 bits.
     let hidden = p.hidden;
     let lanes = E::LANES as u64;
     let nchunks = hidden.div_ceil(lanes);
@@ -255,9 +263,50 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
+    let chunk = |j: usize| (j as u64 * me.tpr + me.t) as u32;
+    // 16-bit rows are read and written by aligned vector; f32 rows element by element (four
+    // 4-byte accesses per chunk): read by vector, their four chunks per thread held two
+    // vectors each in flight, more registers than 128, and ran 20-28% slower.
+    const { assert!(E::BYTES == 2 || E::BYTES == 4) };
+    let by_vector = E::BYTES == 2;
     // As in fwd_regs.
     prefetch_first(p.dy);
     grid_dependency_sync();
+
+    // The weight, the same for every row, widened (and 1 + w for Gemma) once per block into
+    // shared memory after the reduction buffers (ferrofuse_common::rmsnorm_bwd_scalar_weight_bytes):
+    // the f32 vector `q < L / 4` of chunk slot `j` of thread `t` of a row at vector index
+    // `(j * L / 4 + q) * tpr + t`, so that a warp's reads are consecutive vectors. Held in
+    // registers, or read per row, the weight's loads took more registers than a 512-thread
+    // block has. The first row's threads stage it, every row's threads read it.
+    let vectors = E::LANES / 4;
+    let w_vector = |j: usize, q: usize| {
+        let v = (j * vectors + q) as u64 * me.tpr + me.t;
+        shared_addr(smem_f32() as *const u32) + RMSNORM_SMEM_BYTES + v as u32 * 16
+    };
+    if me.r_local == 0 {
+        // SAFETY: the host checked the weight.
+        let wr = unsafe { load_w_raw::<E>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, true) };
+        unroll!(j < k => {
+            let wj = w_of::<E>(&wr[j], w_f32, gemma);
+            unroll!(q < 2 => { if q < vectors {
+                let bits = [wj[4 * q].to_bits(), wj[4 * q + 1].to_bits(), wj[4 * q + 2].to_bits(), wj[4 * q + 3].to_bits()];
+                // SAFETY: this thread's vectors of the area the host sized; read after the
+                // barrier below.
+                unsafe { st_shared_v4(w_vector(j, q), bits) };
+            } });
+        });
+    }
+    sync_block();
+    let w_of_chunk = |j: usize| {
+        let mut w = [0.0f32; 8];
+        unroll!(q < 2 => { if q < vectors {
+            // SAFETY: staged above, before the barrier.
+            let bits = unsafe { ld_shared_v4(w_vector(j, q)) };
+            unroll!(l < 4 => { w[4 * q + l] = f32::from_bits(bits[l]); });
+        } });
+        w
+    };
 
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
     let mut g = grid::block_x();
@@ -266,35 +315,49 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
     while g < groups {
         let row = g * rpb.get() + me.r_local;
         let live = row < p.rows;
-        let at = |base, stride| Row::of(base, stride, row);
-        let h_row = at(p.h, p.h_stride);
-        let dy_row = at(p.dy, p.dy_stride);
-        let dres_row = at(p.dres, p.dres_stride);
-        let dx_row = at(p.dx, p.dx_stride);
-        let mut h = [[0u32; 4]; MAX_CHUNKS];
-        let mut dy = [[0u32; 4]; MAX_CHUNKS];
+        let h_row = Shifted::of::<E>(p.h, p.h_stride, row);
+        let dy_row = Shifted::of::<E>(p.dy, p.dy_stride, row);
+        let dres_row = Shifted::of::<E>(p.dres, p.dres_stride, row);
+        let dx_row = Shifted::of::<E>(p.dx, p.dx_stride, row);
+        let mut h_vec = [[[0u32; 4]; 2]; MAX_CHUNKS];
+        let mut dy_vec = [[[0u32; 4]; 2]; MAX_CHUNKS];
         // SAFETY: when live, row < rows: inside every operand (host-checked).
         let rstd = unsafe { ld_f32_if(p.rstd + row * p.rstd_stride * 4, live) };
+        let mut h = [[0u32; 4]; MAX_CHUNKS];
+        let mut dy = [[0u32; 4]; MAX_CHUNKS];
+        // Every load of the row first, then (vectors) the chunks put together.
         unroll!(j < k => {
-            let c = j as u64 * me.tpr + me.t;
-            let ok = live && c < nchunks;
-            // SAFETY: as above, when ok c < nchunks.
+            let c = chunk(j);
+            let ok = live && (c as u64) < nchunks;
+            // SAFETY: when ok, row < rows and c < nchunks: chunk c of a row of the operand.
             unsafe {
-                h[j] = load_raw::<E>(h_row, c, hidden, ok);
-                dy[j] = load_raw::<E>(dy_row, c, hidden, ok);
+                if by_vector {
+                    h_vec[j] = load_vectors::<E>(h_row, c, hidden as u32, ok);
+                    dy_vec[j] = load_vectors::<E>(dy_row, c, hidden as u32, ok);
+                } else {
+                    h[j] = load_elements::<E>(h_row, c, hidden as u32, ok);
+                    dy[j] = load_elements::<E>(dy_row, c, hidden as u32, ok);
+                }
             }
         });
-        // w is re-read per row (an L1 hit after the first row), in the same batch as the
-        // rows' loads, rather than held across rows: registers are the limit here.
-        // SAFETY: the host checked the weight.
-        let wr = unsafe { load_w_raw::<E>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, live) };
+        if by_vector {
+            unroll!(j < k => {
+                let c = chunk(j);
+                let ok = live && (c as u64) < nchunks;
+                // SAFETY: as for the vector loads.
+                unsafe {
+                    h[j] = chunk_of_vectors::<E>(h_row, c, hidden as u32, ok, h_vec[j]);
+                    dy[j] = chunk_of_vectors::<E>(dy_row, c, hidden as u32, ok, dy_vec[j]);
+                }
+            });
+        }
         // g = w * dy; this thread's part of sum(h * g); dw += dy * (h * rstd). Dead rows and
         // chunks past the row are all zeros and change nothing.
         let mut acc = 0.0f32;
         unroll!(j < k => {
             let hj = E::unpack(h[j]);
             let dyj = E::unpack(dy[j]);
-            let wj = w_of::<E>(&wr[j], w_f32, gemma);
+            let wj = w_of_chunk(j);
             accumulate::<E>(&hj, &dyj, &wj, rstd, &mut acc, &mut dw[j]);
         });
         pin_partials::<E>(&mut dw, k);
@@ -306,24 +369,39 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
         // reduction (twice the registers for 16-bit dtypes).
         let h = opaque(h, k);
         let dy = opaque(dy, k);
-        // w is read again (L1 hits) rather than held: registers, as for dres.
-        // SAFETY: as above.
-        let wr = unsafe { load_w_raw::<E>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, live) };
         unroll!(j < k => {
-            let c = j as u64 * me.tpr + me.t;
+            let c = chunk(j);
+            let ok = live && (c as u64) < nchunks;
             let hj = E::unpack(h[j]);
             let dyj = E::unpack(dy[j]);
-            // dres is loaded here, one chunk at a time: its element loads held through the
-            // reduction took more registers than a 512-thread block allows.
+            // dres is loaded here, one chunk at a time: its loads held through the reduction
+            // took more registers than a 512-thread block allows.
             // SAFETY: as for the loads above.
-            let dresj = E::unpack(unsafe { load_raw::<E>(dres_row, c, hidden, live && c < nchunks && has_dres) });
-            let wj = w_of::<E>(&wr[j], w_f32, gemma);
+            let dresj = E::unpack(unsafe {
+                if by_vector {
+                    let v = load_vectors::<E>(dres_row, c, hidden as u32, ok && has_dres);
+                    chunk_of_vectors::<E>(dres_row, c, hidden as u32, ok && has_dres, v)
+                } else {
+                    load_elements::<E>(dres_row, c, hidden as u32, ok && has_dres)
+                }
+            });
+            let wj = w_of_chunk(j);
             let mut dx = dx_chunk::<E>(&hj, &dyj, &wj, rstd, coef);
             if has_dres {
                 unroll!(l < E::LANES => { dx[l] += dresj[l]; });
             }
-            // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-            unsafe { store_chunk::<E, { Path::Scalar }>(dx_row, c, hidden, live && c < nchunks, &dx) };
+            // SAFETY: as above; every lane calls it, and chunk c's neighbours c - 1 and c + 1
+            // are the neighbouring lanes (rows are whole warps). dx may be dy or dres: every
+            // element of the row that this store's vectors cover was read, by its owner,
+            // before (dy before the reduction; dres of chunk c - 1 by the left lane before the
+            // shuffle inside, which needs its dx).
+            unsafe {
+                if by_vector {
+                    realign::store_chunk::<E>(dx_row, c, hidden as u32, ok, me.lane, &dx);
+                } else {
+                    store_chunk::<E, { Path::Scalar }>(Row::of(p.dx, p.dx_stride, row), c as u64, hidden, ok, &dx);
+                }
+            }
         });
         g += step;
         buf ^= 1;
@@ -331,10 +409,74 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
     // This row slot's partial dw, a row of the f32 workspace.
     let slot = grid::block_x() * rpb.get() + me.r_local;
     unroll!(j < k => {
-        let c = j as u64 * me.tpr + me.t;
+        let c = chunk(j) as u64;
         // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized).
         unsafe { store_f32s::<{ Path::Scalar }>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
+}
+
+/// The aligned vectors chunk `c` of the row `at` is made of, when they lie wholly inside the
+/// row: vector `c`, and vector `c + 1` when the row is off the grid (zeros otherwise, and for
+/// both when `!ok`). [`chunk_of_vectors`] puts the chunk together.
+///
+/// # Safety
+/// When `ok`, `at` is a row of `hidden` elements of a checked operand and `c` a chunk of it.
+#[inline(always)]
+unsafe fn load_vectors<T: Elem>(at: Shifted, c: u32, hidden: u32, ok: bool) -> [[u32; 4]; 2] {
+    let lo_ok = ok && at.whole::<T>(c, hidden);
+    let hi_ok = ok && at.m != 0 && at.whole::<T>(c + 1, hidden);
+    // SAFETY: whole vectors of the row, at 16-byte boundaries.
+    unsafe {
+        [
+            ld_v4_if(at.base + c as u64 * 16, lo_ok),
+            ld_v4_if(at.base + (c as u64 + 1) * 16, hi_ok),
+        ]
+    }
+}
+
+/// Chunk `c` of the row `at` as raw storage bits (what [`Elem::unpack`] widens; zeros past the
+/// row or when `!ok`) from its vectors as [`load_vectors`] read them; where one of them
+/// straddles an end of the row, element by element instead (a branch: at most the row's first
+/// and last chunks take it).
+///
+/// # Safety
+/// As for [`load_vectors`].
+#[inline(always)]
+unsafe fn chunk_of_vectors<T: Elem>(
+    at: Shifted,
+    c: u32,
+    hidden: u32,
+    ok: bool,
+    v: [[u32; 4]; 2],
+) -> [u32; 4] {
+    let whole = at.whole::<T>(c, hidden) && (at.m == 0 || at.whole::<T>(c + 1, hidden));
+    if !ok || whole {
+        return window::<T>(v[0], v[1], at.m);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { load_elements::<T>(at, c, hidden, true) }
+}
+
+/// Chunk `c` of the row `at` as raw storage bits, or zeros when `!ok`: one predicated load
+/// per element (columns past the row stay 0), the raw bits put where a vector load would
+/// have put them.
+///
+/// # Safety
+/// As for [`load_vectors`].
+#[inline(always)]
+unsafe fn load_elements<T: Elem>(at: Shifted, c: u32, hidden: u32, ok: bool) -> [u32; 4] {
+    let mut r = [0u32; 4];
+    unroll!(l < T::LANES => {
+        let col = c * T::LANES as u32 + l as u32;
+        // SAFETY: column col < hidden of a row inside the matrix (the caller's contract).
+        let b = unsafe { T::load_bits_if(at.base + (at.m + col) as u64 * T::BYTES, ok && col < hidden) };
+        if T::LANES == 8 {
+            r[l / 2] |= b << (16 * (l % 2));
+        } else {
+            r[l] = b;
+        }
+    });
+    r
 }
 
 /// One chunk's part of a row's `sum(h * g)` (`g = w * dy`, `w` the f32 factor of
@@ -383,32 +525,10 @@ fn dx_chunk<E: Elem>(h: &[f32; 8], dy: &[f32; 8], w: &[f32; 8], rstd: f32, coef:
     dx
 }
 
-/// Chunk `c` of the row `at` as raw storage bits (what [`Elem::unpack`] widens), or zeros
-/// when `!ok`: one predicated load per element (columns past the row stay 0), the raw bits
-/// put where a vector load would have put them.
-///
-/// # Safety
-/// As for [`load_chunk`].
-#[inline(always)]
-unsafe fn load_raw<E: Elem>(at: Row, c: u64, hidden: u64, ok: bool) -> [u32; 4] {
-    let first = at.index * at.stride + c * E::LANES as u64;
-    let mut r = [0u32; 4];
-    unroll!(l < E::LANES => {
-        let inside = ok && c * E::LANES as u64 + (l as u64) < hidden;
-        // SAFETY: caller's contract: column c*L + l < hidden of a row inside the matrix.
-        let b = unsafe { E::load_bits_if(at.base + (first + l as u64) * E::BYTES, inside) };
-        if E::LANES == 8 {
-            r[l / 2] |= b << (16 * (l % 2));
-        } else {
-            r[l] = b;
-        }
-    });
-    r
-}
-
 /// The raw weight of a thread's `k` chunks `first + j * tpr`: per chunk, the storage dtype's
 /// vector in words 0-3, or with an f32 weight the `L` f32s' bits in words `0..L`; zeros for
-/// chunks past the row or when `!ok`. [`w_of`] widens one chunk.
+/// chunks past the row or when `!ok`. [`w_of`] widens one chunk. Read as the row operands
+/// are ([`load_vectors`]): every vector load first, then the chunks put together.
 ///
 /// # Safety
 /// `w` holds `hidden` elements of its dtype (host-checked).
@@ -424,20 +544,37 @@ unsafe fn load_w_raw<E: Elem>(
     w_f32: bool,
     ok: bool,
 ) -> [[u32; 8]; MAX_CHUNKS] {
-    let lanes = E::LANES as u64;
     let mut v = [[0u32; 8]; MAX_CHUNKS];
+    let chunk = |j: usize| first + j as u64 * tpr;
     if w_f32 {
-        unroll!(j < k => {
-            let c = first + j as u64 * tpr;
-            // SAFETY: when c < nchunks, chunk c is inside w.
-            let f = unsafe { load_f32s::<{ Path::Scalar }>(w, c * lanes, c * lanes, hidden, E::LANES, ok && c < nchunks) };
-            unroll!(l < 8 => { v[j][l] = f[l].to_bits(); });
-        });
+        // A chunk of L elements is L / 4 chunks of f32 (pieces): 2 for 16-bit dtypes.
+        let pieces = E::LANES / 4;
+        let at = Shifted::of::<F32>(w, 0, 0);
+        let piece = |j: usize, q: usize| (chunk(j) as u32 * pieces as u32 + q as u32, ok && chunk(j) < nchunks);
+        let mut vectors = [[[[0u32; 4]; 2]; 2]; MAX_CHUNKS];
+        unroll!(j < k => { unroll!(q < 2 => { if q < pieces {
+            let (c, ok) = piece(j, q);
+            // SAFETY: when ok, f32 chunk c of the weight's one row.
+            vectors[j][q] = unsafe { load_vectors::<F32>(at, c, hidden as u32, ok) };
+        } }); });
+        unroll!(j < k => { unroll!(q < 2 => { if q < pieces {
+            let (c, ok) = piece(j, q);
+            // SAFETY: as above.
+            let r = unsafe { chunk_of_vectors::<F32>(at, c, hidden as u32, ok, vectors[j][q]) };
+            unroll!(l < 4 => { v[j][4 * q + l] = r[l]; });
+        } }); });
     } else {
+        let at = Shifted::of::<E>(w, 0, 0);
+        let mut vectors = [[[0u32; 4]; 2]; MAX_CHUNKS];
         unroll!(j < k => {
-            let c = first + j as u64 * tpr;
-            // SAFETY: as above; the weight is row 0 of a one-row matrix.
-            let r = unsafe { load_raw::<E>(Row::of(w, 0, 0), c, hidden, ok && c < nchunks) };
+            let ok = ok && chunk(j) < nchunks;
+            // SAFETY: when ok, chunk c of the weight's one row.
+            vectors[j] = unsafe { load_vectors::<E>(at, chunk(j) as u32, hidden as u32, ok) };
+        });
+        unroll!(j < k => {
+            let ok = ok && chunk(j) < nchunks;
+            // SAFETY: as above.
+            let r = unsafe { chunk_of_vectors::<E>(at, chunk(j) as u32, hidden as u32, ok, vectors[j]) };
             unroll!(l < 4 => { v[j][l] = r[l]; });
         });
     }

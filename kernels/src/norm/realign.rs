@@ -84,9 +84,9 @@ use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, rstd_of, sp
 #[derive(Clone, Copy)]
 pub(super) struct Shifted {
     /// Byte address of aligned vector 0.
-    base: u64,
+    pub(super) base: u64,
     /// Elements between `base` and column 0 (`< L`).
-    m: u32,
+    pub(super) m: u32,
 }
 
 impl Shifted {
@@ -103,7 +103,7 @@ impl Shifted {
 
     /// Whether aligned vector `q` holds only columns of the row (`0 .. hidden`).
     #[inline(always)]
-    fn whole<E: Elem>(&self, q: u32, hidden: u32) -> bool {
+    pub(super) fn whole<E: Elem>(&self, q: u32, hidden: u32) -> bool {
         let l = E::LANES as u32;
         (q * l >= self.m) & (q * l + l <= hidden + self.m)
     }
@@ -435,7 +435,7 @@ unsafe fn staged_at<E: Elem>(smem: *mut u32, byte: u32, wide: bool) -> [u32; 4] 
 /// Elements `m .. m + L` of the `2L` elements `lo` then `hi` (`m < L`): a byte shift of the
 /// 32-byte pair by `m * BYTES`, as two word selects and a funnel shift.
 #[inline(always)]
-fn window<E: Elem>(lo: [u32; 4], hi: [u32; 4], m: u32) -> [u32; 4] {
+pub(super) fn window<E: Elem>(lo: [u32; 4], hi: [u32; 4], m: u32) -> [u32; 4] {
     let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
     let bytes = m * E::BYTES as u32;
     let words = bytes / 4;
