@@ -13,13 +13,12 @@ use ferrofuse_common::{
 
 use super::realign::{self, Shifted, window};
 use super::{
-    MAX_CHUNKS, Me, Path, Row, load_chunk, load_w, prefetch_first, store_chunk,
-    store_f32s,
+    MAX_CHUNKS, Me, Path, Row, load_chunk, load_w, prefetch_first, store_chunk, store_f32s,
 };
 use crate::mem::{
     Elem, F32, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v4_if, shared_addr,
-    st_shared_v4, st_v4_if,
+    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v4_if, prefetch_l2,
+    shared_addr, st_shared_v4, st_v4_if,
 };
 use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
 
@@ -232,15 +231,17 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
 }
 
 /// [`bwd_regs`] on the scalar path (rows off the 16-byte grid, or operands whose rows start
-/// off it). Every operand's row is read as the aligned 16-byte vectors that lie wholly inside
-/// it (chunk `c` is the end of vector `c` and the start of vector `c + 1`, put together in
-/// registers: [`window`]); a chunk that needs a vector straddling an end of the row is read
-/// element by element (at most the first and the last chunks of a row), so nothing outside
-/// the row is read. `dx` is stored the same way by aligned vector ([`realign::store_chunk`]).
+/// off it). 16-bit rows: every operand's row is read as the aligned 16-byte vectors that lie
+/// wholly inside it (chunk `c` is the end of vector `c` and the start of vector `c + 1`, put
+/// together in registers: [`window`]); a chunk that needs a vector straddling an end of the
+/// row is read element by element (at most the first and the last chunks of a row), so
+/// nothing outside the row is read; `dx` is stored by aligned vector
+/// ([`realign::store_chunk`]), and the block's next row is prefetched into L2. f32 rows: one
+/// 4-byte access per element. The weight is staged once per block in shared memory, as f32.
 /// A row's `h` and `dy` stay as loaded (raw storage bits, half the registers of f32 for
 /// 16-bit dtypes) through the reduction and are widened where used, before it for
-/// `sum(h * w * dy)` and `dw`, again after it for `dx`; `w` and `dres` are read after the
-/// reduction (`w` again, L1 hits), one chunk at a time.
+/// `sum(h * w * dy)` and `dw`, again after it for `dx`; `dres` is read after the reduction,
+/// one chunk at a time.
 ///
 /// # Safety
 /// As for [`bwd_regs`].
@@ -274,8 +275,8 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
     grid_dependency_sync();
 
     // The weight, the same for every row, widened (and 1 + w for Gemma) once per block into
-    // shared memory after the reduction buffers (ferrofuse_common::rmsnorm_bwd_scalar_weight_bytes):
-    // the f32 vector `q < L / 4` of chunk slot `j` of thread `t` of a row at vector index
+    // shared memory after the reduction buffers (see rmsnorm_bwd_scalar_weight_bytes): the
+    // f32 vector `q < L / 4` of chunk slot `j` of thread `t` of a row at vector index
     // `(j * L / 4 + q) * tpr + t`, so that a warp's reads are consecutive vectors. Held in
     // registers, or read per row, the weight's loads took more registers than a 512-thread
     // block has. The first row's threads stage it, every row's threads read it.
@@ -340,6 +341,26 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
                 }
             }
         });
+        // 16-bit rows: the block's next row into L2 while this one is computed (with 512
+        // threads of up to 128 registers a multiprocessor holds one row at a time, and a
+        // prefetch holds no register). f32 rows ran 9-16% slower with it.
+        let next = row + step * rpb.get();
+        if by_vector && next < p.rows {
+            unroll!(j < k => {
+                let c = chunk(j) as u64;
+                if c < nchunks {
+                    let at = |base: u64, stride: u64| base + (next * stride + c * lanes) * E::BYTES;
+                    // SAFETY: column c * L < hidden of row next < rows of each operand.
+                    unsafe {
+                        prefetch_l2(at(p.h, p.h_stride));
+                        prefetch_l2(at(p.dy, p.dy_stride));
+                        if has_dres {
+                            prefetch_l2(at(p.dres, p.dres_stride));
+                        }
+                    }
+                }
+            });
+        }
         if by_vector {
             unroll!(j < k => {
                 let c = chunk(j);
@@ -527,8 +548,9 @@ fn dx_chunk<E: Elem>(h: &[f32; 8], dy: &[f32; 8], w: &[f32; 8], rstd: f32, coef:
 
 /// The raw weight of a thread's `k` chunks `first + j * tpr`: per chunk, the storage dtype's
 /// vector in words 0-3, or with an f32 weight the `L` f32s' bits in words `0..L`; zeros for
-/// chunks past the row or when `!ok`. [`w_of`] widens one chunk. Read as the row operands
-/// are ([`load_vectors`]): every vector load first, then the chunks put together.
+/// chunks past the row or when `!ok`. [`w_of`] widens one chunk. Read as the 16-bit row
+/// operands are ([`load_vectors`]), every vector load first, then the chunks put together;
+/// once per block (the staged weight of [`bwd_scalar`]).
 ///
 /// # Safety
 /// `w` holds `hidden` elements of its dtype (host-checked).
@@ -550,7 +572,12 @@ unsafe fn load_w_raw<E: Elem>(
         // A chunk of L elements is L / 4 chunks of f32 (pieces): 2 for 16-bit dtypes.
         let pieces = E::LANES / 4;
         let at = Shifted::of::<F32>(w, 0, 0);
-        let piece = |j: usize, q: usize| (chunk(j) as u32 * pieces as u32 + q as u32, ok && chunk(j) < nchunks);
+        let piece = |j: usize, q: usize| {
+            (
+                chunk(j) as u32 * pieces as u32 + q as u32,
+                ok && chunk(j) < nchunks,
+            )
+        };
         let mut vectors = [[[[0u32; 4]; 2]; 2]; MAX_CHUNKS];
         unroll!(j < k => { unroll!(q < 2 => { if q < pieces {
             let (c, ok) = piece(j, q);
