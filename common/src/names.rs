@@ -345,8 +345,8 @@ impl KernelId {
             KernelId::RmsNormBwd(DType::F32, VecMode::V16, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1))
             }
-            // The scalar backward of 16-bit rows: its 512-thread blocks must launch (unbounded
-            // it took up to 149 registers; at 128 the f16 one spills a little, see xtask).
+            // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
+            // registers; unbounded it took up to 149).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
                 Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 0))
             }
