@@ -1777,7 +1777,7 @@ fn backward_every_dtype_size_placement_and_option() {
                                 rows: r,
                                 hidden: h,
                                 placement,
-                                layout: BWD_LAYOUTS[i % 4],
+                                layout: BWD_LAYOUTS[i % BWD_LAYOUTS.len()],
                                 gemma,
                                 w_f32: dtype != DType::F32 && (i / 3) % 2 == 1,
                             },
