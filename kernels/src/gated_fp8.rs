@@ -66,6 +66,8 @@ unsafe extern "C" {
     // Convergent (never moved into a branch only some lanes take), unlike an `asm!`.
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_sync_bfly_f32(member_mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.redux.sync.umax"]
+    fn redux_sync_umax(v: u32, member_mask: u32) -> u32;
 }
 
 /// `max(v, v of lane ^ mask)`; every lane of the warp calls it.
@@ -87,6 +89,16 @@ pub(crate) fn run_max(mut v: f32, lanes: u32) -> f32 {
         mask >>= 1;
     }
     v
+}
+
+/// The maximum of `v` over the 32 lanes of the warp, for `v` neither negative nor NaN (every
+/// maximum of magnitudes here starts at `0.0` and grows by `max`, which skips NaN): the bit
+/// patterns of such f32s order as their values, so one integer `redux.sync` (sm_80+) does
+/// what `run_max(v, 32)`'s five shuffles and maxima do. Called by the whole warp.
+#[inline(always)]
+fn warp_max(v: f32) -> f32 {
+    // SAFETY: full member mask; every caller is executed by the whole warp.
+    f32::from_bits(unsafe { redux_sync_umax(v.to_bits(), 0xffff_ffff) })
 }
 
 /// Two f32 -> two E4M3 bytes (`lo` in the low byte), saturating round to nearest even.
@@ -396,16 +408,28 @@ fn smem_f32() -> *mut f32 {
     gpu_launch_sized_workgroup_mem::<f32>()
 }
 
-/// The maximum of `v` over the `warps` warps of one row (slots `slot .. slot + warps` of
-/// shared memory); every thread of the row gets it. With more than one warp per row it
-/// executes one barrier, so every thread of the block calls it (same `warps`), once per
-/// launch.
+/// The maximum of `v` (neither negative nor NaN) over the `warps` warps of one row (slots
+/// `slot .. slot + warps` of shared memory); every thread of the row gets it. Each warp's
+/// maximum by [`warp_max`] when `REDUX`, else by butterfly (the per-token norm is faster with
+/// `redux.sync`, the gated row kernel slower: `bench/TUNING.md`, "The per-token maximum by
+/// `redux.sync`"). With more than one warp per row it executes one barrier, so every thread
+/// of the block calls it (same `warps`), once per launch.
 ///
 /// # Safety
 /// `slot + warps` f32s fit in the launch's dynamic shared memory.
 #[inline(always)]
-pub(crate) unsafe fn row_max(v: f32, lane: u32, warp: u32, warps: u32, slot: u32) -> f32 {
-    let m = run_max(v, 32);
+pub(crate) unsafe fn row_max<const REDUX: bool>(
+    v: f32,
+    lane: u32,
+    warp: u32,
+    warps: u32,
+    slot: u32,
+) -> f32 {
+    let of_warp = #[inline(always)]
+    |v: f32| {
+        if REDUX { warp_max(v) } else { run_max(v, 32) }
+    };
+    let m = of_warp(v);
     if warps <= 1 {
         return m;
     }
@@ -422,7 +446,7 @@ pub(crate) unsafe fn row_max(v: f32, lane: u32, warp: u32, warps: u32, slot: u32
     } else {
         0.0
     };
-    run_max(t, 32)
+    of_warp(t)
 }
 
 /// The raw loads of one tile of a row, this thread's accesses `first + j * tpr`, `j < chunks`.
@@ -517,7 +541,7 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
         let amax = tile_amax::<E, M, A, GATED_FP8_ROW_CHUNKS>(&t);
         // SAFETY: `slot + warps` <= the block's warps, which the dynamic shared memory holds;
         // every thread of the block gets here once.
-        let amax = unsafe { row_max(amax, lane, warp, warps, slot) };
+        let amax = unsafe { row_max::<false>(amax, lane, warp, warps, slot) };
         let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
         // SAFETY: the row's scale is inside the scale matrix for a live row.
         unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
@@ -549,7 +573,7 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
         first += tile;
     }
     // SAFETY: as above.
-    let amax = unsafe { row_max(amax, lane, warp, warps, slot) };
+    let amax = unsafe { row_max::<false>(amax, lane, warp, warps, slot) };
     let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
     // SAFETY: as above.
     unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };

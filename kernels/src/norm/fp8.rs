@@ -14,8 +14,8 @@
 //! - **static**: `y / scale` with the caller's scale (loaded once per thread, right after the
 //!   grid dependency wait);
 //! - **per token**: the row's `max |y|`, a second fixed-order reduction of the row (each
-//!   thread's chunks, then the warp butterfly, then one f32 per warp through shared memory,
-//!   the sum's second buffer), then the scale;
+//!   thread's chunks, then the warp's `redux.sync`, then one f32 per warp through shared
+//!   memory, the sum's second buffer), then the scale;
 //! - **per group**: a group of `g` columns is `g / L` consecutive chunks (8-32), which for a
 //!   thread's `j`-th chunk are held by `g / L` consecutive lanes of one warp (chunk `c = j *
 //!   T + t`, `T` a multiple of 32): a butterfly over those lanes gives every lane its group's
@@ -217,7 +217,7 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
         unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&y[j])); });
         // SAFETY: every thread of the block gets here (rows past the end too); buffer 1's slots
         // are the block's warps, inside `RMSNORM_SMEM_BYTES`.
-        let amax = unsafe { row_max(amax, me.lane, me.warp, me.warps, me.slot(1)) };
+        let amax = unsafe { row_max::<true>(amax, me.lane, me.warp, me.warps, me.slot(1)) };
         let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
         // SAFETY: the row's scale, inside the scale vector for a live row.
         unsafe { store_f32_if(p.scale + row * p.scale_row * 4, s, live && me.t == 0) };
