@@ -184,7 +184,7 @@ pub const fn rmsnorm_bwd_smem_bytes(
     }
     let operands = if has_dres { 3 } else { 2 };
     let bytes = dtype.size_bytes() as u32;
-    let buffers = rmsnorm_bwd_staged_buffers(bytes, g.block_threads());
+    let buffers = rmsnorm_bwd_staged_buffers(bytes, g.block_threads(), operands);
     RMSNORM_SMEM_BYTES + buffers * operands * g.block_threads() * 16 * bytes
 }
 
@@ -199,13 +199,14 @@ const _: () = assert!(
 );
 
 /// Row buffers a staged backward block of `block_threads` threads of `elem_bytes`-byte
-/// elements alternates: two (a block's next row group is copied while it reduces and stores
-/// the current one) while two row groups of three operands fit
-/// [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`], else one (f32 rows of 4097-8192 elements, 512
-/// threads: the next row group is copied once the current one is read, and the other block
-/// on the multiprocessor keeps the memory busy meanwhile).
-pub const fn rmsnorm_bwd_staged_buffers(elem_bytes: u32, block_threads: u32) -> u32 {
-    if block_threads * elem_bytes <= RMSNORM_BWD_MAX_THREADS_PER_ROW * 2 {
+/// elements alternates, for `operands` staged operands (h and dy, and dres when the call has
+/// it): two (a block's next row group is copied while it reduces and stores the current one)
+/// while two row groups fit [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`], else one (f32 rows of
+/// 6145-8192 elements, and of 4097-6144 with `dres`: the next row group is copied once the
+/// current one is read).
+pub const fn rmsnorm_bwd_staged_buffers(elem_bytes: u32, block_threads: u32, operands: u32) -> u32 {
+    let two = RMSNORM_SMEM_BYTES + 2 * operands * block_threads * 16 * elem_bytes;
+    if two <= RMSNORM_BWD_STAGED_MAX_SMEM_BYTES {
         2
     } else {
         1
@@ -234,8 +235,13 @@ const _: () = {
     while i < dtypes.len() {
         let threads = rmsnorm_bwd_max_threads_per_row(dtypes[i]);
         let bytes = dtypes[i].size_bytes() as u32;
-        let staged = rmsnorm_bwd_staged_buffers(bytes, threads) * 3 * threads * 16 * bytes;
-        assert!(RMSNORM_SMEM_BYTES + staged <= RMSNORM_BWD_STAGED_MAX_SMEM_BYTES);
+        let mut operands = 2;
+        while operands <= 3 {
+            let buffers = rmsnorm_bwd_staged_buffers(bytes, threads, operands);
+            let staged = buffers * operands * threads * 16 * bytes;
+            assert!(RMSNORM_SMEM_BYTES + staged <= RMSNORM_BWD_STAGED_MAX_SMEM_BYTES);
+            operands += 1;
+        }
         i += 1;
     }
 };
@@ -414,9 +420,9 @@ pub const fn rmsnorm_fwd_geometry(dtype: DType, hidden: u64) -> (NormFwdVariant,
 }
 
 /// Most threads per row of the 16-per-thread backward (`NormBwdVariant::E16`) for `dtype`:
-/// 512 for every storage dtype (rows of up to 8192 elements; f32 blocks of more than 256
-/// threads stage one row group at a time, see [`rmsnorm_bwd_staged_buffers`]). Every path of
-/// a dtype has the same geometry.
+/// 512 for every storage dtype (rows of up to 8192 elements; f32 blocks of more than 384
+/// threads, or 256 with `dres`, stage one row group at a time, see
+/// [`rmsnorm_bwd_staged_buffers`]). Every path of a dtype has the same geometry.
 pub const fn rmsnorm_bwd_max_threads_per_row(dtype: DType) -> u32 {
     match dtype {
         DType::BF16 | DType::F16 | DType::F32 => RMSNORM_BWD_MAX_THREADS_PER_ROW,

@@ -1806,8 +1806,8 @@ fn backward_every_dtype_size_placement_and_option() {
 }
 
 /// Repeated backward runs give the same dx and dw bits (many blocks, many dw slots), and a
-/// row's dx alone is the same as in the batch; bf16, and f16 and f32 rows of 8192 (512
-/// threads).
+/// row's dx alone is the same as in the batch; bf16, f16 and f32 rows of 8192 (512 threads),
+/// and f32 rows of 5120 without `dres` (two row buffers where, with `dres`, one).
 #[test]
 fn backward_is_deterministic_bitwise() {
     let Some((k, s)) = gpu("backward_is_deterministic_bitwise") else {
@@ -1840,22 +1840,31 @@ fn backward_is_deterministic_bitwise() {
             vec![(4096, 8192), (1000, 8191)],
         )
     };
+    let with_dres = BwdPlace::SeparateDres;
     for (rows, hidden) in bf16_shapes {
-        deterministic_case::<bf16>(&k, &s, rows, hidden);
+        deterministic_case::<bf16>(&k, &s, rows, hidden, with_dres);
     }
     for (rows, hidden) in wide_shapes {
-        deterministic_case::<f16>(&k, &s, rows, hidden);
-        deterministic_case::<f32>(&k, &s, rows, hidden);
+        deterministic_case::<f16>(&k, &s, rows, hidden, with_dres);
+        deterministic_case::<f32>(&k, &s, rows, hidden, with_dres);
     }
+    let rows = if quick() { 600 } else { 3000 };
+    deterministic_case::<f32>(&k, &s, rows, 5120, BwdPlace::Separate);
 }
 
-/// One shape of [`backward_is_deterministic_bitwise`], without and with Gemma.
-fn deterministic_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rows: usize, hidden: usize) {
+/// One shape and placement of [`backward_is_deterministic_bitwise`], without and with Gemma.
+fn deterministic_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rows: usize,
+    hidden: usize,
+    placement: BwdPlace,
+) {
     for gemma in [false, true] {
         let c = Bwd {
             rows,
             hidden,
-            placement: BwdPlace::SeparateDres,
+            placement,
             layout: Layout::Dense,
             gemma,
             w_f32: false,

@@ -578,9 +578,11 @@ fn backward_geometry_and_workspace() {
                 let want = if staged && l.grid as u64 <= RMSNORM_BWD_SPREAD_BLOCKS {
                     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES
                 } else if staged {
-                    // Two row groups' buffers, one for f32 blocks of more than 256 threads.
+                    // Two row groups' buffers, one for f32 blocks of more than 256 threads
+                    // with dres, 384 without.
                     let operands = 2 + dres as u32;
-                    let buffers = if dtype == DType::F32 && g.block_threads() > 256 {
+                    let most = if dres { 256 } else { 384 };
+                    let buffers = if dtype == DType::F32 && g.block_threads() > most {
                         1
                     } else {
                         2

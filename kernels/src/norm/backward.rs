@@ -146,7 +146,7 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
     let mut g = grid::block_x();
     // Two row buffers, or one where two do not fit (see rmsnorm_bwd_staged_buffers): the
     // next group is then copied once this thread has read the current one.
-    let two = rmsnorm_bwd_staged_buffers(E::BYTES as u32, threads) == 2;
+    let two = rmsnorm_bwd_staged_buffers(E::BYTES as u32, threads, operands) == 2;
     copy_rows(g, 0);
     if two {
         copy_rows(g + step, 1);
