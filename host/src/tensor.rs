@@ -158,9 +158,21 @@ impl MatDesc {
             cols: half,
             ..*self
         };
+        // The up half's offset: one that overflows describes no buffer (its extent would pass
+        // the end of the address space).
+        let offset = half.checked_mul(self.col_stride);
+        let addr = offset
+            .and_then(|n| (n as u64).checked_mul(self.dtype.size_bytes() as u64))
+            .and_then(|bytes| self.addr.checked_add(bytes));
+        let (Some(offset), Some(addr)) = (offset, addr) else {
+            return Err(Error::TooLarge {
+                what: "offset of the interleaved up half (it passes the end of the address space)",
+                value: half,
+            });
+        };
         let up = MatDesc {
-            addr: self.addr + (half * self.col_stride * self.dtype.size_bytes()) as u64,
-            len: self.len.saturating_sub(half * self.col_stride),
+            addr,
+            len: self.len.saturating_sub(offset),
             cols: half,
             ..*self
         };
@@ -168,8 +180,9 @@ impl MatDesc {
     }
 
     /// Checks the description on its own: dtype, unit last stride, non-overlapping rows,
-    /// buffer size, alignment. FP8 is rejected ([`Error::UnsupportedDType`]): it is only ever
-    /// an output, checked by [`MatDesc::check_fp8_output`].
+    /// buffer size, an extent inside the address space, alignment. FP8 is rejected
+    /// ([`Error::UnsupportedDType`]): it is only ever an output, checked by
+    /// [`MatDesc::check_fp8_output`].
     pub fn check(&self, name: &'static str, dtype: DType) -> Result<()> {
         for d in [self.dtype, dtype] {
             if d.is_fp8() {
@@ -225,6 +238,17 @@ impl MatDesc {
                 len: self.len,
             });
         }
+        // The extent's bytes, from `addr`, must stay inside the address space: every overlap
+        // test and kernel address adds them to it.
+        let end = (needed as u64)
+            .checked_mul(dtype.size_bytes() as u64)
+            .and_then(|bytes| self.addr.checked_add(bytes));
+        if end.is_none() {
+            return Err(Error::TooLarge {
+                what: "extent in bytes from the address (it passes the end of the address space)",
+                value: needed,
+            });
+        }
         let align = dtype.size_bytes();
         if !self.addr.is_multiple_of(align as u64) {
             return Err(Error::Misaligned {
@@ -238,8 +262,8 @@ impl MatDesc {
 
     /// Whether `self` and `other` (each already [`check`](Self::check)ed) share an element.
     ///
-    /// Exact for matrices of one dtype and one row stride (the interleaved halves of one
-    /// buffer do not overlap); conservative (byte ranges) otherwise.
+    /// Exact for matrices of one dtype and one row stride no shorter than their rows (the
+    /// interleaved halves of one buffer do not overlap); conservative (byte ranges) otherwise.
     pub fn overlaps(&self, other: &MatDesc) -> bool {
         if self.is_empty() || other.is_empty() {
             return false;
@@ -252,10 +276,14 @@ impl MatDesc {
         let size = self.dtype.size_bytes() as i128;
         let stride = self.row_stride as i128;
         let diff = other.addr as i128 - self.addr as i128;
+        // The exact test below needs rows no longer than the stride, which a one-row matrix
+        // need not have (validation ignores the row stride of a single row).
         if self.dtype != other.dtype
             || self.row_stride != other.row_stride
             || diff % size != 0
             || stride == 0
+            || self.cols > self.row_stride
+            || other.cols > other.row_stride
         {
             return true;
         }

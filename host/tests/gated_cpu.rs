@@ -300,6 +300,20 @@ fn odd_interleaved_width_is_rejected() {
     );
 }
 
+/// An interleaved input whose up half would start past the end of the address space (a huge
+/// last stride, or an address at its very top) is too large, not an overflow.
+#[test]
+fn interleaved_halves_past_the_address_space_are_too_large() {
+    let strided = MatDesc {
+        col_stride: usize::MAX,
+        ..mat(BASE, DType::F16, 4, 2)
+    };
+    let top = mat(u64::MAX - 1, DType::F16, 1, 4);
+    for x in [strided, top] {
+        assert_matches!(x.interleaved_halves(), Err(Error::TooLarge { .. }));
+    }
+}
+
 #[test]
 fn shape_mismatch_names_the_tensor_and_shapes() {
     let (a, b, _) = abc(DType::F32, 8, 64);
@@ -604,6 +618,66 @@ fn overlap_test_is_exact_for_equal_strides() {
         }
     }
     assert!(checked > 10_000);
+}
+
+/// A one-row matrix may carry any row stride (validation ignores it), shorter than its row
+/// too: `MatDesc::overlaps` still sees every shared element, exactly between one-row
+/// matrices, at worst conservatively against a taller one.
+#[test]
+fn overlap_test_sees_one_row_matrices_with_short_strides() {
+    let elems = |m: &MatDesc| -> Vec<u64> {
+        let mut v = Vec::new();
+        for r in 0..m.rows {
+            for c in 0..m.cols {
+                v.push(m.addr + ((r * m.row_stride + c) * 4) as u64);
+            }
+        }
+        v
+    };
+    let mut checked = 0;
+    for stride in 0..5usize {
+        for (c1, c2) in (1..10).flat_map(|c1| (1..10).map(move |c2| (c1, c2))) {
+            // The taller one needs rows that do not overlap to be valid.
+            for r2 in [1, 3].into_iter().filter(|&r2| r2 == 1 || stride >= c2) {
+                for off in -30i64..30 {
+                    let m1 = MatDesc {
+                        row_stride: stride,
+                        len: 1000,
+                        ..mat(4000, DType::F32, 1, c1)
+                    };
+                    let m2 = MatDesc {
+                        addr: (4000 + off * 4) as u64,
+                        row_stride: stride,
+                        len: 1000,
+                        ..mat(0, DType::F32, r2, c2)
+                    };
+                    let e1 = elems(&m1);
+                    let truth = elems(&m2).iter().any(|x| e1.contains(x));
+                    for (p, q) in [(&m1, &m2), (&m2, &m1)] {
+                        if truth || r2 == 1 {
+                            assert_eq!(p.overlaps(q), truth, "{p:?} vs {q:?}");
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000);
+}
+
+/// An operand whose extent in bytes passes the end of the 64-bit address space is too large,
+/// not an overflow in the checks after it: `usize::MAX` f32 rows of one element (their count
+/// fits a `usize`, their bytes do not), and four f32s from 8 bytes below 2^64.
+#[test]
+fn extents_past_the_address_space_are_too_large() {
+    let rows = usize::MAX;
+    let huge = MatDesc::contiguous(BASE, rows, DType::F32, rows, 1);
+    let top = mat(u64::MAX - 7, DType::F32, 1, 4);
+    let (_, b, y) = abc(DType::F32, 1, 4);
+    for (a, b, y) in [(huge, huge, huge), (top, b, y), (b, top, y), (b, y, top)] {
+        assert_matches!(fwd(&a, &b, &y), Err(Error::TooLarge { .. }));
+    }
 }
 
 #[test]

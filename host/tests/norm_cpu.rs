@@ -1053,6 +1053,27 @@ fn forward_allows_exactly_the_documented_placements() {
     );
     let h = base.h.unwrap();
     assert_eq!(alias(&RmsNormFwdDescs { y: h, ..base }), ("y", "h"));
+    // A one-row operand may carry any row stride, one shorter than its row too (validation
+    // ignores it): a weight that partly overlaps a one-row x written over by y still
+    // overlaps it.
+    let one = fwd_descs(d, 1, hidden, false);
+    let x1 = MatDesc {
+        row_stride: 3,
+        ..one.x
+    };
+    let w1 = MatDesc {
+        addr: x1.addr + 2 * 47,
+        ..x1
+    };
+    assert_eq!(
+        alias(&RmsNormFwdDescs {
+            x: x1,
+            y: x1,
+            weight: w1,
+            ..one
+        }),
+        ("y", "weight")
+    );
     // Partial overlaps: one row down, half a row over.
     let shifted = MatDesc {
         addr: x.addr + (hidden * 2) as u64,
