@@ -217,6 +217,14 @@ impl MatDesc {
         if self.is_empty() {
             return Ok(());
         }
+        // Address 0 is no device buffer, and the kernels read a null optional operand
+        // (residual, dres, rstd) as absent: passed on, it would silently change the op.
+        if self.addr == 0 {
+            return Err(Error::InvalidArgument {
+                what: "tensor address (0 is no device buffer)",
+                value: name.to_string(),
+            });
+        }
         if self.rows > 1 && self.row_stride < self.cols {
             return Err(Error::RowStrideTooSmall {
                 tensor: name,

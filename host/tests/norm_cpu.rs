@@ -1548,3 +1548,64 @@ fn split_forward_takes_more_rows_of_an_f32_weight() {
         }
     }
 }
+
+/// A non-empty operand at address 0 is rejected, optional ones included: the kernels read a
+/// null residual, dres or rstd as absent, so accepting one would silently change the op.
+#[test]
+fn null_operands_are_rejected() {
+    let d = DType::BF16;
+    let null = |m: MatDesc| MatDesc { addr: 0, ..m };
+    let fwd_case = fwd_descs(d, 4, 256, true);
+    let bwd_case = bwd_descs(d, 4, 256, true);
+    let cases: Vec<(&str, Result<(), Error>)> = vec![
+        (
+            "x",
+            fwd(&RmsNormFwdDescs {
+                x: null(fwd_case.x),
+                ..fwd_case
+            })
+            .map(|_| ()),
+        ),
+        (
+            "residual",
+            fwd(&RmsNormFwdDescs {
+                residual: fwd_case.residual.map(null),
+                ..fwd_case
+            })
+            .map(|_| ()),
+        ),
+        (
+            "dres",
+            plan_rmsnorm_backward(
+                &RmsNormBwdDescs {
+                    dres: bwd_case.dres.map(null),
+                    ..bwd_case
+                },
+                &opts(),
+            )
+            .map(|_| ()),
+        ),
+    ];
+    for (name, r) in cases {
+        match r {
+            Err(Error::InvalidArgument { value, .. }) => assert_eq!(value, name),
+            r => panic!("{name} at address 0: expected InvalidArgument, got {r:?}"),
+        }
+    }
+    // An empty operand has no address to check.
+    fwd(&RmsNormFwdDescs {
+        x: MatDesc {
+            rows: 0,
+            ..null(fwd_case.x)
+        },
+        residual: None,
+        h: None,
+        rstd: None,
+        y: MatDesc {
+            rows: 0,
+            ..fwd_case.y
+        },
+        ..fwd_case
+    })
+    .unwrap();
+}
