@@ -185,8 +185,13 @@ impl GridLimits {
     }
 
     /// Blocks of `kernel` the whole device holds at once (at least one per multiprocessor).
+    /// Limits beyond any device's (the fields are public) count as the largest plausible
+    /// ones, so the product and the grids planned from it stay far inside `u32`.
     pub fn resident_blocks(&self, kernel: KernelId) -> u32 {
-        self.sm_count.max(1) * self.blocks_per_sm[kernel.index()].max(1)
+        const MOST_SMS: u32 = 1 << 12;
+        const MOST_BLOCKS_PER_SM: u32 = 1 << 6;
+        self.sm_count.clamp(1, MOST_SMS)
+            * self.blocks_per_sm[kernel.index()].clamp(1, MOST_BLOCKS_PER_SM)
     }
 }
 

@@ -232,11 +232,24 @@ impl Limits {
     }
 }
 
-/// Device limits of real GPUs (a single SM to a few hundred, with and without clusters).
+/// Device limits of real GPUs (a single SM to a few hundred, with and without clusters), and
+/// now and then limits no device has (zero, or up to `u32::MAX`: `GridLimits`' fields are
+/// public, so a plan must survive them too).
 fn limits(rng: &mut StdRng) -> Limits {
+    let absurd = [0, u32::MAX / 2, u32::MAX];
+    let sm_count = if rng.random_bool(0.02) {
+        absurd[rng.random_range(0..absurd.len())]
+    } else {
+        [1, 2, 46, 84, 108, 132, 144, 170, 1024][rng.random_range(0..9)]
+    };
+    let blocks_per_sm = if rng.random_bool(0.02) {
+        absurd[rng.random_range(0..absurd.len())]
+    } else {
+        rng.random_range(1..=32)
+    };
     Limits {
-        sm_count: [1, 2, 46, 84, 108, 132, 144, 170, 1024][rng.random_range(0..9)],
-        blocks_per_sm: rng.random_range(1..=32),
+        sm_count,
+        blocks_per_sm,
         clusters: rng.random_bool(0.5),
     }
 }
