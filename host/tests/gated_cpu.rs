@@ -580,18 +580,20 @@ fn backward_validates_every_operand() {
     );
 }
 
+/// The byte addresses of an f32 matrix's elements, for brute-force overlap checks.
+fn elems(m: &MatDesc) -> Vec<u64> {
+    let mut v = Vec::new();
+    for r in 0..m.rows {
+        for c in 0..m.cols {
+            v.push(m.addr + ((r * m.row_stride + c) * 4) as u64);
+        }
+    }
+    v
+}
+
 /// `MatDesc::overlaps` against brute force on small strided matrices.
 #[test]
 fn overlap_test_is_exact_for_equal_strides() {
-    let elems = |m: &MatDesc| -> Vec<u64> {
-        let mut v = Vec::new();
-        for r in 0..m.rows {
-            for c in 0..m.cols {
-                v.push(m.addr + ((r * m.row_stride + c) * 4) as u64);
-            }
-        }
-        v
-    };
     let mut checked = 0;
     for stride in 1..7usize {
         for (c1, c2) in (1..=stride).flat_map(|c1| (1..=stride).map(move |c2| (c1, c2))) {
@@ -625,15 +627,6 @@ fn overlap_test_is_exact_for_equal_strides() {
 /// matrices, at worst conservatively against a taller one.
 #[test]
 fn overlap_test_sees_one_row_matrices_with_short_strides() {
-    let elems = |m: &MatDesc| -> Vec<u64> {
-        let mut v = Vec::new();
-        for r in 0..m.rows {
-            for c in 0..m.cols {
-                v.push(m.addr + ((r * m.row_stride + c) * 4) as u64);
-            }
-        }
-        v
-    };
     let mut checked = 0;
     for stride in 0..5usize {
         for (c1, c2) in (1..10).flat_map(|c1| (1..10).map(move |c2| (c1, c2))) {

@@ -195,6 +195,15 @@ fn storage_dtype(rng: &mut StdRng) -> DType {
     }
 }
 
+/// The norm's weight dtype: the storage dtype, or f32 (the documented mixed form) now and then.
+fn weight_dtype(rng: &mut StdRng, storage: DType) -> DType {
+    if rng.random_bool(0.3) {
+        DType::F32
+    } else {
+        storage
+    }
+}
+
 fn any_dtype(rng: &mut StdRng) -> DType {
     [DType::F32, DType::F16, DType::BF16, DType::F8E4M3][rng.random_range(0..4)]
 }
@@ -1353,11 +1362,7 @@ struct NormFwdCase {
 
 fn norm_forward_case(rng: &mut StdRng) -> NormFwdCase {
     let dtype = storage_dtype(rng);
-    let w_dtype = if rng.random_bool(0.3) {
-        DType::F32
-    } else {
-        dtype
-    };
+    let w_dtype = weight_dtype(rng, dtype);
     let (rows, hidden) = (rows_dim(rng), dim(rng));
     let lay = layout(rng);
     let add = rng.random_bool(0.7);
@@ -1604,11 +1609,7 @@ struct NormFp8Case {
 
 fn norm_fp8_case(rng: &mut StdRng) -> NormFp8Case {
     let dtype = storage_dtype(rng);
-    let w_dtype = if rng.random_bool(0.3) {
-        DType::F32
-    } else {
-        dtype
-    };
+    let w_dtype = weight_dtype(rng, dtype);
     let scaling = scaling(rng);
     let (rows, hidden) = (rows_dim(rng), fp8_cols(rng, &scaling));
     let lay = layout(rng);
@@ -1763,11 +1764,7 @@ struct NormBwdCase {
 
 fn norm_backward_case(rng: &mut StdRng) -> NormBwdCase {
     let dtype = storage_dtype(rng);
-    let w_dtype = if rng.random_bool(0.3) {
-        DType::F32
-    } else {
-        dtype
-    };
+    let w_dtype = weight_dtype(rng, dtype);
     let (rows, hidden) = (rows_dim(rng), dim(rng));
     let lay = layout(rng);
     // The workspace the docs ask for, or one too small; the helper is only asked about shapes
