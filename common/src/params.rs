@@ -583,7 +583,9 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
         geometry,
         blocks,
         slots,
-        workspace_len: slots * hidden + coef,
+        // Saturating: a shape no buffer could hold asks for more than any buffer has (the
+        // planner's size check then rejects it) rather than overflowing.
+        workspace_len: slots.saturating_mul(hidden).saturating_add(coef),
     }
 }
 

@@ -57,7 +57,8 @@ fn check_row_length(cols: usize) -> Result<()> {
 /// slots as they free up, and a smaller grid measured slower (`bench/TUNING.md`). The scalar
 /// path moves one element per access and takes [`GATED_SCALAR_BATCH`] of them per thread at a
 /// time, so its grid has a thread per batch, at most one wave (each thread then walks several
-/// batches). Threads stay below 2^31 so the kernel's first-row multiply-high is exact.
+/// batches). At most 2^31 threads, so the kernel's first-row multiply-high (exact below 2^32)
+/// is exact.
 fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
     let (per_row, vector) = match kernel {
         KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode) => match mode {

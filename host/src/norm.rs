@@ -191,9 +191,11 @@ pub fn rmsnorm_backward_geometry(dtype: DType, hidden: usize) -> (NormBwdVariant
     rmsnorm_bwd_geometry(dtype, hidden as u64)
 }
 
-/// f32 elements the backward's workspace needs for `rows x hidden` of `dtype`.
+/// f32 elements the backward's workspace needs for `rows x hidden` of `dtype` (`usize::MAX`
+/// for a shape no buffer could hold).
 pub fn rmsnorm_backward_workspace_len(dtype: DType, rows: usize, hidden: usize) -> usize {
-    rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).workspace_len as usize
+    let len = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).workspace_len;
+    usize::try_from(len).unwrap_or(usize::MAX)
 }
 
 fn check_eps(eps: f32) -> Result<()> {
@@ -605,6 +607,9 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
         &[Some(dy), Some(h), dres, Some(&t.dx), Some(w), Some(&ws)],
     );
     let flags = weight_flags(opts.gemma, w.dtype, dtype);
+    // The kernel stages dres (and sizes its row buffers) when this address is not 0, so the
+    // shared memory is sized from the same test, not from `dres.is_some()`.
+    let dres_addr = dres.map_or(0, |m| m.addr);
     let rows_launch = Launch {
         kernel: KernelId::RmsNormBwd(dtype, mode, variant),
         grid: grid_u32("rows", blocks)?,
@@ -614,7 +619,7 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
             mode,
             variant,
             &geometry,
-            dres.is_some(),
+            dres_addr != 0,
             blocks,
         ),
         params: RmsNormBwdParams {
@@ -622,7 +627,7 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
             h: h.addr,
             w: w.addr,
             rstd: rstd.addr,
-            dres: dres.map_or(0, |m| m.addr),
+            dres: dres_addr,
             dx: t.dx.addr,
             workspace: ws.addr,
             dy_stride: dy.row_stride as u64,

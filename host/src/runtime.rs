@@ -185,8 +185,9 @@ impl GridLimits {
     }
 
     /// Blocks of `kernel` the whole device holds at once (at least one per multiprocessor).
-    /// Limits beyond any device's (the fields are public) count as the largest plausible
-    /// ones, so the product and the grids planned from it stay far inside `u32`.
+    /// Limits beyond any device's (`sm_count` is public, and `uniform` takes any counts)
+    /// count as the largest plausible ones, so the product and the grids planned from it stay
+    /// far inside `u32`.
     pub fn resident_blocks(&self, kernel: KernelId) -> u32 {
         const MOST_SMS: u32 = 1 << 12;
         const MOST_BLOCKS_PER_SM: u32 = 1 << 6;

@@ -166,7 +166,8 @@ impl MatDesc {
             .and_then(|bytes| self.addr.checked_add(bytes));
         let (Some(offset), Some(addr)) = (offset, addr) else {
             return Err(Error::TooLarge {
-                what: "offset of the interleaved up half (it passes the end of the address space)",
+                what: "columns before the interleaved up half (their bytes from the address \
+                       pass the end of the address space)",
                 value: half,
             });
         };
@@ -253,7 +254,8 @@ impl MatDesc {
             .and_then(|bytes| self.addr.checked_add(bytes));
         if end.is_none() {
             return Err(Error::TooLarge {
-                what: "extent in bytes from the address (it passes the end of the address space)",
+                what: "extent in elements (its bytes from the address pass the end of the \
+                       address space)",
                 value: needed,
             });
         }

@@ -1575,6 +1575,14 @@ fn null_operands_are_rejected() {
             .map(|_| ()),
         ),
         (
+            "rstd",
+            fwd(&RmsNormFwdDescs {
+                rstd: fwd_case.rstd.map(null),
+                ..fwd_case
+            })
+            .map(|_| ()),
+        ),
+        (
             "dres",
             plan_rmsnorm_backward(
                 &RmsNormBwdDescs {

@@ -123,7 +123,7 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
             let ok = live && c < nchunks;
             // SAFETY: when ok, row < rows and c < nchunks: a 16-byte aligned chunk inside the
             // operand (host-checked for the vector path); the slots are this thread's, inside
-            // the staging area the host sized (2 * operands * k * threads slots of 16 bytes).
+            // the staging area the host sized (buffers * operands * k * threads slots of 16 bytes).
             // Predicated, not branched: the copies issue back to back.
             unsafe {
                 cp_async_16_shared_if(slot(b, 0, j), chunk_addr(h_row, c), ok, true);
