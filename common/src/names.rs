@@ -80,9 +80,12 @@ pub enum KernelId {
     RmsNormDw(DType),
     /// Writes zeros over a buffer; the benchmark flushes the L2 with it (see `zero_fill`).
     ZeroFill,
-    /// Gated forward with FP8 E4M3 output, static or per-group scales: a flat walk over the
-    /// elements (`gated_fp8_flat_{dtype}_{v16|scalar}`; see `GatedFp8Params`).
+    /// Gated forward with FP8 E4M3 output and a static scale: a flat walk over the elements
+    /// (`gated_fp8_flat_{dtype}_{v16|scalar}`; see `GatedFp8Params`).
     GatedFp8Flat(DType, VecMode),
+    /// Gated forward with FP8 E4M3 output and per-group scales: the flat walk, a group's
+    /// maximum over its lanes (`gated_fp8_group_{dtype}_{v16|scalar}`).
+    GatedFp8Group(DType, VecMode),
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
@@ -261,6 +264,12 @@ kernel_table! {
     rmsnorm_fp8_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32),
     rmsnorm_fp8_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16),
     rmsnorm_fp8_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32),
+    gated_fp8_group_f32_v16 = GatedFp8Group(F32, V16),
+    gated_fp8_group_f32_scalar = GatedFp8Group(F32, Scalar),
+    gated_fp8_group_f16_v16 = GatedFp8Group(F16, V16),
+    gated_fp8_group_f16_scalar = GatedFp8Group(F16, Scalar),
+    gated_fp8_group_bf16_v16 = GatedFp8Group(BF16, V16),
+    gated_fp8_group_bf16_scalar = GatedFp8Group(BF16, Scalar),
 }
 
 impl KernelId {
@@ -275,6 +284,7 @@ impl KernelId {
                 | KernelId::GatedFwdRealigned(..)
                 | KernelId::GatedBwd(..)
                 | KernelId::GatedFp8Flat(..)
+                | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
                 | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFwd(..)
@@ -294,7 +304,8 @@ impl KernelId {
             KernelId::GatedFwd(..)
             | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedBwd(..)
-            | KernelId::GatedFp8Flat(..) => GATED_THREADS,
+            | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
@@ -319,7 +330,7 @@ impl KernelId {
         match self {
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
-            KernelId::GatedFp8Flat(..) => Some((GATED_THREADS, 8)),
+            KernelId::GatedFp8Flat(..) | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
             // Two rows of 512 threads per SM (64 registers): a row's loads in flight while
             // the other row reduces or stores.
             KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),

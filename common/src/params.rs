@@ -723,7 +723,8 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// non-FP8 kernel computes it, `amax / 448` and `y / scale` correctly rounded, then one
 /// saturating round-to-nearest-even conversion.
 ///
-/// Launch: the flat kernel (static, per-group) takes `GATED_THREADS` threads per block and
+/// Launch: the flat kernels (`gated_fp8_flat_*` static, `gated_fp8_group_*` per-group) take
+/// `GATED_THREADS` threads per block and
 /// walks `rows * walk.per_row` accesses (`walk` built for its grid; fewer than 2^32 in all),
 /// one warp at a time: a warp's step is 32 accesses on the vector path, `32 * batch` on the
 /// scalar path (lane `l` taking accesses `l + 32k`, `k < batch`), and a group is `2^group_shift`
@@ -757,11 +758,13 @@ pub struct GatedFp8Params {
     pub scale_ub: f32,
     /// An [`crate::Activation`] as `u32`.
     pub act: u32,
-    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`.
+    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`: the scheme the host planned (each
+    /// entry runs one scheme, so the kernels do not read it).
     pub scheme: u32,
     /// log2 of the accesses per group (per-group).
     pub group_shift: u32,
-    /// Lanes a group spans (a power of two, at most 32; per-group).
+    /// Lanes a group spans (8, 16 or 32 on the vector path, 32 on the scalar path;
+    /// per-group).
     pub group_lanes: u32,
     /// Accesses per lane per warp step on the flat kernel's scalar path (at most
     /// [`GATED_FP8_SCALAR_BATCH`]).
@@ -805,7 +808,8 @@ pub struct RmsNormFp8Params {
     pub min_scale: f32,
     /// Upper bound of the per-token `amax` (+inf: none).
     pub scale_ub: f32,
-    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`.
+    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`: the scheme the host planned (each
+    /// entry runs one scheme, so the kernels do not read it).
     pub scheme: u32,
     pub group_shift: u32,
     /// Chunks (and lanes) a group spans: a power of two, at most 32 (per-group).

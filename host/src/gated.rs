@@ -603,7 +603,10 @@ pub fn plan_gated_forward_fp8(
             params,
         });
     }
-    let kernel = KernelId::GatedFp8Flat(dtype, mode);
+    let kernel = match scaling {
+        Fp8Scaling::PerGroup { .. } => KernelId::GatedFp8Group(dtype, mode),
+        _ => KernelId::GatedFp8Flat(dtype, mode),
+    };
     if let Fp8Scaling::PerGroup {
         group, min_scale, ..
     } = scaling

@@ -206,6 +206,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8Group(..)
             | KernelId::RmsNormFwdWFirst(..)
     )
     .then(|| kernel.max_block_threads())

@@ -108,6 +108,7 @@ fn per_group_plans_lanes_and_scale_addressing() {
     let (a, b, y) = abq(DType::BF16, 8, 1024);
     let rm = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
     let l = plan(&a, &b, &y, rm, &scales(8, 8)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8Group(DType::BF16, VecMode::V16));
     assert_eq!(l.params.scheme, FP8_PER_GROUP);
     // 128 bf16 = 16 vectors = 16 lanes.
     assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
@@ -133,7 +134,7 @@ fn per_group_plans_lanes_and_scale_addressing() {
     let l = plan(&a1, &b, &y, rm, &scales(8, 8)).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::GatedFp8Flat(DType::F32, VecMode::Scalar)
+        KernelId::GatedFp8Group(DType::F32, VecMode::Scalar)
     );
     assert_eq!(
         (l.params.batch, l.params.group_lanes, l.params.group_shift),
@@ -393,6 +394,7 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 KernelId::GatedFwd(d, m),
                 KernelId::GatedBwd(d, m),
                 KernelId::GatedFp8Flat(d, m),
+                KernelId::GatedFp8Group(d, m),
                 KernelId::GatedFp8Row(d, m),
             ] {
                 assert!(k.exists(), "{k:?}");

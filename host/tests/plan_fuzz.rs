@@ -1255,7 +1255,8 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     let per_token = scheme == FP8_PER_TOKEN;
     let mode = match l.kernel {
         KernelId::GatedFp8Row(d, mode) if d == dtype && per_token => mode,
-        KernelId::GatedFp8Flat(d, mode) if d == dtype && !per_token => mode,
+        KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
+        KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
             v.add(format!("kernel {k:?} for {dtype:?} and {:?}", c.scaling));
             VecMode::Scalar

@@ -7,7 +7,8 @@
 //! their addressing, row- or column-major).
 //!
 //! # Thread mapping
-//! - **Flat** (`gated_fp8_flat_*`: static and per-group). The `rows x cols/W` accesses (`W`
+//! - **Flat** (`gated_fp8_flat_*`: static; `gated_fp8_group_*`: per group, with a body per
+//!   group width in lanes so that width is a constant). The `rows x cols/W` accesses (`W`
 //!   elements each, 16 bytes of the dtype on `v16`, one element on `scalar`) are numbered
 //!   row-major. On `v16`, thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`, two per
 //!   step with all four loads issued first, its row and column advanced by the host's
@@ -52,7 +53,7 @@ use core::intrinsics::gpu::gpu_launch_sized_workgroup_mem;
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 #[cfg(not(ferrofuse_fp8_cvt))]
 use ferrofuse_common::fp8::e4m3_from_f32;
-use ferrofuse_common::fp8::{FP8_PER_GROUP, div_near, divide_far, dynamic_scale, reciprocal};
+use ferrofuse_common::fp8::{div_near, divide_far, dynamic_scale, reciprocal};
 use ferrofuse_common::{
     Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
     GatedFp8Params, GridWalk,
@@ -241,11 +242,13 @@ fn access_amax(w: u64, y: &[f32; 8], ok: bool) -> f32 {
     if ok { m } else { 0.0 }
 }
 
-/// The flat kernel (static and per-group scales); see the module docs.
+/// The flat kernel (static and per-group scales); see the module docs. `LANES`: 0 for a
+/// static scale, else the lanes a group spans (`GatedFp8Params::group_lanes`).
 #[inline(always)]
-unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const GROUPED: bool>(p: &GatedFp8Params) {
+unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &GatedFp8Params) {
+    let grouped = LANES != 0;
     grid_dependency_sync();
-    let fixed = if GROUPED {
+    let fixed = if grouped {
         0.0
     } else {
         // SAFETY: the host checked that `scale` is one readable, aligned f32.
@@ -254,7 +257,7 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const GROUPED: bool>(p: &
     let fixed_inv = reciprocal(fixed);
     if M == VecMode::V16 {
         // SAFETY: the caller's contract.
-        return unsafe { flat_v16::<E, A, GROUPED>(p, fixed, fixed_inv) };
+        return unsafe { flat_v16::<E, A, LANES>(p, fixed, fixed_inv) };
     }
     let w = const { access_width::<E, M>() };
     let walk: &GridWalk = &p.walk;
@@ -288,12 +291,12 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const GROUPED: bool>(p: &
         let mut amax = 0.0f32;
         unroll!(k < GATED_FP8_SCALAR_BATCH => {
             y[k] = A::value(E::widen(a[k])) * E::widen(b[k]);
-            if GROUPED && ok[k] {
+            if grouped && ok[k] {
                 amax = amax.max(y[k].abs());
             }
         });
-        let (scale, inv) = if GROUPED {
-            let s = dynamic_scale(run_max(amax, p.group_lanes), p.min_scale, f32::INFINITY);
+        let (scale, inv) = if grouped {
+            let s = dynamic_scale(run_max(amax, LANES), p.min_scale, f32::INFINITY);
             let (r, c) = at[0];
             let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
             // SAFETY: one step is one group (`batch` = group / 32): lane 0 stores its scale,
@@ -319,7 +322,7 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const GROUPED: bool>(p: &
 /// 32 lanes take 32 consecutive accesses, `G` being a multiple of 32), its row and column
 /// advanced by the host's [`GridWalk`] step as in the plain gated forward.
 #[inline(always)]
-unsafe fn flat_v16<E: Elem, A: GatedAct, const GROUPED: bool>(
+unsafe fn flat_v16<E: Elem, A: GatedAct, const LANES: u32>(
     p: &GatedFp8Params,
     fixed: f32,
     fixed_inv: f32,
@@ -356,8 +359,8 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const GROUPED: bool>(
         };
         // SAFETY: as for the loads.
         unsafe {
-            flat_v16_one::<E, A, GROUPED>(p, a, b, (r, c), ok, lane, fixed, fixed_inv);
-            flat_v16_one::<E, A, GROUPED>(p, a2, b2, (r2, c2), ok2, lane, fixed, fixed_inv);
+            flat_v16_one::<E, A, LANES>(p, a, b, (r, c), ok, lane, fixed, fixed_inv);
+            flat_v16_one::<E, A, LANES>(p, a2, b2, (r2, c2), ok2, lane, fixed, fixed_inv);
         }
         (r, c) = (r2 + walk.step_rows, c2 + walk.step_cols);
         if c >= walk.per_row {
@@ -372,7 +375,7 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const GROUPED: bool>(
 /// stores.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_v16_one<E: Elem, A: GatedAct, const GROUPED: bool>(
+unsafe fn flat_v16_one<E: Elem, A: GatedAct, const LANES: u32>(
     p: &GatedFp8Params,
     a: [u32; 4],
     b: [u32; 4],
@@ -385,10 +388,10 @@ unsafe fn flat_v16_one<E: Elem, A: GatedAct, const GROUPED: bool>(
     const V: VecMode = VecMode::V16;
     let w = const { access_width::<E, V>() };
     let y = gated::<E, V, A>(a, b);
-    let (scale, inv) = if GROUPED {
-        let amax = run_max(access_amax(w, &y, ok), p.group_lanes);
+    let (scale, inv) = if LANES != 0 {
+        let amax = run_max(access_amax(w, &y, ok), LANES);
         let s = dynamic_scale(amax, p.min_scale, f32::INFINITY);
-        let first = lane & (p.group_lanes as u64 - 1) == 0;
+        let first = lane & (LANES as u64 - 1) == 0;
         let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
         // SAFETY: the first lane of each group stores its scale, inside the scale matrix (the
         // host checked its shape and strides) when its access is in range.
@@ -589,8 +592,8 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
     }
 }
 
-/// Dispatches on the activation (and, for the flat kernel, the scheme) once per launch, then
-/// runs a body monomorphized for them.
+/// Dispatches on the activation once per launch, then runs a body monomorphized for it (and,
+/// for the flat kernels, for the group's lanes, 0 for a static scale).
 macro_rules! dispatch {
     ($body:ident, $e:ty, $m:path, $p:expr $(, $g:expr)?) => {
         match Activation::from_u32($p.act) {
@@ -605,18 +608,34 @@ macro_rules! dispatch {
 }
 
 macro_rules! entries {
-    ($($flat:ident, $row:ident: $e:ty, $m:path;)*) => {$(
-        /// Gated forward with FP8 output, static or per-group scales; see the module docs.
-        /// Launch: `GATED_THREADS` threads, the planned grid.
+    ($($flat:ident, $group:ident, $row:ident: $e:ty, $m:path;)*) => {$(
+        /// Gated forward with FP8 output and a static scale; see the module docs. Launch:
+        /// `GATED_THREADS` threads, the planned grid.
         ///
         /// # Safety
         /// The host launcher's checks: valid, aligned, in-bounds tensors; no overlaps.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $flat(p: GatedFp8Params) {
-            if p.scheme == FP8_PER_GROUP {
-                unsafe { dispatch!(flat, $e, $m, &p, true) }
-            } else {
-                unsafe { dispatch!(flat, $e, $m, &p, false) }
+            unsafe { dispatch!(flat, $e, $m, &p, 0) }
+        }
+
+        /// Gated forward with FP8 output and per-group scales; see the module docs. Launch:
+        /// as for the static entry.
+        ///
+        /// # Safety
+        /// As for the static entry.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $group(p: GatedFp8Params) {
+            // Each body has the group's lane count as a constant, so its butterfly has no
+            // branch per step. On the scalar path a group is always a whole warp.
+            unsafe {
+                match p.group_lanes {
+                    32 => dispatch!(flat, $e, $m, &p, 32),
+                    16 if $m == VecMode::V16 => dispatch!(flat, $e, $m, &p, 16),
+                    8 if $m == VecMode::V16 => dispatch!(flat, $e, $m, &p, 8),
+                    // The host plans no other group width.
+                    _ => asm!("trap;", options(nostack)),
+                }
             }
         }
 
@@ -625,7 +644,7 @@ macro_rules! entries {
         /// `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
         ///
         /// # Safety
-        /// As for the flat entry.
+        /// As for the static entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
             unsafe { dispatch!(per_token, $e, $m, &p) }
@@ -635,10 +654,14 @@ macro_rules! entries {
 
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 entries! {
-    gated_fp8_flat_f32_v16, gated_fp8_row_f32_v16: F32, VecMode::V16;
-    gated_fp8_flat_f32_scalar, gated_fp8_row_f32_scalar: F32, VecMode::Scalar;
-    gated_fp8_flat_f16_v16, gated_fp8_row_f16_v16: F16, VecMode::V16;
-    gated_fp8_flat_f16_scalar, gated_fp8_row_f16_scalar: F16, VecMode::Scalar;
-    gated_fp8_flat_bf16_v16, gated_fp8_row_bf16_v16: Bf16, VecMode::V16;
-    gated_fp8_flat_bf16_scalar, gated_fp8_row_bf16_scalar: Bf16, VecMode::Scalar;
+    gated_fp8_flat_f32_v16, gated_fp8_group_f32_v16, gated_fp8_row_f32_v16: F32, VecMode::V16;
+    gated_fp8_flat_f32_scalar, gated_fp8_group_f32_scalar, gated_fp8_row_f32_scalar:
+        F32, VecMode::Scalar;
+    gated_fp8_flat_f16_v16, gated_fp8_group_f16_v16, gated_fp8_row_f16_v16: F16, VecMode::V16;
+    gated_fp8_flat_f16_scalar, gated_fp8_group_f16_scalar, gated_fp8_row_f16_scalar:
+        F16, VecMode::Scalar;
+    gated_fp8_flat_bf16_v16, gated_fp8_group_bf16_v16, gated_fp8_row_bf16_v16:
+        Bf16, VecMode::V16;
+    gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar:
+        Bf16, VecMode::Scalar;
 }
