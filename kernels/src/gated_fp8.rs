@@ -411,17 +411,27 @@ fn smem_f32() -> *mut f32 {
     gpu_launch_sized_workgroup_mem::<f32>()
 }
 
+/// How [`row_max`] reduces each warp's maximum.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WarpMax {
+    /// Five shuffles and maxima ([`run_max`]).
+    Butterfly,
+    /// One `redux.sync` ([`warp_max`]).
+    Redux,
+}
+
 /// The maximum of `v` (neither negative nor NaN) over the `warps` warps of one row (slots
 /// `slot .. slot + warps` of shared memory); every thread of the row gets it. Each warp's
-/// maximum by [`warp_max`] when `REDUX`, else by butterfly (the per-token norm is faster with
-/// `redux.sync`, the gated row kernel slower: `bench/TUNING.md`, "The per-token maximum by
-/// `redux.sync`"). With more than one warp per row it executes one barrier, so every thread
-/// of the block calls it (same `warps`), once per launch.
+/// maximum as `how` says (the per-token norm is faster with `redux.sync`, the gated row kernel
+/// slower: `bench/TUNING.md`, "The per-token maximum by `redux.sync`"). With more than one warp
+/// per row it executes one barrier, so every thread of the block calls it (same `warps`), once
+/// per launch.
 ///
 /// # Safety
 /// `slot + warps` f32s fit in the launch's dynamic shared memory.
 #[inline(always)]
-pub(crate) unsafe fn row_max<const REDUX: bool>(
+pub(crate) unsafe fn row_max(
+    how: WarpMax,
     v: f32,
     lane: u32,
     warp: u32,
@@ -429,8 +439,9 @@ pub(crate) unsafe fn row_max<const REDUX: bool>(
     slot: u32,
 ) -> f32 {
     let of_warp = #[inline(always)]
-    |v: f32| {
-        if REDUX { warp_max(v) } else { run_max(v, 32) }
+    |v: f32| match how {
+        WarpMax::Butterfly => run_max(v, 32),
+        WarpMax::Redux => warp_max(v),
     };
     let m = of_warp(v);
     if warps <= 1 {
@@ -544,7 +555,7 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
         let amax = tile_amax::<E, M, A, GATED_FP8_ROW_CHUNKS>(&t);
         // SAFETY: `slot + warps` <= the block's warps, which the dynamic shared memory holds;
         // every thread of the block gets here once.
-        let amax = unsafe { row_max::<false>(amax, lane, warp, warps, slot) };
+        let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, slot) };
         let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
         // SAFETY: the row's scale is inside the scale matrix for a live row.
         unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
@@ -576,7 +587,7 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
         first += tile;
     }
     // SAFETY: as above.
-    let amax = unsafe { row_max::<false>(amax, lane, warp, warps, slot) };
+    let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, slot) };
     let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
     // SAFETY: as above.
     unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };

@@ -45,7 +45,7 @@ use super::{
     MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_w, normalize, prefetch_first, rstd_of,
     store_chunk,
 };
-use crate::gated_fp8::{load_f32, quantize, row_max, run_max, store_f32_if, store_q};
+use crate::gated_fp8::{WarpMax, load_f32, quantize, row_max, run_max, store_f32_if, store_q};
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync};
 use crate::reduce::row_sum;
 
@@ -217,7 +217,7 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
         unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&y[j])); });
         // SAFETY: every thread of the block gets here (rows past the end too); buffer 1's slots
         // are the block's warps, inside `RMSNORM_SMEM_BYTES`.
-        let amax = unsafe { row_max::<true>(amax, me.lane, me.warp, me.warps, me.slot(1)) };
+        let amax = unsafe { row_max(WarpMax::Redux, amax, me.lane, me.warp, me.warps, me.slot(1)) };
         let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
         // SAFETY: the row's scale, inside the scale vector for a live row.
         unsafe { store_f32_if(p.scale + row * p.scale_row * 4, s, live && me.t == 0) };
