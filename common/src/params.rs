@@ -724,11 +724,13 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// saturating round-to-nearest-even conversion.
 ///
 /// Launch: the flat kernels (`gated_fp8_flat_*` static, `gated_fp8_group_*` per-group) take
-/// `GATED_THREADS` threads per block and
-/// walks `rows * walk.per_row` accesses (`walk` built for its grid; fewer than 2^32 in all),
-/// one warp at a time: a warp's step is 32 accesses on the vector path, `32 * batch` on the
-/// scalar path (lane `l` taking accesses `l + 32k`, `k < batch`), and a group is `2^group_shift`
-/// consecutive accesses of one warp step, reduced over `group_lanes` lanes. The row kernel
+/// `GATED_THREADS` threads per block and walk `rows * walk.per_row` steps (`walk` built for
+/// the grid; fewer than 2^32 accesses in all), one warp at a time: a warp's step is 32
+/// accesses on the static vector path, 32 pairs of accesses on the per-group vector path (a
+/// lane's two accesses half a group apart, so `walk.per_row` is half the row's accesses),
+/// `32 * batch` accesses on the scalar path (lane `l` taking accesses `l + 32k`, `k < batch`).
+/// A group is `2^group_shift` consecutive accesses, reduced over `group_lanes` lanes (half
+/// its accesses on the vector path, the whole warp on the scalar path). The row kernel
 /// (per-token) takes one block of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
 /// (`threads_per_row`, `rows_per_block` = 1: the kernel assumes that geometry), each thread
 /// holding up to `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`]);
@@ -750,7 +752,8 @@ pub struct GatedFp8Params {
     pub scale_group: u64,
     pub rows: u64,
     pub cols: u64,
-    /// Accesses per row and (flat kernel) the walk of its grid: see [`GridWalk`].
+    /// Steps per row (accesses, or pairs on the per-group vector path) and (flat kernels)
+    /// the walk of the grid: see [`GridWalk`].
     pub walk: GridWalk,
     /// Lower bound of a dynamic scale (> 0).
     pub min_scale: f32,
@@ -763,7 +766,7 @@ pub struct GatedFp8Params {
     pub scheme: u32,
     /// log2 of the accesses per group (per-group).
     pub group_shift: u32,
-    /// Lanes a group spans (8, 16 or 32 on the vector path, 32 on the scalar path;
+    /// Lanes a group spans (4, 8 or 16 on the vector path, 32 on the scalar path;
     /// per-group).
     pub group_lanes: u32,
     /// Accesses per lane per warp step on the flat kernel's scalar path (at most

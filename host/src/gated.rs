@@ -607,29 +607,49 @@ pub fn plan_gated_forward_fp8(
         Fp8Scaling::PerGroup { .. } => KernelId::GatedFp8Group(dtype, mode),
         _ => KernelId::GatedFp8Flat(dtype, mode),
     };
+    // The walk's unit: an access, or on the per-group vector path a pair of accesses (a lane
+    // holds two accesses of its group; see the kernel).
+    let mut walk_per_row = per_row;
     if let Fp8Scaling::PerGroup {
         group, min_scale, ..
     } = scaling
     {
-        // A group is `group / width` accesses: 8-32 lanes on the vector path, one warp of
-        // `group / 32` accesses per lane on the scalar path.
+        // A group is `group / width` accesses: on the vector path 8-32, held two per lane by
+        // 4-16 lanes; on the scalar path one warp of `group / 32` accesses per lane.
         let accesses = (group / width) as u64;
         params.scheme = FP8_PER_GROUP;
         params.min_scale = min_scale;
         params.group_shift = accesses.trailing_zeros();
-        params.group_lanes = accesses.min(32) as u32;
-        if mode == VecMode::Scalar {
-            params.batch = (group / 32) as u32;
+        match mode {
+            VecMode::V16 => {
+                params.group_lanes = (accesses / 2) as u32;
+                walk_per_row = per_row / 2;
+            }
+            VecMode::Scalar => {
+                params.group_lanes = 32;
+                params.batch = (group / 32) as u32;
+            }
         }
     } else if mode == VecMode::Scalar {
         params.batch = GATED_FP8_SCALAR_BATCH as u32;
     }
     let block = GATED_THREADS as u64;
     let resident = limits.resident_blocks(kernel) as u64 * block;
+    let paired = walk_per_row != per_row;
     let threads = match mode {
-        // Two accesses per thread and step on the vector path (see the kernel): beyond four
-        // waves of the resident threads, a thread per two accesses; between one and four, the
-        // resident threads, each taking up to four; below, a thread per access.
+        // Per group, a pair per thread and step: beyond two waves of the resident threads, a
+        // thread per pair; below, at most the resident threads, each taking up to two.
+        VecMode::V16 if paired => {
+            let pairs = rows as u64 * walk_per_row;
+            if pairs > 2 * resident {
+                pairs
+            } else {
+                pairs.min(resident)
+            }
+        }
+        // Static, two accesses per thread and step: beyond four waves of the resident
+        // threads, a thread per two accesses; between one and four, the resident threads,
+        // each taking up to four; below, a thread per access.
         VecMode::V16 if total > 4 * resident => total.div_ceil(2).min(1 << 31),
         VecMode::V16 if total > resident => resident,
         VecMode::V16 => total,
@@ -637,7 +657,7 @@ pub fn plan_gated_forward_fp8(
         VecMode::Scalar => (total.div_ceil(32 * params.batch as u64) * 32).min(resident),
     };
     let grid = threads.div_ceil(block);
-    params.walk = GridWalk::new(per_row, grid * block);
+    params.walk = GridWalk::new(walk_per_row, grid * block);
     Ok(Launch {
         kernel,
         grid: grid as u32,

@@ -110,9 +110,12 @@ fn per_group_plans_lanes_and_scale_addressing() {
     let l = plan(&a, &b, &y, rm, &scales(8, 8)).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFp8Group(DType::BF16, VecMode::V16));
     assert_eq!(l.params.scheme, FP8_PER_GROUP);
-    // 128 bf16 = 16 vectors = 16 lanes.
-    assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
+    // 128 bf16 = 16 vectors on 8 lanes, two each; the walk counts those pairs.
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (8, 4));
     assert_eq!((l.params.scale_row, l.params.scale_group), (8, 1));
+    assert_eq!(l.params.walk.per_row, 1024 / 8 / 2);
+    // 8 x 64 pairs, fewer than the resident threads: a thread per pair.
+    assert_eq!(l.grid, 4);
     // Column-major, rows padded to 12: [groups, rows] with row stride 12.
     let cm = Fp8Scaling::per_group(64, ScaleLayout::ColMajor);
     let s = MatDesc {
@@ -121,12 +124,12 @@ fn per_group_plans_lanes_and_scale_addressing() {
         ..scales(16, 8)
     };
     let l = plan(&a, &b, &y, cm, &s).unwrap();
-    assert_eq!((l.params.group_lanes, l.params.group_shift), (8, 3));
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (4, 3));
     assert_eq!((l.params.scale_row, l.params.scale_group), (1, 12));
-    // f32, 128 columns: a whole warp; the scalar path: 32 lanes x 4.
+    // f32, 128 columns: 32 vectors on 16 lanes; the scalar path: 32 lanes x 4.
     let (a, b, y) = abq(DType::F32, 8, 1024);
     let l = plan(&a, &b, &y, rm, &scales(8, 8)).unwrap();
-    assert_eq!(l.params.group_lanes, 32);
+    assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 5));
     let a1 = MatDesc {
         addr: a.addr + 4,
         ..a

@@ -25,11 +25,14 @@ use std::sync::Arc;
 use common::fp8::*;
 use common::*;
 use ferrofuse::cudarc::driver::CudaStream;
+use ferrofuse::gated::plan_gated_forward_fp8;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::{
-    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, Kernels, Mat, MatMut, reference,
+    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc,
+    MatMut, ScaleLayout, VecMode, reference,
 };
+use ferrofuse_common::GATED_THREADS;
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -291,6 +294,73 @@ fn fp8_split_offset_scalar_path() {
 #[test]
 fn fp8_interleaved() {
     run("fp8_interleaved", Layout::Interleaved);
+}
+
+/// The middle grid regime of the flat kernels, where threads walk more than one step: rows
+/// chosen from this device's residency so the per-group plan has between one and two resident
+/// waves of pairs (the static one between one and four of accesses), with the last step left to
+/// part of the threads. SiLU (the walk does not depend on the activation), every scheme.
+#[test]
+fn fp8_middle_regime() {
+    let test = "fp8_middle_regime";
+    let Some((k, s)) = gpu(test) else { return };
+    let cols = 4096;
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        let pairs_per_row = (cols / dtype.lanes_per_16b() / 2) as u64;
+        let resident =
+            k.limits()
+                .resident_blocks(KernelId::GatedFp8Group(dtype, VecMode::V16)) as u64
+                * GATED_THREADS as u64;
+        let rows = (resident * 3 / 2 / pairs_per_row + 1) as usize;
+        let mat =
+            |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
+        let (a, b, y) = (
+            mat(1 << 40, dtype, cols),
+            mat(1 << 41, dtype, cols),
+            mat(1 << 42, DType::F8E4M3, cols),
+        );
+        for (scaling, scales) in [
+            (
+                Fp8Scaling::Static,
+                MatDesc::contiguous(1 << 43, 1, DType::F32, 1, 1),
+            ),
+            (
+                Fp8Scaling::per_group(128, ScaleLayout::RowMajor),
+                mat(1 << 43, DType::F32, cols / 128),
+            ),
+        ] {
+            let plan =
+                plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, scaling, &scales, k.limits())
+                    .unwrap();
+            let threads = plan.grid as u64 * GATED_THREADS as u64;
+            let steps = rows as u64 * plan.params.walk.per_row;
+            assert!(
+                threads <= resident && steps > threads,
+                "{dtype:?} {rows}x{cols} {scaling:?}: {threads} threads for {steps} steps"
+            );
+        }
+        for scaling in schemes(cols) {
+            let body = std::panic::AssertUnwindSafe(|| {
+                typed!(
+                    dtype,
+                    case::<T>(
+                        &k,
+                        &s,
+                        &mut rng,
+                        Activation::Silu,
+                        Layout::Split,
+                        scaling,
+                        (rows, cols)
+                    )
+                )
+            });
+            if let Err(p) = std::panic::catch_unwind(body) {
+                eprintln!("{test}: failed with seed {seed:#x}");
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
 }
 
 /// Saturation: a static scale far below `|y| / 448` gives +-448 (never NaN), and values

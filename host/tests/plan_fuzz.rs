@@ -1265,9 +1265,12 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     let lanes = dtype.lanes_per_16b() as u64;
     let width = if mode == VecMode::V16 { lanes } else { 1 };
     let (rows, cols) = (p.rows, p.cols);
-    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != cols / width {
+    // The per-group vector path walks pairs of accesses (two per lane, half a group apart).
+    let pairs = scheme == FP8_PER_GROUP && mode == VecMode::V16;
+    let walk_unit = if pairs { 2 * width } else { width };
+    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != cols / walk_unit {
         v.add(format!(
-            "{rows} x {cols} in rows of {} accesses",
+            "{rows} x {cols} in rows of {} steps of {walk_unit}",
             p.walk.per_row
         ));
     }
@@ -1297,11 +1300,19 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
         if p.batch == 0 || p.batch > GATED_FP8_SCALAR_BATCH as u32 {
             v.add(format!("scalar batch {}", p.batch));
         }
+        // A group's lanes: half its accesses on the vector path, a whole warp on the scalar
+        // path (whose group is one warp step).
+        let group_lanes = if pairs {
+            group / walk_unit as usize
+        } else {
+            32
+        };
         if scheme == FP8_PER_GROUP
             && (1u64
                 .checked_shl(p.group_shift)
                 .map(|n| n as u128 * width as u128)
                 != Some(group as u128)
+                || p.group_lanes as usize != group_lanes
                 || !p.group_lanes.is_power_of_two()
                 || p.group_lanes > 32)
         {

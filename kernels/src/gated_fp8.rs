@@ -10,18 +10,20 @@
 //! - **Flat** (`gated_fp8_flat_*`: static; `gated_fp8_group_*`: per group, with a body per
 //!   group width in lanes so that width is a constant). The `rows x cols/W` accesses (`W`
 //!   elements each, 16 bytes of the dtype on `v16`, one element on `scalar`) are numbered
-//!   row-major. On `v16`, thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`, two per
-//!   step with all four loads issued first, its row and column advanced by the host's
-//!   [`GridWalk`] step as in the plain kernel (`G` a multiple of 32, so a warp's lanes hold 32
-//!   consecutive accesses). On `scalar`, warps walk steps of `32 * batch` accesses (lane `l`
+//!   row-major. Static on `v16`: thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`, two
+//!   per step with all four loads issued first, its row and column advanced by the host's
+//!   [`GridWalk`] step as in the plain kernel. Per group on `v16`: a group of 128 (or 64)
+//!   columns is 8-32 consecutive accesses (16 for bf16 / f16, 32 for f32 at 128 columns), held
+//!   by half as many consecutive lanes, two accesses each half a group apart (so both loads of
+//!   a lane are coalesced with its neighbours'); the walk counts these pairs, thread `g` taking
+//!   pairs `g, g + G, ...`. On `scalar`, warps walk steps of `32 * batch` accesses (lane `l`
 //!   takes `l + 32k`, `k < batch`: coalesced for every `k`), rows and columns from the host's
-//!   multiply-high ([`GridWalk::row_of`]): no division. A group of 128 (or 64) columns is
-//!   8-32 consecutive accesses on `v16` (16 for bf16 / f16, 32 for f32 at 128 columns), so
-//!   8-32 consecutive lanes; on `scalar` it is one whole step (`batch` = group / 32). The
-//!   group's maximum is a butterfly over those lanes (after each lane's own accesses), so
-//!   every lane of a group holds the same scale; the group's first lane stores it. Each
-//!   element is loaded once and written once, the scale once per group: the traffic of the
-//!   plain kernel with a one-byte output.
+//!   multiply-high ([`GridWalk::row_of`]): no division; a group is one whole step (`batch` =
+//!   group / 32). `G` is a multiple of 32, so a group's lanes are in one warp. The group's
+//!   maximum is a butterfly over its lanes (after each lane's own accesses), so every lane of a
+//!   group holds the same scale; the group's first lane stores it. Each element is loaded once
+//!   and written once, the scale once per group: the traffic of the plain kernel with a
+//!   one-byte output.
 //! - **Row** (`gated_fp8_row_*`: per token). One block of [`GATED_FP8_ROW_MAX_THREADS`] (512)
 //!   threads per row, two blocks per SM; thread `t` owns accesses `t + 512 j`, `j < chunks`
 //!   (<= [`GATED_FP8_ROW_CHUNKS`], 4), loaded back to back (predicated) and kept packed in
@@ -255,9 +257,13 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
         unsafe { load_f32(p.scale) }
     };
     let fixed_inv = reciprocal(fixed);
+    if M == VecMode::V16 && grouped {
+        // SAFETY: the caller's contract.
+        return unsafe { group_v16::<E, A, LANES>(p) };
+    }
     if M == VecMode::V16 {
         // SAFETY: the caller's contract.
-        return unsafe { flat_v16::<E, A, LANES>(p, fixed, fixed_inv) };
+        return unsafe { flat_v16::<E, A>(p, fixed, fixed_inv) };
     }
     let w = const { access_width::<E, M>() };
     let walk: &GridWalk = &p.walk;
@@ -322,24 +328,18 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
 /// 32 lanes take 32 consecutive accesses, `G` being a multiple of 32), its row and column
 /// advanced by the host's [`GridWalk`] step as in the plain gated forward.
 #[inline(always)]
-unsafe fn flat_v16<E: Elem, A: GatedAct, const LANES: u32>(
-    p: &GatedFp8Params,
-    fixed: f32,
-    fixed_inv: f32,
-) {
+unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params, fixed: f32, fixed_inv: f32) {
     const V: VecMode = VecMode::V16;
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
-    let lane = grid::thread_x() & 31;
     let total = p.rows * walk.per_row;
     let row = walk.row_of(i);
     let (mut r, mut c) = (row, i - row * walk.per_row);
     // Two accesses per thread and step, all four loads issued first: twice the bytes in
     // flight of one access per thread (this kernel's registers cap its occupancy below the
     // plain kernel's).
-    // Warp-uniform: every lane of the warp runs the same steps (the shuffles need them all).
-    while i - lane < total {
+    while i < total {
         let (mut r2, mut c2) = (r + walk.step_rows, c + walk.step_cols);
         if c2 >= walk.per_row {
             c2 -= walk.per_row;
@@ -359,8 +359,8 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const LANES: u32>(
         };
         // SAFETY: as for the loads.
         unsafe {
-            flat_v16_one::<E, A, LANES>(p, a, b, (r, c), ok, lane, fixed, fixed_inv);
-            flat_v16_one::<E, A, LANES>(p, a2, b2, (r2, c2), ok2, lane, fixed, fixed_inv);
+            flat_v16_one::<E, A>(p, a, b, (r, c), ok, fixed, fixed_inv);
+            flat_v16_one::<E, A>(p, a2, b2, (r2, c2), ok2, fixed, fixed_inv);
         }
         (r, c) = (r2 + walk.step_rows, c2 + walk.step_cols);
         if c >= walk.per_row {
@@ -371,38 +371,81 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const LANES: u32>(
     }
 }
 
-/// The output of one access of [`flat_v16`] (its loads done): `y`, the group's scale, the
-/// stores.
+/// The output of one access of [`flat_v16`] (its loads done): `y`, quantised with the static
+/// scale, stored.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn flat_v16_one<E: Elem, A: GatedAct, const LANES: u32>(
+unsafe fn flat_v16_one<E: Elem, A: GatedAct>(
     p: &GatedFp8Params,
     a: [u32; 4],
     b: [u32; 4],
     (r, c): (u64, u64),
     ok: bool,
-    lane: u64,
-    fixed: f32,
-    fixed_inv: f32,
+    scale: f32,
+    inv: f32,
 ) {
     const V: VecMode = VecMode::V16;
     let w = const { access_width::<E, V>() };
-    let y = gated::<E, V, A>(a, b);
-    let (scale, inv) = if LANES != 0 {
-        let amax = run_max(access_amax(w, &y, ok), LANES);
-        let s = dynamic_scale(amax, p.min_scale, f32::INFINITY);
-        let first = lane & (LANES as u64 - 1) == 0;
-        let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
-        // SAFETY: the first lane of each group stores its scale, inside the scale matrix (the
-        // host checked its shape and strides) when its access is in range.
-        unsafe { store_f32_if(at_s, s, first && ok) };
-        (s, reciprocal(s))
-    } else {
-        (fixed, fixed_inv)
-    };
-    let q = quantize(w, &y, scale, inv);
+    let q = quantize(w, &gated::<E, V, A>(a, b), scale, inv);
     // SAFETY: `y` covers rows x cols at its stride, aligned to `w` bytes (the host's checks).
     unsafe { store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok) };
+}
+
+/// [`flat`] on the vector path with per-group scales. A group of `2 * LANES` accesses is held
+/// by `LANES` consecutive lanes, two accesses each, `LANES` apart: the walk ([`GridWalk`],
+/// built by the host over these pairs, `per_row` of them per row) gives thread `g` of `G`
+/// pairs `g, g + G, ...`; pair `k` of a row is accesses `c` and `c + LANES`, `c = k + (k &
+/// !(LANES - 1))`. A row's pairs are a whole number of groups and `LANES` divides 32, so a
+/// group's lanes are `LANES` aligned lanes of one warp; one butterfly, one scale and one
+/// reciprocal serve both accesses (two accesses a grid apart, as on the static path, would
+/// each need their own).
+#[inline(always)]
+unsafe fn group_v16<E: Elem, A: GatedAct, const LANES: u32>(p: &GatedFp8Params) {
+    const V: VecMode = VecMode::V16;
+    let w = const { access_width::<E, V>() };
+    let half = LANES as u64;
+    let walk = &p.walk;
+    let step = grid::grid_dim_x() * grid::block_dim_x();
+    let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    let lane = grid::thread_x() & 31;
+    let first = lane & (half - 1) == 0;
+    let total = p.rows * walk.per_row;
+    let row = walk.row_of(i);
+    let (mut r, mut k) = (row, i - row * walk.per_row);
+    // Warp-uniform: every lane of the warp runs the same steps (the shuffles need them all).
+    while i - lane < total {
+        let ok = i < total;
+        let c = k + (k & !(half - 1));
+        // SAFETY: where `ok`, pair i is inside the rows, so accesses c and c + LANES of row r
+        // are inside `a` and `b` (the host's checks; the walk is built for this grid).
+        let (a, b, a2, b2) = unsafe {
+            (
+                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c), ok),
+                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c), ok),
+                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c + half), ok),
+                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c + half), ok),
+            )
+        };
+        let (y, y2) = (gated::<E, V, A>(a, b), gated::<E, V, A>(a2, b2));
+        let amax = run_max(access_amax(w, &y, ok).max(access_amax(w, &y2, ok)), LANES);
+        let scale = dynamic_scale(amax, p.min_scale, f32::INFINITY);
+        let inv = reciprocal(scale);
+        let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
+        let (q, q2) = (quantize(w, &y, scale, inv), quantize(w, &y2, scale, inv));
+        // SAFETY: the group's first lane stores its scale, inside the scale matrix (the host
+        // checked its shape and strides) when its pair is in range; `y` covers rows x cols
+        // at its stride, aligned to `w` bytes (the host's checks).
+        unsafe {
+            store_f32_if(at_s, scale, first && ok);
+            store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok);
+            store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c + half), q2, ok);
+        }
+        (r, k) = (r + walk.step_rows, k + walk.step_cols);
+        if k >= walk.per_row {
+            k -= walk.per_row;
+            r += 1;
+        }
+        i += step;
+    }
 }
 
 /// The launch-sized dynamic shared memory as f32s.
@@ -638,12 +681,14 @@ macro_rules! entries {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $group(p: GatedFp8Params) {
             // Each body has the group's lane count as a constant, so its butterfly has no
-            // branch per step. On the scalar path a group is always a whole warp.
+            // branch per step: half the group's accesses on the vector path (two per lane),
+            // always a whole warp on the scalar path.
             unsafe {
                 match p.group_lanes {
-                    32 => dispatch!(flat, $e, $m, &p, 32),
                     16 if $m == VecMode::V16 => dispatch!(flat, $e, $m, &p, 16),
                     8 if $m == VecMode::V16 => dispatch!(flat, $e, $m, &p, 8),
+                    4 if $m == VecMode::V16 => dispatch!(flat, $e, $m, &p, 4),
+                    32 if $m == VecMode::Scalar => dispatch!(flat, $e, $m, &p, 32),
                     // The host plans no other group width.
                     _ => asm!("trap;", options(nostack)),
                 }
