@@ -89,6 +89,9 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
+    /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
+    /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
+    GatedFp8RowLong(DType, VecMode),
     /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers
     /// (`rmsnorm_fp8_{dtype}_{v16|scalar}_{e16|e32}`; see `RmsNormFp8Params`).
     RmsNormFp8(DType, VecMode, NormFwdVariant),
@@ -270,6 +273,12 @@ kernel_table! {
     gated_fp8_group_f16_scalar = GatedFp8Group(F16, Scalar),
     gated_fp8_group_bf16_v16 = GatedFp8Group(BF16, V16),
     gated_fp8_group_bf16_scalar = GatedFp8Group(BF16, Scalar),
+    gated_fp8_row_long_f32_v16 = GatedFp8RowLong(F32, V16),
+    gated_fp8_row_long_f32_scalar = GatedFp8RowLong(F32, Scalar),
+    gated_fp8_row_long_f16_v16 = GatedFp8RowLong(F16, V16),
+    gated_fp8_row_long_f16_scalar = GatedFp8RowLong(F16, Scalar),
+    gated_fp8_row_long_bf16_v16 = GatedFp8RowLong(BF16, V16),
+    gated_fp8_row_long_bf16_scalar = GatedFp8RowLong(BF16, Scalar),
 }
 
 impl KernelId {
@@ -286,6 +295,7 @@ impl KernelId {
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
+                | KernelId::GatedFp8RowLong(..)
                 | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdRealigned(..)
@@ -306,7 +316,7 @@ impl KernelId {
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
-            KernelId::GatedFp8Row(..) => GATED_FP8_ROW_MAX_THREADS,
+            KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowLong(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
@@ -334,6 +344,9 @@ impl KernelId {
             // Two rows of 512 threads per SM (64 registers): a row's loads in flight while
             // the other row reduces or stores.
             KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
+            // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
+            // of up to 4096 accesses held whole.
+            KernelId::GatedFp8RowLong(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
             // Two 512-thread rows per SM (64 registers): the rows are staged in shared memory,
             // so registers, not bytes in flight, set the rows per SM (an uncapped build took
             // 88 at 32 per thread, one row of 352-512 threads per SM: 1.4x slower).

@@ -691,15 +691,20 @@ pub struct RmsNormDwParams {
 // Gated activations with FP8 E4M3 outputs (`gated_fp8_*` kernels).
 // ---------------------------------------------------------------------------------------------
 
-/// Threads per row (and per block) of the per-token FP8 kernel, fixed so that a thread's
+/// Threads per row (and per block) of the per-token FP8 kernels, fixed so that a thread's
 /// accesses are one address plus immediate offsets. Each thread holds up to
-/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile: rows of up to 16384 bf16/f16, 8192
-/// f32 or 2048 unaligned elements are one tile (read once, from registers); longer rows are
-/// walked twice, the second time mostly from L2 (see `kernels/src/gated_fp8.rs`).
+/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile (two blocks per SM), or
+/// [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel (one block per SM): rows of up to
+/// 32768 bf16/f16, 16384 f32 or 4096 unaligned elements are one tile (read once, from
+/// registers); longer rows are walked twice, the second time mostly from L2 (see
+/// `kernels/src/gated_fp8.rs`).
 pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
 /// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
 /// kernel holds per tile of its row.
 pub const GATED_FP8_ROW_CHUNKS: usize = 4;
+/// Accesses a thread of the long-row per-token FP8 kernel holds: rows of more than one tile
+/// of [`GATED_FP8_ROW_CHUNKS`] and at most one of these.
+pub const GATED_FP8_ROW_LONG_CHUNKS: usize = 8;
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = GATED_FP8_ROW_MAX_THREADS / 32 * 4;
 /// Accesses per lane per step of the flat FP8 kernel's scalar path (one element each); a
@@ -733,7 +738,8 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// its accesses on the vector path, the whole warp on the scalar path). The row kernel
 /// (per-token) takes one block of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
 /// (`threads_per_row`, `rows_per_block` = 1: the kernel assumes that geometry), each thread
-/// holding up to `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`]);
+/// holding up to `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`],
+/// or [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel);
 /// a row of several tiles is walked twice (once for the maximum, once for the output); and
 /// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
 ///

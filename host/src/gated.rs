@@ -24,8 +24,8 @@ use ferrofuse_common::{
 
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES,
-    GATED_FP8_SCALAR_BATCH, GatedFp8Params,
+    GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_THREADS,
+    GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GatedFp8Params,
 };
 
 use crate::error::{Error, Result};
@@ -576,11 +576,30 @@ pub fn plan_gated_forward_fp8(
         scale_ub,
     } = scaling
     {
-        let kernel = KernelId::GatedFp8Row(dtype, mode);
         // One block of a fixed width per row (the kernel's addressing assumes it), each
-        // thread holding up to GATED_FP8_ROW_CHUNKS accesses per tile.
-        let chunks = GATED_FP8_ROW_CHUNKS as u64;
+        // thread holding up to GATED_FP8_ROW_CHUNKS accesses per tile. A row of more than one
+        // such tile and at most one of GATED_FP8_ROW_LONG_CHUNKS is held whole by the
+        // long-row kernel (one block per SM) rather than read twice, once the rows pass one
+        // wave of the two-blocks-per-SM kernel: within that wave the two-pass kernel, all
+        // rows at once, was faster (256 rows of 14336 f32), beyond it the long-row kernel
+        // (1024 rows and more).
         let tpr = GATED_FP8_ROW_MAX_THREADS as u64;
+        let per_thread = per_row.div_ceil(tpr);
+        let one_wave = limits.resident_blocks(KernelId::GatedFp8Row(dtype, mode)) as u64;
+        let (kernel, chunks) = if per_thread > GATED_FP8_ROW_CHUNKS as u64
+            && per_thread <= GATED_FP8_ROW_LONG_CHUNKS as u64
+            && rows as u64 > one_wave
+        {
+            (
+                KernelId::GatedFp8RowLong(dtype, mode),
+                GATED_FP8_ROW_LONG_CHUNKS as u64,
+            )
+        } else {
+            (
+                KernelId::GatedFp8Row(dtype, mode),
+                GATED_FP8_ROW_CHUNKS as u64,
+            )
+        };
         let rows_per_block = 1;
         let blocks = (rows as u64).div_ceil(rows_per_block);
         if blocks > i32::MAX as u64 {
@@ -594,7 +613,7 @@ pub fn plan_gated_forward_fp8(
         params.scale_ub = scale_ub.unwrap_or(f32::INFINITY);
         params.threads_per_row = tpr as u32;
         params.rows_per_block = rows_per_block as u32;
-        params.chunks = per_row.div_ceil(tpr).clamp(1, chunks) as u32;
+        params.chunks = per_thread.clamp(1, chunks) as u32;
         return Ok(Launch {
             kernel,
             grid: blocks as u32,

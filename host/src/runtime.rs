@@ -207,6 +207,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..)
+            | KernelId::GatedFp8Row(..)
             | KernelId::RmsNormFwdWFirst(..)
     )
     .then(|| kernel.max_block_threads())

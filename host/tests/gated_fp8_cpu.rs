@@ -101,6 +101,27 @@ fn per_token_plans_rows_in_registers() {
     assert_eq!((l.params.chunks, l.params.rows_per_block), (1, 1));
     assert_eq!((l.grid, l.block), (5, 512));
     assert_eq!((l.params.scale_ub, l.params.min_scale), (2.0, 1e-6));
+    // Rows of 2049-4096 accesses beyond one wave of the two-pass kernel: the long-row kernel
+    // holds them whole; longer rows, and rows within that wave, take two passes.
+    let f32_row = KernelId::GatedFp8Row(DType::F32, VecMode::V16);
+    let f32_long = KernelId::GatedFp8RowLong(DType::F32, VecMode::V16);
+    let two_per_sm = GridLimits::uniform(132, 2);
+    for (rows, cols, kernel, chunks) in [
+        (265, 14336, f32_long, 7),
+        (265, 16384, f32_long, 8),
+        (264, 14336, f32_row, 4),
+        (265, 16388, f32_row, 4),
+    ] {
+        let (a, b, y) = abq(DType::F32, rows, cols);
+        let s = scales(rows, 1);
+        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &two_per_sm).unwrap();
+        assert_eq!(
+            (l.kernel, l.params.chunks),
+            (kernel, chunks),
+            "{rows} x {cols}"
+        );
+        assert_eq!((l.grid, l.block), (rows as u32, 512));
+    }
 }
 
 #[test]
@@ -399,6 +420,7 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 KernelId::GatedFp8Flat(d, m),
                 KernelId::GatedFp8Group(d, m),
                 KernelId::GatedFp8Row(d, m),
+                KernelId::GatedFp8RowLong(d, m),
             ] {
                 assert!(k.exists(), "{k:?}");
                 assert_eq!(KernelId::ALL[k.index()], k);

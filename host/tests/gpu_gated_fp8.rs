@@ -32,7 +32,7 @@ use ferrofuse::{
     Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc,
     MatMut, ScaleLayout, VecMode, reference,
 };
-use ferrofuse_common::GATED_THREADS;
+use ferrofuse_common::{GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -358,6 +358,64 @@ fn fp8_middle_regime() {
             if let Err(p) = std::panic::catch_unwind(body) {
                 eprintln!("{test}: failed with seed {seed:#x}");
                 std::panic::resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// Per-token rows held whole by the long-row kernel (2049-4096 accesses per row, more rows
+/// than one wave of the two-pass kernel), on the vector path (rows of 14336 f32, 28672
+/// bf16 / f16) and the scalar path (4096 elements, every operand one element into its
+/// buffer). SiLU, with and without an upper bound on the scale.
+#[test]
+fn fp8_per_token_long_rows() {
+    let test = "fp8_per_token_long_rows";
+    let Some((k, s)) = gpu(test) else { return };
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        let one_wave = |mode| {
+            k.limits()
+                .resident_blocks(KernelId::GatedFp8Row(dtype, mode))
+        };
+        let rows = one_wave(VecMode::V16).max(one_wave(VecMode::Scalar)) as usize + 3;
+        let cols = 4 * GATED_FP8_ROW_MAX_THREADS as usize * dtype.lanes_per_16b() * 7 / 4;
+        let mat =
+            |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
+        let plan = plan_gated_forward_fp8(
+            Activation::Silu,
+            &mat(1 << 40, dtype, cols),
+            &mat(1 << 41, dtype, cols),
+            &mat(1 << 42, DType::F8E4M3, cols),
+            Fp8Scaling::per_token(),
+            &mat(1 << 43, DType::F32, 1),
+            k.limits(),
+        )
+        .unwrap();
+        assert_eq!(plan.kernel, KernelId::GatedFp8RowLong(dtype, VecMode::V16));
+        let per_token: Vec<Fp8Scaling> = schemes(cols)
+            .into_iter()
+            .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
+            .collect();
+        for (layout, cols) in [(Layout::Split, cols), (Layout::SplitOffset, 4096)] {
+            for &scaling in &per_token {
+                let body = std::panic::AssertUnwindSafe(|| {
+                    typed!(
+                        dtype,
+                        case::<T>(
+                            &k,
+                            &s,
+                            &mut rng,
+                            Activation::Silu,
+                            layout,
+                            scaling,
+                            (rows, cols)
+                        )
+                    )
+                });
+                if let Err(p) = std::panic::catch_unwind(body) {
+                    eprintln!("{test}: failed with seed {seed:#x}");
+                    std::panic::resume_unwind(p);
+                }
             }
         }
     }

@@ -40,10 +40,10 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS,
-    GATED_FP8_SCALAR_BATCH, GatedBwdParams, GatedFp8Params, GatedFwdParams,
-    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_W_F32,
-    RmsNormFp8Params, RmsNormFwdParams,
+    DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
+    GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH, GatedBwdParams, GatedFp8Params,
+    GatedFwdParams, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
+    RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1254,7 +1254,11 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     let p = &l.params;
     let per_token = scheme == FP8_PER_TOKEN;
     let mode = match l.kernel {
-        KernelId::GatedFp8Row(d, mode) if d == dtype && per_token => mode,
+        KernelId::GatedFp8Row(d, mode) | KernelId::GatedFp8RowLong(d, mode)
+            if d == dtype && per_token =>
+        {
+            mode
+        }
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
@@ -1284,8 +1288,22 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
                 || l.block != row_threads
                 || (p.threads_per_row, p.rows_per_block) != (row_threads, 1)
                 || !(1..=GATED_FP8_ROW_CHUNKS as u32).contains(&p.chunks))
+            && !matches!(l.kernel, KernelId::GatedFp8RowLong(..))
         {
             v.add("the per-token geometry is not one block of 512 per row".into());
+        }
+        // The long-row kernel holds the whole row (it has no second walk).
+        if let KernelId::GatedFp8RowLong(..) = l.kernel
+            && (l.grid as u64 != rows
+                || l.block != row_threads
+                || (p.threads_per_row, p.rows_per_block) != (row_threads, 1)
+                || !(1..=GATED_FP8_ROW_LONG_CHUNKS as u32).contains(&p.chunks)
+                || p.walk.per_row > row_threads as u64 * p.chunks as u64)
+        {
+            v.add(format!(
+                "the long-row kernel for {} accesses per row in {} chunks",
+                p.walk.per_row, p.chunks
+            ));
         }
     } else {
         // The flat walk counts accesses in 32 bits.

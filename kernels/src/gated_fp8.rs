@@ -30,9 +30,12 @@
 //!   registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
 //!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
 //!   (up to 2048 accesses: 16384 bf16/f16, 8192 f32) is read once, and two such rows per SM
-//!   keep their loads in flight while the other one reduces or stores. A longer row is walked
-//!   twice in tiles of two accesses per thread: once for the maximum, once for the output;
-//!   the second walk finds the row in L2 (two rows per SM), so HBM still sees one read.
+//!   keep their loads in flight while the other one reduces or stores. Rows of 2049-4096
+//!   accesses run the long-row entry (`gated_fp8_row_long_*`): the same body with up to
+//!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM,
+//!   still read once. A longer row is walked twice in tiles of two accesses per thread: once
+//!   for the maximum, once for the output; the second walk finds the row in L2 (two rows per
+//!   SM), so HBM still sees one read.
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
@@ -57,8 +60,8 @@ use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
 use ferrofuse_common::fp8::e4m3_from_f32;
 use ferrofuse_common::fp8::{div_near, divide_far, dynamic_scale, reciprocal};
 use ferrofuse_common::{
-    Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
-    GatedFp8Params, GridWalk,
+    Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_THREADS,
+    GATED_FP8_SCALAR_BATCH, GatedFp8Params, GridWalk,
 };
 
 use crate::mem::{
@@ -577,7 +580,9 @@ unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct, const N: usize>(
 
 /// The row kernel (per-token scales); see the module docs.
 #[inline(always)]
-unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
+unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct, const CHUNKS: usize>(
+    p: &GatedFp8Params,
+) {
     grid_dependency_sync();
     // One row per block of ROW_THREADS threads (the host's geometry), a constant so that a
     // thread's chunks are one base address plus immediate offsets (with the row's width a
@@ -594,8 +599,8 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
     if tile >= p.walk.per_row {
         // The whole row in registers: one read, one write.
         // SAFETY: the host's checks (see `row_tile`).
-        let t = unsafe { row_tile::<E, M, GATED_FP8_ROW_CHUNKS>(p, row, live, t_row, tpr) };
-        let amax = tile_amax::<E, M, A, GATED_FP8_ROW_CHUNKS>(&t);
+        let t = unsafe { row_tile::<E, M, CHUNKS>(p, row, live, t_row, tpr) };
+        let amax = tile_amax::<E, M, A, CHUNKS>(&t);
         // SAFETY: `slot + warps` <= the block's warps, which the dynamic shared memory holds;
         // every thread of the block gets here once.
         let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, slot) };
@@ -603,17 +608,7 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) 
         // SAFETY: the row's scale is inside the scale matrix for a live row.
         unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
         // SAFETY: as for the loads.
-        unsafe {
-            row_store::<E, M, A, GATED_FP8_ROW_CHUNKS>(
-                p,
-                &t,
-                row,
-                t_row,
-                tpr,
-                scale,
-                reciprocal(scale),
-            )
-        };
+        unsafe { row_store::<E, M, A, CHUNKS>(p, &t, row, t_row, tpr, scale, reciprocal(scale)) };
         return;
     }
     // Longer rows: the maximum over every tile, then each tile again for the output, in tiles
@@ -662,7 +657,7 @@ macro_rules! dispatch {
 }
 
 macro_rules! entries {
-    ($($flat:ident, $group:ident, $row:ident: $e:ty, $m:path;)*) => {$(
+    ($($flat:ident, $group:ident, $row:ident, $long:ident: $e:ty, $m:path;)*) => {$(
         /// Gated forward with FP8 output and a static scale; see the module docs. Launch:
         /// `GATED_THREADS` threads, the planned grid.
         ///
@@ -703,21 +698,34 @@ macro_rules! entries {
         /// As for the static entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
-            unsafe { dispatch!(per_token, $e, $m, &p) }
+            unsafe { dispatch!(per_token, $e, $m, &p, GATED_FP8_ROW_CHUNKS) }
+        }
+
+        /// The per-token entry for rows of more than one tile of `GATED_FP8_ROW_CHUNKS` and at
+        /// most one of `GATED_FP8_ROW_LONG_CHUNKS` accesses per thread. Launch: as for the
+        /// per-token entry (one block per SM fits).
+        ///
+        /// # Safety
+        /// As for the static entry.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $long(p: GatedFp8Params) {
+            unsafe { dispatch!(per_token, $e, $m, &p, GATED_FP8_ROW_LONG_CHUNKS) }
         }
     )*};
 }
 
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 entries! {
-    gated_fp8_flat_f32_v16, gated_fp8_group_f32_v16, gated_fp8_row_f32_v16: F32, VecMode::V16;
-    gated_fp8_flat_f32_scalar, gated_fp8_group_f32_scalar, gated_fp8_row_f32_scalar:
-        F32, VecMode::Scalar;
-    gated_fp8_flat_f16_v16, gated_fp8_group_f16_v16, gated_fp8_row_f16_v16: F16, VecMode::V16;
-    gated_fp8_flat_f16_scalar, gated_fp8_group_f16_scalar, gated_fp8_row_f16_scalar:
-        F16, VecMode::Scalar;
-    gated_fp8_flat_bf16_v16, gated_fp8_group_bf16_v16, gated_fp8_row_bf16_v16:
-        Bf16, VecMode::V16;
-    gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar:
-        Bf16, VecMode::Scalar;
+    gated_fp8_flat_f32_v16, gated_fp8_group_f32_v16, gated_fp8_row_f32_v16,
+        gated_fp8_row_long_f32_v16: F32, VecMode::V16;
+    gated_fp8_flat_f32_scalar, gated_fp8_group_f32_scalar, gated_fp8_row_f32_scalar,
+        gated_fp8_row_long_f32_scalar: F32, VecMode::Scalar;
+    gated_fp8_flat_f16_v16, gated_fp8_group_f16_v16, gated_fp8_row_f16_v16,
+        gated_fp8_row_long_f16_v16: F16, VecMode::V16;
+    gated_fp8_flat_f16_scalar, gated_fp8_group_f16_scalar, gated_fp8_row_f16_scalar,
+        gated_fp8_row_long_f16_scalar: F16, VecMode::Scalar;
+    gated_fp8_flat_bf16_v16, gated_fp8_group_bf16_v16, gated_fp8_row_bf16_v16,
+        gated_fp8_row_long_bf16_v16: Bf16, VecMode::V16;
+    gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar,
+        gated_fp8_row_long_bf16_scalar: Bf16, VecMode::Scalar;
 }
