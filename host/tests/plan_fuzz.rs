@@ -12,10 +12,12 @@
 //!   computation counts);
 //! - an `Err` must be one of the validation errors;
 //! - an `Ok` must describe what the crate documents: every operand it accepted is valid as
-//!   `MatDesc::check` promises; every region a launch reads or writes (from its parameters)
-//!   lies inside its operand's buffer; outputs overlap nothing but the documented in-place
-//!   forms; the vector paths only run on operands on the 16-byte grid; grid, block and shared
-//!   memory are within CUDA's limits and the ones the kernels document.
+//!   `MatDesc::check` promises and of the dtype and shape the call declares; the launch
+//!   parameters say what the call asked for (shape, eps, flags); every region a launch reads
+//!   or writes (from its parameters) lies inside its operand's buffer; outputs overlap
+//!   nothing but the documented in-place forms, and the launches of one call write disjoint
+//!   elements; the vector paths only run on operands on the 16-byte grid; grid, block and
+//!   shared memory are within CUDA's limits and the ones the kernels document.
 //!
 //! Every case draws from its own generator, seeded by its family's seed plus its index, and a
 //! failure prints both with the inputs. `FERROFUSE_FUZZ_CASES` sets the cases per family (a
@@ -518,16 +520,59 @@ impl Region {
     }
 }
 
-/// Rows walked at most by the exact overlap test; beyond, the pair is left unchecked (rare:
-/// accepted operands with that many rows are far apart unless a case put them together).
+/// Whether two regions whose rows are the same number of bytes apart share a byte, exactly and
+/// in O(1); `None` when their rows are not (a one-row region fits any step: it has no second
+/// row). Row `i` of `p` is `[P + i*step, P + i*step + lp)`, row `j` of `q` is
+/// `[Q + j*step, Q + j*step + lq)`; with `d = Q - P` and `k = i - j` they meet iff
+/// `d - lp < k*step < d + lq`, and `k` takes every value in `[-(q.rows - 1), p.rows - 1]`
+/// (some pair of rows has each difference). `k*step` grows with `k`, so the smallest `k` of that
+/// range above the lower bound is the one candidate to hold against the upper bound. Rows that
+/// overlap each other (a step below the row length, or 0) need nothing else.
+fn overlap_equal_steps(p: &Region, q: &Region) -> Option<bool> {
+    let step_of = |r: &Region| (r.rows > 1).then_some(r.stride * r.size);
+    let step = match (step_of(p), step_of(q)) {
+        (Some(s), Some(t)) if s != t => return None,
+        (Some(s), _) | (_, Some(s)) => s,
+        (None, None) => 0,
+    };
+    if p.is_empty() || q.is_empty() {
+        return Some(false);
+    }
+    // Addresses come from u64s, lengths and steps from u64 counts times at most 4 bytes, rows
+    // from u64s: all far inside i128.
+    let d = q.addr as i128 - p.addr as i128;
+    let (lp, lq) = ((p.cols * p.size) as i128, (q.cols * q.size) as i128);
+    if step == 0 {
+        // Every row of each region is its first.
+        return Some(d - lp < 0 && 0 < d + lq);
+    }
+    let step = step as i128;
+    let k = ((d - lp).div_euclid(step) + 1).max(1 - q.rows as i128);
+    // |k*step| is at most |d - lp| + step here (k is the clamp only when that is nearer 0),
+    // so the product cannot overflow.
+    Some(k < p.rows as i128 && k * step < d + lq)
+}
+
+/// Rows walked at most by the row walk below; beyond, the pair is left unchecked. Rare: the
+/// long operands of a case share its layout, so their rows are the same distance apart and
+/// their pairs take the O(1) test (the default run, and one ten times longer, leave none).
 const MAX_WALK: u128 = 1 << 14;
 
-/// Whether two regions share a byte, by walking the rows of the shorter one; `None` when
-/// that is too long a walk to take.
+/// Whether two regions share a byte: by the O(1) test when their rows are the same distance
+/// apart, else by walking the rows of the shorter one; `None` when that is too long a walk to
+/// take.
 fn overlap(p: &Region, q: &Region) -> Option<bool> {
     if p.is_empty() || q.is_empty() || p.end() <= q.addr || q.end() <= p.addr {
         return Some(false);
     }
+    if let Some(hit) = overlap_equal_steps(p, q) {
+        return Some(hit);
+    }
+    overlap_walk(p, q)
+}
+
+/// [`overlap`] by walking the rows of the shorter region, `None` past [`MAX_WALK`] rows.
+fn overlap_walk(p: &Region, q: &Region) -> Option<bool> {
     let (p, q) = if p.rows <= q.rows { (p, q) } else { (q, p) };
     if p.rows > MAX_WALK {
         return None;
@@ -536,6 +581,65 @@ fn overlap(p: &Region, q: &Region) -> Option<bool> {
         let s = p.addr + r * p.stride * p.size;
         q.hits(s, s + p.cols * p.size)
     }))
+}
+
+/// Every byte a region covers, for the brute-force check below.
+fn region_bytes(r: &Region) -> Vec<u128> {
+    let mut out = Vec::new();
+    for row in 0..r.rows {
+        for col in 0..r.cols {
+            let at = r.addr + (row * r.stride + col) * r.size;
+            out.extend(at..at + r.size);
+        }
+    }
+    out
+}
+
+/// The O(1) test and the row walk against brute force on small regions, many of them
+/// malformed as a bad plan's could be (a step of 0 or below the row length, mixed element
+/// sizes, one row with any stride): a wrong "disjoint" would hide an overlap from every fuzz
+/// test, so both answers must be exact.
+#[test]
+fn overlap_tests_match_brute_force() {
+    let mut rng = StdRng::seed_from_u64(0x0e71_a900_0000);
+    // Answers of the O(1) test, disjoint and overlapping.
+    let mut equal_steps = [0u64; 2];
+    for _ in 0..50_000 {
+        let region = |rng: &mut StdRng| {
+            Region::new(
+                1000 + rng.random_range(0..64),
+                [1, 2, 4][rng.random_range(0..3)],
+                rng.random_range(0..=5),
+                rng.random_range(0..=6),
+                rng.random_range(0..=8),
+            )
+        };
+        let p = region(&mut rng);
+        let mut q = region(&mut rng);
+        // Mostly rows the same number of bytes apart, where the sizes allow it: the case the
+        // O(1) test takes.
+        if rng.random_bool(0.7) && (p.stride * p.size).is_multiple_of(q.size) {
+            q.stride = p.stride * p.size / q.size;
+        }
+        let pb = region_bytes(&p);
+        let truth = region_bytes(&q).iter().any(|b| pb.contains(b));
+        for (x, y) in [(&p, &q), (&q, &p)] {
+            assert_eq!(overlap(x, y), Some(truth), "overlap({x:?}, {y:?})");
+            if let Some(got) = overlap_equal_steps(x, y) {
+                assert_eq!(got, truth, "overlap_equal_steps({x:?}, {y:?})");
+                equal_steps[got as usize] += 1;
+            }
+            if !x.is_empty() && !y.is_empty() {
+                assert_eq!(
+                    overlap_walk(x, y),
+                    Some(truth),
+                    "overlap_walk({x:?}, {y:?})"
+                );
+            }
+        }
+    }
+    // Most pairs through the O(1) test, both of its answers common.
+    assert!(equal_steps.iter().all(|&n| n > 10_000), "{equal_steps:?}");
 }
 
 /// One operand as one launch touches it.
@@ -710,6 +814,53 @@ fn access(name: &'static str, region: Region, write: bool, launch: usize) -> Acc
     }
 }
 
+/// What an accepted call's operands must all have (its dtype, or its shape): what the case
+/// declared, unless damage changed it alike in every description that carries it
+/// (`carried`, one value each), which makes a valid call of the new value (an interleaved `x`
+/// given other columns with `y` written over `b`, say). Taken from the case, never from one
+/// of the operands checked against it, so an operand of another dtype or shape than the
+/// call's fails whichever operand it is.
+fn expected<T: Copy + PartialEq>(declared: T, carried: &[T]) -> T {
+    match carried.split_first() {
+        Some((&first, rest)) if first != declared && rest.iter().all(|&t| t == first) => first,
+        _ => declared,
+    }
+}
+
+/// The storage dtype and the shape of an accepted call (see [`expected`]), from the dtypes and
+/// shapes its own descriptions carry. The dtype must be one the kernels read: the generator
+/// declares FP8 calls now and then, and FP8 is an output format only.
+fn call_type(
+    v: &mut Violations,
+    (dtype, shape): (DType, (usize, usize)),
+    dtypes: &[DType],
+    shapes: &[(usize, usize)],
+) -> (DType, (usize, usize)) {
+    let dtype = expected(dtype, dtypes);
+    if !DType::ALL.contains(&dtype) {
+        v.add(format!("accepted a call of {dtype:?}"));
+    }
+    (dtype, expected(shape, shapes))
+}
+
+/// The shape an interleaved `[rows, 2 * cols]` description gives each of its halves.
+fn half_shape(x: &MatDesc) -> (usize, usize) {
+    (x.rows, x.cols / 2)
+}
+
+/// The dtypes and shapes a gated call's inputs carry: those of the halves of `x`, or of the
+/// split `a` and `b`.
+fn gated_inputs_carried(
+    x: &Option<MatDesc>,
+    a: &MatDesc,
+    b: &MatDesc,
+) -> (Vec<DType>, Vec<(usize, usize)>) {
+    match x {
+        Some(x) => (vec![x.dtype], vec![half_shape(x)]),
+        None => (vec![a.dtype, b.dtype], vec![a.shape(), b.shape()]),
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Gated forward.
 // ------------------------------------------------------------------------------------------
@@ -718,6 +869,10 @@ fn access(name: &'static str, region: Region, write: bool, launch: usize) -> Acc
 /// interleaved `x`, `y` its own buffer or written over `b` (the in-place forms).
 #[derive(Debug)]
 struct GatedFwdCase {
+    /// What the call declares: its storage dtype and the shape of its operands (before
+    /// damage, which may change either).
+    dtype: DType,
+    shape: (usize, usize),
     act: Activation,
     /// When given, `a` and `b` are its `interleaved_halves` (and the two fields below unused).
     x: Option<MatDesc>,
@@ -733,6 +888,8 @@ fn gated_forward_case(rng: &mut StdRng) -> GatedFwdCase {
     let (rows, cols) = (rows_dim(rng), dim(rng));
     let lay = layout(rng);
     let mut c = GatedFwdCase {
+        dtype,
+        shape: (rows, cols),
         act: activation(rng),
         x: rng
             .random_bool(0.4)
@@ -800,9 +957,14 @@ fn gated_launch<P>(
 fn check_gated_forward(c: &GatedFwdCase, plan: &GatedPlan<GatedFwdParams>) -> Vec<String> {
     let mut v = Violations::default();
     let [a, b, y] = gated_forward_operands(c).expect("planned, so resolved");
-    let dtype = a.dtype;
+    let (mut dtypes, mut shapes) = gated_inputs_carried(&c.x, &c.a, &c.b);
+    if let Some(y) = &c.y {
+        dtypes.push(y.dtype);
+        shapes.push(y.shape());
+    }
+    let (dtype, shape) = call_type(&mut v, (c.dtype, c.shape), &dtypes, &shapes);
     for (name, m) in [("a", &a), ("b", &b), ("y", &y)] {
-        v.desc(name, m, dtype, a.shape());
+        v.desc(name, m, dtype, shape);
     }
     let size = dtype.size_bytes();
     let mut accesses = Vec::new();
@@ -843,10 +1005,9 @@ fn check_gated_forward(c: &GatedFwdCase, plan: &GatedPlan<GatedFwdParams>) -> Ve
         elements += p.rows as u128 * p.cols as u128;
         accesses.extend(mine.into_iter().map(|(a, _)| a));
     }
-    if elements != a.rows as u128 * a.cols as u128 {
+    if elements != shape.0 as u128 * shape.1 as u128 {
         v.add(format!(
-            "the launches cover {elements} elements of {:?}",
-            a.shape()
+            "the launches cover {elements} elements of {shape:?}"
         ));
     }
     v.aliasing(&accesses, &[("y", "b")]);
@@ -879,6 +1040,10 @@ enum Grad {
 
 #[derive(Debug)]
 struct GatedBwdCase {
+    /// What the call declares: its storage dtype and the shape of its operands (before
+    /// damage, which may change either).
+    dtype: DType,
+    shape: (usize, usize),
     act: Activation,
     /// When given, `a` and `b` are its halves.
     x: Option<MatDesc>,
@@ -904,6 +1069,8 @@ fn gated_backward_case(rng: &mut StdRng) -> GatedBwdCase {
     let (da, db) = (grad(rng, 5), grad(rng, 6));
     let interleaved = rng.random_bool(0.3);
     let mut c = GatedBwdCase {
+        dtype,
+        shape: (rows, cols),
         act: activation(rng),
         x: interleaved.then(|| operand(rng, &lay, 0, dtype, rows, cols.saturating_mul(2))),
         a: operand(rng, &lay, 1, dtype, rows, cols),
@@ -963,13 +1130,31 @@ fn check_gated_backward(c: &GatedBwdCase, plan: &GatedPlan<GatedBwdParams>) -> V
     let mut v = Violations::default();
     let ops = gated_backward_operands(c).expect("planned, so resolved");
     let [a, b, dy, da, db] = &ops;
-    let dtype = a.dtype;
+    let (mut dtypes, mut shapes) = gated_inputs_carried(&c.x, &c.a, &c.b);
+    dtypes.push(c.dy.dtype);
+    shapes.push(c.dy.shape());
+    match &c.dx {
+        Some(dx) => {
+            dtypes.push(dx.dtype);
+            shapes.push(half_shape(dx));
+        }
+        None => {
+            for g in [c.da, c.db] {
+                if let Grad::Own(m) = g {
+                    dtypes.push(m.dtype);
+                    shapes.push(m.shape());
+                }
+            }
+        }
+    }
+    let (dtype, shape) = call_type(&mut v, (c.dtype, c.shape), &dtypes, &shapes);
     for (name, m) in ["a", "b", "dy", "da", "db"].into_iter().zip(&ops) {
-        v.desc(name, m, dtype, a.shape());
+        v.desc(name, m, dtype, shape);
     }
     let size = dtype.size_bytes();
     let mut accesses = Vec::new();
     let mut elements = 0u128;
+    let mut outputs: Vec<(&str, Region)> = Vec::new();
     for (i, l) in plan.launches().enumerate() {
         let p = &l.params;
         let vector = match l.kernel {
@@ -995,13 +1180,26 @@ fn check_gated_backward(c: &GatedBwdCase, plan: &GatedPlan<GatedBwdParams>) -> V
             &mine,
             vector,
         );
+        // Each element belongs to one launch: the outputs of the pieces are disjoint. (The
+        // aliasing check below skips pairs of one name, so it would not see a piece's da over
+        // another piece's da.)
+        for (acc, _) in &mine[3..] {
+            for (name, o) in &outputs {
+                if overlap(o, &acc.region) == Some(true) {
+                    v.add(format!(
+                        "launch {i} writes {} elements another launch writes as {name}",
+                        acc.name
+                    ));
+                }
+            }
+        }
+        outputs.extend(mine[3..].iter().map(|(acc, _)| (acc.name, acc.region)));
         elements += p.rows as u128 * p.cols as u128;
         accesses.extend(mine.into_iter().map(|(a, _)| a));
     }
-    if elements != a.rows as u128 * a.cols as u128 {
+    if elements != shape.0 as u128 * shape.1 as u128 {
         v.add(format!(
-            "the launches cover {elements} elements of {:?}",
-            a.shape()
+            "the launches cover {elements} elements of {shape:?}"
         ));
     }
     v.aliasing(
@@ -1193,6 +1391,10 @@ fn scaling_params(v: &mut Violations, s: &Fp8Scaling, scheme: u32, min: f32, ub:
 
 #[derive(Debug)]
 struct GatedFp8Case {
+    /// What the call declares: its storage dtype and the shape of its operands (before
+    /// damage, which may change either).
+    dtype: DType,
+    shape: (usize, usize),
     act: Activation,
     x: Option<MatDesc>,
     a: MatDesc,
@@ -1209,6 +1411,8 @@ fn gated_fp8_case(rng: &mut StdRng) -> GatedFp8Case {
     let (rows, cols) = (rows_dim(rng), fp8_cols(rng, &scaling));
     let lay = layout(rng);
     let mut c = GatedFp8Case {
+        dtype,
+        shape: (rows, cols),
         act: activation(rng),
         x: rng
             .random_bool(0.4)
@@ -1245,7 +1449,10 @@ fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<Launch<GatedFp8Params>, Error
 fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> {
     let mut v = Violations::default();
     let (a, b) = halves(&c.x, &c.a, &c.b).expect("planned, so resolved");
-    let (dtype, shape) = (a.dtype, a.shape());
+    // y is FP8 (checked as such below) but carries the shape.
+    let (dtypes, mut shapes) = gated_inputs_carried(&c.x, &c.a, &c.b);
+    shapes.push(c.y.shape());
+    let (dtype, shape) = call_type(&mut v, (c.dtype, c.shape), &dtypes, &shapes);
     let (scale_shape, scheme, group) = accepted_scaling(&mut v, &c.scaling, shape);
     v.desc("a", &a, dtype, shape);
     v.desc("b", &b, dtype, shape);
@@ -1403,6 +1610,10 @@ enum Over {
 
 #[derive(Debug)]
 struct NormFwdCase {
+    /// What the call declares: its storage dtype and the shape of its operands (before
+    /// damage, which may change either).
+    dtype: DType,
+    shape: (usize, usize),
     x: MatDesc,
     residual: Option<MatDesc>,
     weight: MatDesc,
@@ -1426,6 +1637,8 @@ fn norm_forward_case(rng: &mut StdRng) -> NormFwdCase {
     let y_over = [Over::Own, Over::X][rng.random_range(0..2)];
     let h_over = [Over::Own, Over::X, Over::Residual][rng.random_range(0..3)];
     let mut c = NormFwdCase {
+        dtype,
+        shape: (rows, hidden),
         x: operand(rng, &lay, 0, dtype, rows, hidden),
         residual: add.then(|| operand(rng, &lay, 1, dtype, rows, hidden)),
         weight: operand(rng, &lay, 2, w_dtype, 1, hidden),
@@ -1476,9 +1689,25 @@ fn plan_norm_forward_case(c: &NormFwdCase) -> Result<Launch<RmsNormFwdParams>, E
     plan_rmsnorm_forward(&norm_forward_descs(c), &c.opts, &c.limits.grid_limits())
 }
 
-/// What an accepted forward's operands must be, and the weight flag its launch carries.
+/// The storage dtype and shape of an accepted norm call (see [`call_type`]): the operands
+/// given in the storage dtype carry both, an FP8 `y` (checked as FP8 on its own) the shape.
+fn norm_call_type(
+    v: &mut Violations,
+    declared: (DType, (usize, usize)),
+    storage: &[Option<&MatDesc>],
+    fp8_y: Option<&MatDesc>,
+) -> (DType, (usize, usize)) {
+    let given = || storage.iter().flatten().copied();
+    let dtypes: Vec<DType> = given().map(|m| m.dtype).collect();
+    let shapes: Vec<(usize, usize)> = given().chain(fp8_y).map(|m| m.shape()).collect();
+    call_type(v, declared, &dtypes, &shapes)
+}
+
+/// What an accepted forward's operands must be, for a call of `dtype` and `[rows, hidden]`.
+#[allow(clippy::too_many_arguments)]
 fn check_norm_operands(
     v: &mut Violations,
+    (dtype, (rows, hidden)): (DType, (usize, usize)),
     x: &MatDesc,
     residual: Option<&MatDesc>,
     weight: &MatDesc,
@@ -1486,7 +1715,6 @@ fn check_norm_operands(
     rstd: Option<&MatDesc>,
     opts: &RmsNormOptions,
 ) {
-    let (dtype, (rows, hidden)) = (x.dtype, x.shape());
     if !(opts.eps.is_finite() && opts.eps > 0.0) {
         v.add(format!("accepted eps {}", opts.eps));
     }
@@ -1510,11 +1738,26 @@ fn check_norm_operands(
     }
 }
 
-/// The parameters of the forward both norm forwards share: shape, eps, flags, and each
-/// operand's access (an absent optional operand is address 0).
+/// The flags of the weight, shared by the forward and the backward: Gemma's `1 + w` as
+/// requested, an f32 weight under a 16-bit storage dtype.
+fn weight_flags(opts: &RmsNormOptions, w_dtype: DType, dtype: DType) -> u32 {
+    let mut flags = 0;
+    if opts.gemma {
+        flags |= RMSNORM_GEMMA;
+    }
+    if w_dtype == DType::F32 && dtype != DType::F32 {
+        flags |= RMSNORM_W_F32;
+    }
+    flags
+}
+
+/// The parameters of the forward both norm forwards share (for a call of `dtype` and
+/// `[rows, hidden]`): shape, eps, flags, and each operand's access (an absent optional operand
+/// is address 0).
 #[allow(clippy::too_many_arguments)]
 fn norm_accesses<'m>(
     v: &mut Violations,
+    (dtype, (rows, hidden)): (DType, (usize, usize)),
     p: &RmsNormFwdParams,
     x: &'m MatDesc,
     residual: Option<&'m MatDesc>,
@@ -1523,22 +1766,23 @@ fn norm_accesses<'m>(
     rstd: Option<&'m MatDesc>,
     opts: &RmsNormOptions,
 ) -> Vec<(Access, &'m MatDesc)> {
-    let (dtype, (rows, hidden)) = (x.dtype, x.shape());
     if (p.rows, p.hidden) != (rows as u64, hidden as u64) || p.eps.to_bits() != opts.eps.to_bits() {
         v.add(format!(
             "launch of {} x {}, eps {}",
             p.rows, p.hidden, p.eps
         ));
     }
-    let mut flags = 0;
-    if opts.gemma {
-        flags |= RMSNORM_GEMMA;
+    // The numerics flag exactly when the case asked for HF numerics, in every storage dtype:
+    // without it a 16-bit call silently runs the f32 numerics, with it the other way round.
+    let mut flags = weight_flags(opts, weight.dtype, dtype);
+    if opts.numerics == NormNumerics::HfLlama {
+        flags |= RMSNORM_HF;
     }
-    if weight.dtype == DType::F32 && dtype != DType::F32 {
-        flags |= RMSNORM_W_F32;
-    }
-    if p.flags & !RMSNORM_HF != flags {
-        v.add(format!("weight flags {:#x}, expected {flags:#x}", p.flags));
+    if p.flags != flags {
+        v.add(format!(
+            "flags {:#x}, expected {flags:#x} for {opts:?}",
+            p.flags
+        ));
     }
     let size = dtype.size_bytes();
     let (rows, hidden) = (p.rows, p.hidden);
@@ -1581,12 +1825,14 @@ fn check_norm_forward(c: &NormFwdCase, l: &Launch<RmsNormFwdParams>) -> Vec<Stri
     let mut v = Violations::default();
     let t = norm_forward_descs(c);
     let (x, y) = (&t.x, &t.y);
-    let (dtype, (rows, hidden)) = (x.dtype, x.shape());
     let (residual, h, rstd) = (t.residual.as_ref(), t.h.as_ref(), t.rstd.as_ref());
-    check_norm_operands(&mut v, x, residual, &t.weight, h, rstd, &c.opts);
+    let storage = [Some(x), residual, h, Some(y)];
+    let call = norm_call_type(&mut v, (c.dtype, c.shape), &storage, None);
+    let (dtype, (rows, hidden)) = call;
+    check_norm_operands(&mut v, call, x, residual, &t.weight, h, rstd, &c.opts);
     v.desc("y", y, dtype, (rows, hidden));
     let p = &l.params;
-    let mut accesses = norm_accesses(&mut v, p, x, residual, &t.weight, h, rstd, &c.opts);
+    let mut accesses = norm_accesses(&mut v, call, p, x, residual, &t.weight, h, rstd, &c.opts);
     let yr = Region::new(p.y, dtype.size_bytes(), p.rows, p.hidden, p.y_stride);
     accesses.push((access("y", yr, true, 0), y));
     let work = rows > 0 && hidden > 0;
@@ -1650,6 +1896,10 @@ fn rmsnorm_forward_fuzz() {
 
 #[derive(Debug)]
 struct NormFp8Case {
+    /// What the call declares: its storage dtype and the shape of its operands (before
+    /// damage, which may change either).
+    dtype: DType,
+    shape: (usize, usize),
     x: MatDesc,
     residual: Option<MatDesc>,
     weight: MatDesc,
@@ -1670,6 +1920,8 @@ fn norm_fp8_case(rng: &mut StdRng) -> NormFp8Case {
     let lay = layout(rng);
     let add = rng.random_bool(0.7);
     let mut c = NormFp8Case {
+        dtype,
+        shape: (rows, hidden),
         x: operand(rng, &lay, 0, dtype, rows, hidden),
         residual: add.then(|| operand(rng, &lay, 1, dtype, rows, hidden)),
         weight: operand(rng, &lay, 2, w_dtype, 1, hidden),
@@ -1716,9 +1968,11 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     let mut v = Violations::default();
     let t = norm_fp8_descs(c);
     let x = &t.x;
-    let (dtype, (rows, hidden)) = (x.dtype, x.shape());
     let (residual, h, rstd) = (t.residual.as_ref(), t.h.as_ref(), t.rstd.as_ref());
-    check_norm_operands(&mut v, x, residual, &t.weight, h, rstd, &c.opts);
+    let storage = [Some(x), residual, h];
+    let call = norm_call_type(&mut v, (c.dtype, c.shape), &storage, Some(&t.y));
+    let (dtype, (rows, hidden)) = call;
+    check_norm_operands(&mut v, call, x, residual, &t.weight, h, rstd, &c.opts);
     let (scale_shape, scheme, group) = accepted_scaling(&mut v, &c.scaling, (rows, hidden));
     v.desc("y", &t.y, DType::F8E4M3, (rows, hidden));
     v.desc("scales", &t.scales, DType::F32, scale_shape);
@@ -1727,7 +1981,7 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     }
     let p = &l.params;
     let n = &p.norm;
-    let mut accesses = norm_accesses(&mut v, n, x, residual, &t.weight, h, rstd, &c.opts);
+    let mut accesses = norm_accesses(&mut v, call, n, x, residual, &t.weight, h, rstd, &c.opts);
     let work = rows > 0 && hidden > 0;
     v.launch(0, l, work);
     let vector = match l.kernel {
@@ -1805,6 +2059,10 @@ enum DxOver {
 
 #[derive(Debug)]
 struct NormBwdCase {
+    /// What the call declares: its storage dtype and the shape of its operands (before
+    /// damage, which may change either).
+    dtype: DType,
+    shape: (usize, usize),
     dy: MatDesc,
     h: MatDesc,
     weight: MatDesc,
@@ -1833,6 +2091,8 @@ fn norm_backward_case(rng: &mut StdRng) -> NormBwdCase {
     };
     let workspace_addr = window(8) + lay.offset / 4 * 4;
     let mut c = NormBwdCase {
+        dtype,
+        shape: (rows, hidden),
         dy: operand(rng, &lay, 0, dtype, rows, hidden),
         h: operand(rng, &lay, 1, dtype, rows, hidden),
         weight: operand(rng, &lay, 2, w_dtype, 1, hidden),
@@ -1885,7 +2145,8 @@ fn plan_norm_backward_case(c: &NormBwdCase) -> Result<RmsNormBwdPlan, Error> {
 fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     let mut v = Violations::default();
     let t = norm_backward_descs(c);
-    let (dtype, (rows, hidden)) = (t.dy.dtype, t.dy.shape());
+    let storage = [Some(&t.dy), Some(&t.h), Some(&t.dx), t.dres.as_ref()];
+    let (dtype, (rows, hidden)) = norm_call_type(&mut v, (c.dtype, c.shape), &storage, None);
     for (name, m) in [("dy", &t.dy), ("h", &t.h), ("dx", &t.dx)] {
         v.desc(name, m, dtype, (rows, hidden));
     }
@@ -1921,6 +2182,11 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     };
     if (p.rows, p.hidden) != (rows as u64, hidden as u64) {
         v.add(format!("a launch of {} x {}", p.rows, p.hidden));
+    }
+    // The backward is the f32 derivative whatever the forward's numerics: weight flags only.
+    let flags = weight_flags(&c.opts, t.weight.dtype, dtype);
+    if p.flags != flags {
+        v.add(format!("flags {:#x}, expected {flags:#x}", p.flags));
     }
     if rl.grid as u64 * rl.block as u64 > RMSNORM_BWD_GRID_THREADS
         || (rl.grid > 0 && rl.block != p.threads_per_row * p.rows_per_block)
