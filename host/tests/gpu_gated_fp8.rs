@@ -252,6 +252,14 @@ fn case<T: Element>(
     }
 }
 
+/// Runs one case; when it fails, names the test and the seed of its generator first.
+fn with_seed(test: &str, seed: u64, case: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
+        eprintln!("{test}: failed with seed {seed:#x}");
+        std::panic::resume_unwind(p);
+    }
+}
+
 fn run(test: &'static str, layout: Layout) {
     let Some((k, s)) = gpu(test) else { return };
     for dtype in DType::ALL {
@@ -265,16 +273,12 @@ fn run(test: &'static str, layout: Layout) {
         for &act in acts {
             for shape in shapes() {
                 for scaling in schemes(shape.1) {
-                    let body = std::panic::AssertUnwindSafe(|| {
+                    with_seed(test, seed, || {
                         typed!(
                             dtype,
                             case::<T>(&k, &s, &mut rng, act, layout, scaling, shape)
                         )
                     });
-                    if let Err(p) = std::panic::catch_unwind(body) {
-                        eprintln!("{test}: failed with seed {seed:#x}");
-                        std::panic::resume_unwind(p);
-                    }
                 }
             }
         }
@@ -341,7 +345,7 @@ fn fp8_middle_regime() {
             );
         }
         for scaling in schemes(cols) {
-            let body = std::panic::AssertUnwindSafe(|| {
+            with_seed(test, seed, || {
                 typed!(
                     dtype,
                     case::<T>(
@@ -355,10 +359,6 @@ fn fp8_middle_regime() {
                     )
                 )
             });
-            if let Err(p) = std::panic::catch_unwind(body) {
-                eprintln!("{test}: failed with seed {seed:#x}");
-                std::panic::resume_unwind(p);
-            }
         }
     }
 }
@@ -398,7 +398,7 @@ fn fp8_per_token_long_rows() {
             .collect();
         for (layout, cols) in [(Layout::Split, cols), (Layout::SplitOffset, 4096)] {
             for &scaling in &per_token {
-                let body = std::panic::AssertUnwindSafe(|| {
+                with_seed(test, seed, || {
                     typed!(
                         dtype,
                         case::<T>(
@@ -412,10 +412,6 @@ fn fp8_per_token_long_rows() {
                         )
                     )
                 });
-                if let Err(p) = std::panic::catch_unwind(body) {
-                    eprintln!("{test}: failed with seed {seed:#x}");
-                    std::panic::resume_unwind(p);
-                }
             }
         }
     }
