@@ -510,8 +510,9 @@ pub(crate) unsafe fn row_max(
 }
 
 /// The raw loads of one tile of a row, this thread's accesses `first + j * tpr`, `j < chunks`.
-/// Kept packed (half the registers of the f32 `y` for 16-bit dtypes): `y` is computed once
-/// for the maximum and again for the stores.
+/// `y` is written twice in the source, for the maximum and for the stores; in a one-tile row
+/// the compiler keeps it between the two (one exponential per element in the SASS), in a
+/// row of several tiles each walk loads and computes its own.
 struct Tile<const N: usize> {
     a: [[u32; 4]; N],
     b: [[u32; 4]; N],
