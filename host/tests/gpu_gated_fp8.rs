@@ -252,7 +252,7 @@ fn case<T: Element>(
     }
 }
 
-/// Runs one case; when it fails, names the test and the seed of its generator first.
+/// Runs one case; when it fails, names the test and its generator's seed first.
 fn with_seed(test: &str, seed: u64, case: impl FnOnce()) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
         eprintln!("{test}: failed with seed {seed:#x}");
