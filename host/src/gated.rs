@@ -654,7 +654,7 @@ pub fn plan_gated_forward_fp8(
     }
     let block = GATED_THREADS as u64;
     let resident = limits.resident_blocks(kernel) as u64 * block;
-    let paired = walk_per_row != per_row;
+    let paired = mode == VecMode::V16 && matches!(scaling, Fp8Scaling::PerGroup { .. });
     let threads = match mode {
         // Per group, a pair per thread and step: beyond two waves of the resident threads, a
         // thread per pair; below, at most the resident threads, each taking up to two.
