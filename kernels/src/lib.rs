@@ -50,6 +50,8 @@ macro_rules! unroll {
 }
 
 #[cfg(target_arch = "nvptx64")]
+mod cluster;
+#[cfg(target_arch = "nvptx64")]
 mod gated;
 #[cfg(target_arch = "nvptx64")]
 mod gated_fp8;

@@ -40,6 +40,7 @@ use super::{
     MAX_CHUNKS, Me, Row, add_residual, load_chunk_if, load_w_if, normalize, prefetch_first,
     round_to, rstd_of, store_chunk,
 };
+use crate::cluster;
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync};
 use crate::reduce::{row_sum, smem_f32, sync_block, warp_sum};
 
@@ -115,74 +116,6 @@ pub(super) unsafe fn ring_tile_sum(sum: f32, acc: f32, me: &Me, tile: u64, tiles
         u += 1;
     }
     sum
-}
-
-/// The cluster special registers and barriers (sm_90). On older archs the split entries
-/// exist but trap: the host never launches them there.
-#[cfg(ferrofuse_pdl)]
-mod cluster {
-    unsafe extern "C" {
-        // LLVM intrinsics, not `asm!`: they are convergent, and the barriers order memory
-        // as far as LLVM knows (no load or store moves across them).
-        #[link_name = "llvm.nvvm.read.ptx.sreg.cluster.ctarank"]
-        fn ctarank() -> u32;
-        #[link_name = "llvm.nvvm.read.ptx.sreg.cluster.nctarank"]
-        fn nctarank() -> u32;
-        #[link_name = "llvm.nvvm.barrier.cluster.arrive"]
-        fn barrier_arrive();
-        #[link_name = "llvm.nvvm.barrier.cluster.wait"]
-        fn barrier_wait();
-        #[link_name = "llvm.nvvm.mapa"]
-        fn mapa(p: *const f32, rank: u32) -> *const f32;
-    }
-
-    /// This block's rank in its cluster.
-    #[inline(always)]
-    pub fn rank() -> u32 {
-        // SAFETY: reading a special register.
-        unsafe { ctarank() }
-    }
-
-    /// Blocks in this block's cluster.
-    #[inline(always)]
-    pub fn size() -> u32 {
-        // SAFETY: reading a special register.
-        unsafe { nctarank() }
-    }
-
-    /// Arrives at the cluster barrier (release: this thread's writes before it are visible to
-    /// the cluster's threads after their wait).
-    ///
-    /// # Safety
-    /// Every thread of every block of the cluster arrives, then waits, the same number of
-    /// times.
-    #[inline(always)]
-    pub unsafe fn arrive() {
-        // SAFETY: caller's contract.
-        unsafe { barrier_arrive() }
-    }
-
-    /// Waits for every thread of the cluster to arrive (acquire).
-    ///
-    /// # Safety
-    /// As for [`arrive`]; after this thread's arrive.
-    #[inline(always)]
-    pub unsafe fn wait() {
-        // SAFETY: caller's contract.
-        unsafe { barrier_wait() }
-    }
-
-    /// The f32 at `local` (this block's shared memory) in the block of rank `rank`.
-    ///
-    /// # Safety
-    /// `local` is in this block's shared memory, `rank` < [`size`], and that block has not
-    /// exited (the cluster protocol in the module docs).
-    #[inline(always)]
-    pub unsafe fn read_remote(local: *const f32, rank: u32) -> f32 {
-        // SAFETY: caller's contract; `mapa` gives the generic address of the same offset in
-        // that block's shared memory.
-        unsafe { *mapa(local, rank) }
-    }
 }
 
 /// The split forward: `TPC` tiles per block (1 or 2), 512 threads, memory path `M`: v16,
@@ -363,45 +296,6 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
     });
     // SAFETY: as above.
     unsafe { cluster::wait() };
-}
-
-/// Archs without clusters: the split entries are never launched there (the host plans them
-/// only for modules with clusters), so a barrier aborts the kernel.
-#[cfg(not(ferrofuse_pdl))]
-mod cluster {
-    #[inline(always)]
-    pub fn rank() -> u32 {
-        0
-    }
-
-    #[inline(always)]
-    pub fn size() -> u32 {
-        1
-    }
-
-    /// # Safety
-    /// None needed: it aborts the kernel.
-    #[inline(always)]
-    pub unsafe fn arrive() {
-        // SAFETY: `trap` only aborts the kernel.
-        unsafe { core::arch::asm!("trap;", options(nostack)) };
-    }
-
-    /// # Safety
-    /// As for [`arrive`].
-    #[inline(always)]
-    pub unsafe fn wait() {
-        // SAFETY: as above.
-        unsafe { arrive() };
-    }
-
-    /// # Safety
-    /// `local` is in this block's shared memory.
-    #[inline(always)]
-    pub unsafe fn read_remote(local: *const f32, _rank: u32) -> f32 {
-        // SAFETY: caller's contract.
-        unsafe { *local }
-    }
 }
 
 macro_rules! split_entries {
