@@ -92,6 +92,9 @@ pub enum KernelId {
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
     GatedFp8RowLong(DType, VecMode),
+    /// The per-token kernel for rows of more than one tile: a row on the blocks of a
+    /// thread-block cluster, one tile each (`gated_fp8_row_split_{dtype}_{v16|scalar}`, sm_90).
+    GatedFp8RowSplit(DType, VecMode),
     /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers
     /// (`rmsnorm_fp8_{dtype}_{v16|scalar}_{e16|e32}`; see `RmsNormFp8Params`).
     RmsNormFp8(DType, VecMode, NormFwdVariant),
@@ -279,6 +282,12 @@ kernel_table! {
     gated_fp8_row_long_f16_scalar = GatedFp8RowLong(F16, Scalar),
     gated_fp8_row_long_bf16_v16 = GatedFp8RowLong(BF16, V16),
     gated_fp8_row_long_bf16_scalar = GatedFp8RowLong(BF16, Scalar),
+    gated_fp8_row_split_f32_v16 = GatedFp8RowSplit(F32, V16),
+    gated_fp8_row_split_f32_scalar = GatedFp8RowSplit(F32, Scalar),
+    gated_fp8_row_split_f16_v16 = GatedFp8RowSplit(F16, V16),
+    gated_fp8_row_split_f16_scalar = GatedFp8RowSplit(F16, Scalar),
+    gated_fp8_row_split_bf16_v16 = GatedFp8RowSplit(BF16, V16),
+    gated_fp8_row_split_bf16_scalar = GatedFp8RowSplit(BF16, Scalar),
 }
 
 impl KernelId {
@@ -296,6 +305,7 @@ impl KernelId {
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
                 | KernelId::GatedFp8RowLong(..)
+                | KernelId::GatedFp8RowSplit(..)
                 | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdRealigned(..)
@@ -316,7 +326,9 @@ impl KernelId {
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
-            KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowLong(..) => GATED_FP8_ROW_MAX_THREADS,
+            KernelId::GatedFp8Row(..)
+            | KernelId::GatedFp8RowLong(..)
+            | KernelId::GatedFp8RowSplit(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
@@ -341,9 +353,11 @@ impl KernelId {
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
             KernelId::GatedFp8Flat(..) | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
-            // Two rows of 512 threads per SM (64 registers): a row's loads in flight while
-            // the other row reduces or stores.
-            KernelId::GatedFp8Row(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
+            // Two rows (or tiles of rows) of 512 threads per SM (64 registers): a row's loads
+            // in flight while the other row reduces or stores.
+            KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
+                Some((GATED_FP8_ROW_MAX_THREADS, 2))
+            }
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),

@@ -691,12 +691,12 @@ pub struct RmsNormDwParams {
 // Gated activations with FP8 E4M3 outputs (`gated_fp8_*` kernels).
 // ---------------------------------------------------------------------------------------------
 
-/// Threads per row (and per block) of the per-token FP8 kernels, fixed so that a thread's
-/// accesses are one address plus immediate offsets. Each thread holds up to
-/// [`GATED_FP8_ROW_CHUNKS`] accesses of its row per tile (two blocks per SM), or
-/// [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel (one block per SM): rows of up to
-/// 32768 bf16/f16, 16384 f32 or 4096 unaligned elements are one tile (read once, from
-/// registers); longer rows are walked twice, the second time mostly from L2 (see
+/// Threads per block of the per-token FP8 kernels, fixed so that a thread's accesses are one
+/// address plus immediate offsets. Each thread holds up to [`GATED_FP8_ROW_CHUNKS`] accesses
+/// of its row per tile (two blocks per SM), or [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row
+/// kernel (one block per SM); the split kernel holds a row of up to
+/// [`GATED_FP8_ROW_MAX_BLOCKS`] tiles on as many blocks of a cluster. Rows longer than the
+/// planned kernel holds are walked twice, the second time mostly from L2 (see
 /// `kernels/src/gated_fp8.rs`).
 pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
 /// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
@@ -705,8 +705,12 @@ pub const GATED_FP8_ROW_CHUNKS: usize = 4;
 /// Accesses a thread of the long-row per-token FP8 kernel holds: rows of more than one tile
 /// of [`GATED_FP8_ROW_CHUNKS`] and at most one of these.
 pub const GATED_FP8_ROW_LONG_CHUNKS: usize = 8;
-/// Dynamic shared memory of a per-token launch: one f32 per warp of the block.
-pub const GATED_FP8_ROW_SMEM_BYTES: u32 = GATED_FP8_ROW_MAX_THREADS / 32 * 4;
+/// Dynamic shared memory of a per-token launch: one f32 per warp of the block, and one for
+/// the block's maximum, which the blocks of a split row read.
+pub const GATED_FP8_ROW_SMEM_BYTES: u32 = (GATED_FP8_ROW_MAX_THREADS / 32 + 1) * 4;
+/// Most blocks a split per-token row spans (the portable cluster size): rows of up to
+/// `8 * 512 * GATED_FP8_ROW_CHUNKS` accesses are held in registers by the split kernel.
+pub const GATED_FP8_ROW_MAX_BLOCKS: u32 = 8;
 /// Accesses per lane per step of the flat FP8 kernel's scalar path (one element each); a
 /// group of `g` columns there is one warp's `g / 32` accesses per lane.
 pub const GATED_FP8_SCALAR_BATCH: usize = 4;
@@ -735,12 +739,14 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// lane's two accesses half a group apart, so `walk.per_row` is half the row's accesses),
 /// `32 * batch` accesses on the scalar path (lane `l` taking accesses `l + 32k`, `k < batch`).
 /// A group is `2^group_shift` consecutive accesses, reduced over `group_lanes` lanes (half
-/// its accesses on the vector path, the whole warp on the scalar path). The row kernel
-/// (per-token) takes one block of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
-/// (`threads_per_row`, `rows_per_block` = 1: the kernel assumes that geometry), each thread
-/// holding up to `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`],
-/// or [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel);
-/// a row of several tiles is walked twice (once for the maximum, once for the output); and
+/// its accesses on the vector path, the whole warp on the scalar path). The row kernels
+/// (per-token) take `row_blocks` blocks of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
+/// (`threads_per_row`, `rows_per_block` = 1: the kernels assume that geometry; more than one
+/// block per row only for the split kernel, launched in clusters of `row_blocks`, block rank
+/// `r` holding the tile of accesses `r * 512 * chunks ..`), each thread holding up to `chunks` accesses
+/// of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`], or
+/// [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel); a row longer than one block's (or
+/// the cluster's) tiles is walked twice (once for the maximum, once for the output); and
 /// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
@@ -782,6 +788,14 @@ pub struct GatedFp8Params {
     pub rows_per_block: u32,
     /// Accesses per thread per tile (row kernel).
     pub chunks: u32,
+    /// Row kernel, whole rows on the vector path: how many rows ahead a block asks L2 for
+    /// (one bulk prefetch of the row's `a` and `b`, sm_90) while it works on its own row, so
+    /// that HBM keeps streaming while the block reduces and stores; the blocks resident at
+    /// once, since blocks start in order and the block that takes row `r + prefetch_rows`
+    /// starts about when this one ends. 0: no prefetch.
+    pub prefetch_rows: u32,
+    /// Row kernel: blocks per row (the cluster size of the split kernel, 1 elsewhere).
+    pub row_blocks: u32,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ use ferrofuse_common::{
 
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_THREADS,
-    GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GatedFp8Params,
+    GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_BLOCKS,
+    GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GatedFp8Params,
 };
 
 use crate::error::{Error, Result};
@@ -570,38 +570,47 @@ pub fn plan_gated_forward_fp8(
         threads_per_row: 32,
         rows_per_block: 1,
         chunks: 1,
+        prefetch_rows: 0,
+        row_blocks: 1,
     };
     if let Fp8Scaling::PerToken {
         min_scale,
         scale_ub,
     } = scaling
     {
-        // One block of a fixed width per row (the kernel's addressing assumes it), each
-        // thread holding up to GATED_FP8_ROW_CHUNKS accesses per tile. A row of more than one
-        // such tile and at most one of GATED_FP8_ROW_LONG_CHUNKS is held whole by the
-        // long-row kernel (one block per SM) rather than read twice, once the rows pass one
-        // wave of the two-blocks-per-SM kernel: within that wave the two-pass kernel, all
-        // rows at once, was faster (256 rows of 14336 f32), beyond it the long-row kernel
-        // (1024 rows and more).
+        // Blocks of a fixed width (the kernel's addressing assumes it), each thread holding
+        // up to GATED_FP8_ROW_CHUNKS accesses of a tile. A row of one tile: one block (two per
+        // SM). A row of up to GATED_FP8_ROW_LONG_CHUNKS accesses per thread, beyond one wave
+        // of that kernel: the long-row kernel, the whole row on one block (one per SM). Where
+        // the module has clusters, the split kernel, one tile on each block of a cluster of
+        // up to GATED_FP8_ROW_MAX_BLOCKS, for rows too long for the long-row kernel, and for
+        // shorter ones while the split grid is at most one block per SM (a cluster waits for
+        // its slowest block twice and its blocks run together: it wins only while one block
+        // per row would leave SMs idle). Otherwise the row is walked twice by one block
+        // (within one wave faster than the long-row kernel, all rows at once). Measurements
+        // in bench/TUNING.md, "Per-token FP8 rows: prefetch one wave ahead, ...".
         let tpr = GATED_FP8_ROW_MAX_THREADS as u64;
         let per_thread = per_row.div_ceil(tpr);
+        let tile_chunks = GATED_FP8_ROW_CHUNKS as u64;
+        let split_blocks = per_thread.div_ceil(tile_chunks);
         let one_wave = limits.resident_blocks(KernelId::GatedFp8Row(dtype, mode)) as u64;
-        let (kernel, chunks) = if per_thread > GATED_FP8_ROW_CHUNKS as u64
-            && per_thread <= GATED_FP8_ROW_LONG_CHUNKS as u64
-            && rows as u64 > one_wave
-        {
+        let long_fits = per_thread <= GATED_FP8_ROW_LONG_CHUNKS as u64;
+        let split_fits = limits.clusters && split_blocks <= GATED_FP8_ROW_MAX_BLOCKS as u64;
+        let few_rows = rows as u64 * split_blocks <= limits.sm_count as u64;
+        let (kernel, chunks, row_blocks) = if per_thread <= tile_chunks {
+            (KernelId::GatedFp8Row(dtype, mode), per_thread, 1)
+        } else if split_fits && (few_rows || !long_fits) {
             (
-                KernelId::GatedFp8RowLong(dtype, mode),
-                GATED_FP8_ROW_LONG_CHUNKS as u64,
+                KernelId::GatedFp8RowSplit(dtype, mode),
+                per_thread.div_ceil(split_blocks),
+                split_blocks,
             )
+        } else if long_fits && rows as u64 > one_wave {
+            (KernelId::GatedFp8RowLong(dtype, mode), per_thread, 1)
         } else {
-            (
-                KernelId::GatedFp8Row(dtype, mode),
-                GATED_FP8_ROW_CHUNKS as u64,
-            )
+            (KernelId::GatedFp8Row(dtype, mode), tile_chunks, 1)
         };
-        let rows_per_block = 1;
-        let blocks = (rows as u64).div_ceil(rows_per_block);
+        let blocks = rows as u64 * row_blocks;
         if blocks > i32::MAX as u64 {
             return Err(Error::TooLarge {
                 what: "rows of a per-token FP8 call",
@@ -612,12 +621,30 @@ pub fn plan_gated_forward_fp8(
         params.min_scale = min_scale;
         params.scale_ub = scale_ub.unwrap_or(f32::INFINITY);
         params.threads_per_row = tpr as u32;
-        params.rows_per_block = rows_per_block as u32;
-        params.chunks = per_thread.clamp(1, chunks) as u32;
+        params.rows_per_block = 1;
+        params.chunks = chunks.max(1) as u32;
+        params.row_blocks = row_blocks as u32;
+        // Blocks holding their whole tile of 16-byte accesses ask L2 for the same tile of the
+        // row that starts about when they end (the kernel's bulk prefetch needs 16-byte
+        // ranges; a row walked twice reads its second walk from L2), where it was measured
+        // faster: the row kernel from two waves on (within two, inputs often still in L2 from
+        // the previous launch, it cost more than it saved); the long-row kernel's 16-bit rows
+        // (f32 rows have half the math per byte to hide the next row behind); the split
+        // kernel beyond one wave.
+        let resident_rows = limits.resident_blocks(kernel) as u64 / row_blocks;
+        let whole = per_thread <= row_blocks * params.chunks as u64;
+        let prefetch = match kernel {
+            KernelId::GatedFp8Row(..) => rows as u64 > 2 * resident_rows,
+            KernelId::GatedFp8RowLong(..) => dtype != DType::F32 && rows as u64 > resident_rows,
+            _ => rows as u64 > resident_rows,
+        };
+        if mode == VecMode::V16 && whole && prefetch {
+            params.prefetch_rows = resident_rows.max(1) as u32;
+        }
         return Ok(Launch {
             kernel,
             grid: blocks as u32,
-            block: (tpr * rows_per_block) as u32,
+            block: tpr as u32,
             shared_mem_bytes: GATED_FP8_ROW_SMEM_BYTES,
             params,
         });

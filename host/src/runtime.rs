@@ -109,7 +109,15 @@ pub unsafe trait KernelParams: Copy {
 unsafe impl KernelParams for GatedFwdParams {}
 unsafe impl KernelParams for GatedBwdParams {}
 // SAFETY: the parameter type of the gated FP8 entries (see ferrofuse-common).
-unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {}
+unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {
+    /// The split per-token kernel runs a row on one cluster of `row_blocks` blocks.
+    fn cluster_blocks(&self, kernel: KernelId) -> u32 {
+        match kernel {
+            KernelId::GatedFp8RowSplit(..) => self.row_blocks,
+            _ => 1,
+        }
+    }
+}
 // SAFETY: the parameter type of the norm FP8 entries (see ferrofuse-common).
 unsafe impl KernelParams for ferrofuse_common::RmsNormFp8Params {}
 // SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
@@ -208,6 +216,8 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..)
             | KernelId::GatedFp8Row(..)
+            | KernelId::GatedFp8RowLong(..)
+            | KernelId::GatedFp8RowSplit(..)
             | KernelId::RmsNormFwdWFirst(..)
     )
     .then(|| kernel.max_block_threads())

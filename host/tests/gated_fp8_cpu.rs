@@ -8,6 +8,7 @@ use common::assert_matches;
 
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::gated::{plan_gated_forward, plan_gated_forward_fp8};
+use ferrofuse::runtime::KernelParams;
 use ferrofuse::{
     Activation, DType, Error, Fp8Scaling, GridLimits, KernelId, Launch, MatDesc, ScaleLayout,
     VecMode,
@@ -105,22 +106,64 @@ fn per_token_plans_rows_in_registers() {
     // holds them whole; longer rows, and rows within that wave, take two passes.
     let f32_row = KernelId::GatedFp8Row(DType::F32, VecMode::V16);
     let f32_long = KernelId::GatedFp8RowLong(DType::F32, VecMode::V16);
+    let f32_scalar = KernelId::GatedFp8Row(DType::F32, VecMode::Scalar);
+    let bf16_long = KernelId::GatedFp8RowLong(DType::BF16, VecMode::V16);
     let two_per_sm = GridLimits::uniform(132, 2);
-    for (rows, cols, kernel, chunks) in [
-        (265, 14336, f32_long, 7),
-        (265, 16384, f32_long, 8),
-        (264, 14336, f32_row, 4),
-        (265, 16388, f32_row, 4),
+    // Whole rows of 16-byte accesses also ask L2 for the row one wave ahead: on the row
+    // kernel from two waves on, on the long-row kernel for 16-bit rows; rows walked twice (the
+    // second walk reads L2) and scalar rows never.
+    for (dtype, rows, cols, kernel, chunks, prefetch_rows) in [
+        (DType::F32, 265, 14336, f32_long, 7, 0),
+        (DType::BF16, 265, 28672, bf16_long, 7, 264),
+        (DType::F32, 265, 16384, f32_long, 8, 0),
+        (DType::F32, 264, 14336, f32_row, 4, 0),
+        (DType::F32, 265, 16388, f32_row, 4, 0),
+        (DType::F32, 529, 8192, f32_row, 4, 264),
+        (DType::F32, 528, 8192, f32_row, 4, 0),
+        (DType::F32, 529, 8190, f32_scalar, 4, 0),
     ] {
-        let (a, b, y) = abq(DType::F32, rows, cols);
+        let (a, b, y) = abq(dtype, rows, cols);
         let s = scales(rows, 1);
         let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &two_per_sm).unwrap();
         assert_eq!(
-            (l.kernel, l.params.chunks),
-            (kernel, chunks),
+            (l.kernel, l.params.chunks, l.params.prefetch_rows),
+            (kernel, chunks, prefetch_rows),
             "{rows} x {cols}"
         );
         assert_eq!((l.grid, l.block), (rows as u32, 512));
+        assert_eq!(l.params.row_blocks, 1);
+    }
+    // With clusters, a row too long for the long-row kernel is split over the blocks of a
+    // cluster, one tile of up to 4 accesses per thread each, up to 8 blocks (a longer row takes
+    // two passes); a shorter one too while the split grid is at most one block per SM.
+    let clusters = two_per_sm.with_clusters(true);
+    let f32_split = KernelId::GatedFp8RowSplit(DType::F32, VecMode::V16);
+    for (rows, cols, kernel, chunks, row_blocks, prefetch_rows) in [
+        (66, 14336, f32_split, 4, 2, 0),
+        (67, 14336, f32_row, 4, 1, 0),
+        (265, 14336, f32_long, 7, 1, 0),
+        (1, 16388, f32_split, 3, 3, 0),
+        (200, 16388, f32_split, 3, 3, 88),
+        (4, 28672, f32_split, 4, 4, 0),
+        (2, 65536, f32_split, 4, 8, 0),
+        (2, 65540, f32_row, 4, 1, 0),
+        (529, 8192, f32_row, 4, 1, 264),
+    ] {
+        let (a, b, y) = abq(DType::F32, rows, cols);
+        let s = scales(rows, 1);
+        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &clusters).unwrap();
+        assert_eq!(
+            (
+                l.kernel,
+                l.params.chunks,
+                l.params.row_blocks,
+                l.params.prefetch_rows
+            ),
+            (kernel, chunks, row_blocks, prefetch_rows),
+            "{rows} x {cols}"
+        );
+        assert_eq!((l.grid, l.block), (rows as u32 * row_blocks, 512));
+        assert_eq!(l.params.cluster_blocks(l.kernel), row_blocks);
     }
 }
 

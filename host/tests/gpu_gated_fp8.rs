@@ -32,7 +32,7 @@ use ferrofuse::{
     Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc,
     MatMut, ScaleLayout, VecMode, reference,
 };
-use ferrofuse_common::{GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
+use ferrofuse_common::{GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -363,10 +363,13 @@ fn fp8_middle_regime() {
     }
 }
 
-/// Per-token rows held whole by the long-row kernel (2049-4096 accesses per row, more rows
-/// than one wave of the two-pass kernel), on the vector path (rows of 14336 f32, 28672
-/// bf16 / f16) and the scalar path (4096 elements, every operand one element into its
-/// buffer). SiLU, with and without an upper bound on the scale.
+/// Per-token rows of more than one tile, held whole: by the long-row kernel beyond one wave
+/// of the row kernel (2049-4096 accesses: 14336 f32, 28672 bf16 / f16; split and
+/// interleaved), 16-bit rows asking L2 for a row one wave ahead; by the row kernel (1024
+/// accesses) beyond two waves, prefetching too; the scalar path (4096 elements, every operand
+/// one element into its buffer); at a few rows, split over a cluster's eight blocks, or four
+/// with a ragged last tile (the two-pass kernel without clusters). SiLU, with and without an
+/// upper bound on the scale.
 #[test]
 fn fp8_per_token_long_rows() {
     let test = "fp8_per_token_long_rows";
@@ -378,25 +381,73 @@ fn fp8_per_token_long_rows() {
                 .resident_blocks(KernelId::GatedFp8Row(dtype, mode))
         };
         let rows = one_wave(VecMode::V16).max(one_wave(VecMode::Scalar)) as usize + 3;
-        let cols = 4 * GATED_FP8_ROW_MAX_THREADS as usize * dtype.lanes_per_16b() * 7 / 4;
-        let mat =
-            |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
-        let plan = plan_gated_forward_fp8(
-            Activation::Silu,
-            &mat(1 << 40, dtype, cols),
-            &mat(1 << 41, dtype, cols),
-            &mat(1 << 42, DType::F8E4M3, cols),
-            Fp8Scaling::per_token(),
-            &mat(1 << 43, DType::F32, 1),
-            k.limits(),
-        )
-        .unwrap();
-        assert_eq!(plan.kernel, KernelId::GatedFp8RowLong(dtype, VecMode::V16));
-        let per_token: Vec<Fp8Scaling> = schemes(cols)
+        let per_thread = |accesses: usize| GATED_FP8_ROW_MAX_THREADS as usize * accesses;
+        let long = per_thread(7) * dtype.lanes_per_16b();
+        let short = per_thread(2) * dtype.lanes_per_16b();
+        let tile = per_thread(GATED_FP8_ROW_CHUNKS) * dtype.lanes_per_16b();
+        let (few, two_waves) = (3, 2 * one_wave(VecMode::V16) as usize + 3);
+        let split = |kernel| {
+            if k.limits().clusters {
+                KernelId::GatedFp8RowSplit(dtype, VecMode::V16)
+            } else {
+                kernel
+            }
+        };
+        // The kernel each vector case runs, and whether it prefetches (the planner's rules).
+        for (rows, cols, kernel, prefetch) in [
+            (
+                rows,
+                long,
+                KernelId::GatedFp8RowLong(dtype, VecMode::V16),
+                dtype != DType::F32,
+            ),
+            (
+                two_waves,
+                short,
+                KernelId::GatedFp8Row(dtype, VecMode::V16),
+                true,
+            ),
+            (
+                few,
+                8 * tile,
+                split(KernelId::GatedFp8Row(dtype, VecMode::V16)),
+                false,
+            ),
+        ] {
+            let mat =
+                |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
+            let plan = plan_gated_forward_fp8(
+                Activation::Silu,
+                &mat(1 << 40, dtype, cols),
+                &mat(1 << 41, dtype, cols),
+                &mat(1 << 42, DType::F8E4M3, cols),
+                Fp8Scaling::per_token(),
+                &mat(1 << 43, DType::F32, 1),
+                k.limits(),
+            )
+            .unwrap();
+            assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
+            assert_eq!(
+                plan.params.prefetch_rows != 0,
+                prefetch,
+                "{dtype:?} {rows} x {cols}"
+            );
+        }
+        let per_token: Vec<Fp8Scaling> = schemes(long)
             .into_iter()
             .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
             .collect();
-        for (layout, cols) in [(Layout::Split, cols), (Layout::SplitOffset, 4096)] {
+        // Rows split over a cluster's eight blocks, or four with a ragged last tile (one
+        // access past three full tiles), at a few rows; on devices without clusters the
+        // two-pass kernel.
+        for (layout, rows, cols) in [
+            (Layout::Split, rows, long),
+            (Layout::Interleaved, rows, long),
+            (Layout::Split, two_waves, short),
+            (Layout::SplitOffset, rows, 4096),
+            (Layout::Split, few, 8 * tile),
+            (Layout::Interleaved, few, 3 * tile + dtype.lanes_per_16b()),
+        ] {
             for &scaling in &per_token {
                 with_seed(test, seed, || {
                     typed!(

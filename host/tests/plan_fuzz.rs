@@ -43,9 +43,9 @@ use ferrofuse::{
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
-    GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH, GatedBwdParams, GatedFp8Params,
-    GatedFwdParams, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
-    RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH, GatedBwdParams,
+    GatedFp8Params, GatedFwdParams, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF,
+    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1461,7 +1461,9 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     let p = &l.params;
     let per_token = scheme == FP8_PER_TOKEN;
     let mode = match l.kernel {
-        KernelId::GatedFp8Row(d, mode) | KernelId::GatedFp8RowLong(d, mode)
+        KernelId::GatedFp8Row(d, mode)
+        | KernelId::GatedFp8RowLong(d, mode)
+        | KernelId::GatedFp8RowSplit(d, mode)
             if d == dtype && per_token =>
         {
             mode
@@ -1495,7 +1497,10 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
                 || l.block != row_threads
                 || (p.threads_per_row, p.rows_per_block) != (row_threads, 1)
                 || !(1..=GATED_FP8_ROW_CHUNKS as u32).contains(&p.chunks))
-            && !matches!(l.kernel, KernelId::GatedFp8RowLong(..))
+            && !matches!(
+                l.kernel,
+                KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowSplit(..)
+            )
         {
             v.add("the per-token geometry is not one block of 512 per row".into());
         }
@@ -1510,6 +1515,47 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             v.add(format!(
                 "the long-row kernel for {} accesses per row in {} chunks",
                 p.walk.per_row, p.chunks
+            ));
+        }
+        // The split kernel: one cluster per row, on a device that has clusters, a tile of up
+        // to GATED_FP8_ROW_CHUNKS accesses per thread on each block, the tiles covering the
+        // row; the other kernels one block per row.
+        let cluster = p.cluster_blocks(l.kernel);
+        if let KernelId::GatedFp8RowSplit(..) = l.kernel
+            && (!c.limits.clusters
+                || !(2..=GATED_FP8_ROW_MAX_BLOCKS).contains(&cluster)
+                || p.row_blocks != cluster
+                || l.grid as u64 != rows * cluster as u64
+                || l.block != row_threads
+                || (p.threads_per_row, p.rows_per_block) != (row_threads, 1)
+                || !(1..=GATED_FP8_ROW_CHUNKS as u32).contains(&p.chunks)
+                || p.walk.per_row > (cluster * row_threads * p.chunks) as u64)
+        {
+            v.add(format!(
+                "a split grid of {} in clusters of {cluster} for {} accesses per row in {} chunks",
+                l.grid, p.walk.per_row, p.chunks
+            ));
+        }
+        if !matches!(l.kernel, KernelId::GatedFp8RowSplit(..))
+            && (cluster != 1 || p.row_blocks != 1)
+        {
+            v.add(format!("{:?} launched in clusters of {cluster}", l.kernel));
+        }
+        // The bulk prefetch of a row ahead needs whole 16-byte accesses (the vector path) of
+        // a row held in one tile per block (no second walk, which reads the row from L2), in a
+        // `u32`.
+        if p.prefetch_rows != 0
+            && (!matches!(
+                l.kernel,
+                KernelId::GatedFp8Row(_, VecMode::V16)
+                    | KernelId::GatedFp8RowLong(_, VecMode::V16)
+                    | KernelId::GatedFp8RowSplit(_, VecMode::V16)
+            ) || p.walk.per_row > (p.row_blocks * row_threads * p.chunks) as u64
+                || p.walk.per_row * 16 > u32::MAX as u64)
+        {
+            v.add(format!(
+                "a prefetch {} rows ahead of rows of {} accesses on {:?}",
+                p.prefetch_rows, p.walk.per_row, l.kernel
             ));
         }
     } else {

@@ -30,12 +30,17 @@
 //!   registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
 //!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
 //!   (up to 2048 accesses: 16384 bf16/f16, 8192 f32) is read once, and two such rows per SM
-//!   keep their loads in flight while the other one reduces or stores. Rows of 2049-4096
-//!   accesses run the long-row entry (`gated_fp8_row_long_*`): the same body with up to
-//!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM,
-//!   still read once. A longer row is walked twice in tiles of two accesses per thread: once
-//!   for the maximum, once for the output; the second walk finds the row in L2 (two rows per
-//!   SM), so HBM still sees one read.
+//!   keep their loads in flight while the other one reduces or stores. Longer rows are held
+//!   whole too, as the host plans: on the blocks of a thread-block cluster
+//!   (`gated_fp8_row_split_*`, sm_90: up to 8 blocks, block rank `r` holding the tile of
+//!   accesses `r * 512 * chunks ..`; the blocks' maxima through distributed shared memory),
+//!   or, for rows of 2049-4096 accesses, by the long-row entry (`gated_fp8_row_long_*`: up to
+//!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM).
+//!   Otherwise a longer row is walked twice in tiles of two accesses per thread: once for the
+//!   maximum, once for the output; the second walk finds the row in L2 (two rows per SM), so
+//!   HBM still sees one read. Blocks holding their whole tile may also ask L2 for the same tile
+//!   of the row one wave ahead (`prefetch_rows`, a body of its own), so that HBM keeps
+//!   streaming while the block reduces and stores.
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
@@ -64,6 +69,9 @@ use ferrofuse_common::{
     GATED_FP8_SCALAR_BATCH, GatedFp8Params, GridWalk,
 };
 
+use crate::cluster;
+#[cfg(ferrofuse_bulk_prefetch)]
+use crate::mem::bulk_prefetch_l2;
 use crate::mem::{
     Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync, ld_v4_if,
 };
@@ -579,37 +587,144 @@ unsafe fn row_store<E: Elem, const M: VecMode, A: GatedAct, const N: usize>(
     });
 }
 
-/// The row kernel (per-token scales); see the module docs.
+/// Thread 0 asks L2 for accesses `from .. from + count` (clipped to the row) of row
+/// `row + p.prefetch_rows`'s `a` and `b` (one bulk prefetch each) while its block works on
+/// the same accesses of row `row`. The host sets `prefetch_rows` to the rows resident at
+/// once: blocks start in order, so that row's blocks start about when this one ends and find
+/// their accesses in L2, and HBM keeps streaming while this block reduces and stores. Nothing
+/// on archs without the bulk prefetch.
+///
+/// # Safety
+/// Where `prefetch_rows` is not 0: the vector path (each row's accesses are 16-byte aligned
+/// and 16 bytes long, as the bulk prefetch needs), `walk.per_row * 16` fits in a `u32`.
 #[inline(always)]
-unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct, const CHUNKS: usize>(
+unsafe fn prefetch_ahead<E: Elem, const M: VecMode>(
+    p: &GatedFp8Params,
+    row: u64,
+    t_row: u64,
+    from: u64,
+    count: u64,
+) {
+    #[cfg(ferrofuse_bulk_prefetch)]
+    {
+        let ahead = row + p.prefetch_rows as u64;
+        let to = p.walk.per_row.min(from + count);
+        if M == VecMode::V16 && p.prefetch_rows != 0 && t_row == 0 && ahead < p.rows && from < to {
+            let bytes = ((to - from) * 16) as u32;
+            // SAFETY: row `ahead` exists; its accesses below `per_row` are inside `a` and `b`
+            // (the host's checks), aligned as the caller's contract says.
+            unsafe {
+                bulk_prefetch_l2(addr::<E, M>(p.a, p.a_stride, ahead, from), bytes);
+                bulk_prefetch_l2(addr::<E, M>(p.b, p.b_stride, ahead, from), bytes);
+            }
+        }
+    }
+    #[cfg(not(ferrofuse_bulk_prefetch))]
+    let _ = (p, row, t_row, from, count);
+}
+
+/// The maximum of the blocks' `block_max` over this block's cluster, for every thread: thread
+/// 0 publishes it in slot `slot`, a cluster barrier, then lane `i` reads block `i`'s and the
+/// warp takes the maximum. Arrives at a second cluster barrier after the read; the caller waits
+/// on it after its last access, so that no block exits (releasing its shared memory) while
+/// another may still read it.
+///
+/// # Safety
+/// Every thread of every block of the cluster calls it once, then [`cluster::wait`]; the
+/// cluster has at most 32 blocks; slot `slot` is inside the dynamic shared memory.
+#[inline(always)]
+unsafe fn cluster_max(block_max: f32, t_row: u64, slot: u32) -> f32 {
+    let local = smem_f32().wrapping_add(slot as usize);
+    if t_row == 0 {
+        // SAFETY: inside the allocation (caller's contract); read by the cluster only after
+        // the barrier.
+        unsafe { *local = block_max };
+    }
+    // SAFETY: every thread of the cluster arrives and waits (caller's contract).
+    unsafe {
+        cluster::arrive();
+        cluster::wait();
+    }
+    let lane = (t_row & 31) as u32;
+    let v = if lane < cluster::size() {
+        // SAFETY: rank `lane` is in the cluster, which waits at the second barrier before
+        // exiting; written before the first barrier.
+        unsafe { cluster::read_remote(local.cast_const(), lane) }
+    } else {
+        0.0
+    };
+    let m = run_max(v, 32);
+    // SAFETY: as above; the caller waits.
+    unsafe { cluster::arrive() };
+    m
+}
+
+/// The row kernel (per-token scales); see the module docs. `SPLIT`: a row on the blocks of a
+/// thread-block cluster, block rank `r` holding the row's accesses `r * 512 * chunks ..` (one
+/// tile each). `PREFETCH`: with [`prefetch_ahead`], in a body of its own: in a shared body the
+/// prefetch's address math, scheduled among the loads, delays them in rows that do not
+/// prefetch.
+#[inline(always)]
+unsafe fn per_token<
+    E: Elem,
+    const M: VecMode,
+    A: GatedAct,
+    const CHUNKS: usize,
+    const SPLIT: bool,
+    const PREFETCH: bool,
+>(
     p: &GatedFp8Params,
 ) {
     grid_dependency_sync();
-    // One row per block of ROW_THREADS threads (the host's geometry), a constant so that a
-    // thread's chunks are one base address plus immediate offsets (with the row's width a
-    // run-time value, the addresses of every chunk took registers of their own).
+    // One row per block (or cluster) of ROW_THREADS threads per block (the host's geometry),
+    // a constant so that a thread's chunks are one base address plus immediate offsets (with
+    // the row's width a run-time value, the addresses of every chunk took registers of their
+    // own).
     const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
     let t_row = grid::thread_x();
-    let row = grid::block_x();
+    let (row, rank) = if SPLIT {
+        let n = cluster::size().max(1) as u64;
+        (grid::block_x() / n, cluster::rank() as u64)
+    } else {
+        (grid::block_x(), 0)
+    };
     let live = row < p.rows;
     let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (TPR / 32) as u32);
     let slot = 0;
     let tpr = TPR;
     let tile = TPR * p.chunks as u64;
     let scale_at = p.scale + row * p.scale_row * 4;
-    if tile >= p.walk.per_row {
-        // The whole row in registers: one read, one write.
+    if SPLIT || tile >= p.walk.per_row {
+        // The whole row (or the block's tile of it) in registers: one read, one write.
+        let first = rank * tile;
         // SAFETY: the host's checks (see `row_tile`).
-        let t = unsafe { row_tile::<E, M, CHUNKS>(p, row, live, t_row, tpr) };
+        let t = unsafe { row_tile::<E, M, CHUNKS>(p, row, live, first + t_row, tpr) };
+        if PREFETCH {
+            // SAFETY: the host sets `prefetch_rows` for whole rows of 16-byte accesses only.
+            unsafe { prefetch_ahead::<E, M>(p, row, t_row, first, tile) };
+        }
         let amax = tile_amax::<E, M, A, CHUNKS>(&t);
         // SAFETY: `slot + warps` <= the block's warps, which the dynamic shared memory holds;
         // every thread of the block gets here once.
         let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, slot) };
+        // SAFETY: every thread of the cluster gets here once and waits below; slot `warps`
+        // follows the warps' slots (GATED_FP8_ROW_SMEM_BYTES).
+        let amax = if SPLIT {
+            unsafe { cluster_max(amax, t_row, warps) }
+        } else {
+            amax
+        };
         let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
         // SAFETY: the row's scale is inside the scale matrix for a live row.
-        unsafe { store_f32_if(scale_at, scale, live && t_row == 0) };
+        unsafe { store_f32_if(scale_at, scale, live && rank == 0 && t_row == 0) };
         // SAFETY: as for the loads.
-        unsafe { row_store::<E, M, A, CHUNKS>(p, &t, row, t_row, tpr, scale, reciprocal(scale)) };
+        unsafe {
+            row_store::<E, M, A, CHUNKS>(p, &t, row, first + t_row, tpr, scale, reciprocal(scale))
+        };
+        if SPLIT {
+            // SAFETY: the second barrier of `cluster_max`.
+            unsafe { cluster::wait() };
+        }
         return;
     }
     // Longer rows: the maximum over every tile, then each tile again for the output, in tiles
@@ -645,20 +760,32 @@ unsafe fn per_token<E: Elem, const M: VecMode, A: GatedAct, const CHUNKS: usize>
 /// Dispatches on the activation once per launch, then runs a body monomorphized for it (and,
 /// for the flat kernels, for the group's lanes, 0 for a static scale).
 macro_rules! dispatch {
-    ($body:ident, $e:ty, $m:path, $p:expr $(, $g:expr)?) => {
+    ($body:ident, $e:ty, $m:path, $p:expr $(, $g:expr)*) => {
         match Activation::from_u32($p.act) {
-            Some(Activation::Silu) => $body::<$e, { $m }, Silu $(, $g)?>($p),
-            Some(Activation::GeluErf) => $body::<$e, { $m }, GeluErf $(, $g)?>($p),
-            Some(Activation::GeluTanh) => $body::<$e, { $m }, GeluTanh $(, $g)?>($p),
-            Some(Activation::Relu) => $body::<$e, { $m }, Relu $(, $g)?>($p),
+            Some(Activation::Silu) => $body::<$e, { $m }, Silu $(, $g)*>($p),
+            Some(Activation::GeluErf) => $body::<$e, { $m }, GeluErf $(, $g)*>($p),
+            Some(Activation::GeluTanh) => $body::<$e, { $m }, GeluTanh $(, $g)*>($p),
+            Some(Activation::Relu) => $body::<$e, { $m }, Relu $(, $g)*>($p),
             // The host only passes valid activations.
             None => {}
         }
     };
 }
 
+/// The per-token bodies of an entry: the one with the prefetch where the host asked for it (on
+/// the vector path only), the one without otherwise.
+macro_rules! per_token_entry {
+    ($e:ty, $m:path, $p:expr, $chunks:expr, $split:expr) => {
+        if $m == VecMode::V16 && $p.prefetch_rows != 0 {
+            dispatch!(per_token, $e, $m, $p, $chunks, $split, true)
+        } else {
+            dispatch!(per_token, $e, $m, $p, $chunks, $split, false)
+        }
+    };
+}
+
 macro_rules! entries {
-    ($($flat:ident, $group:ident, $row:ident, $long:ident: $e:ty, $m:path;)*) => {$(
+    ($($flat:ident, $group:ident, $row:ident, $long:ident, $split:ident: $e:ty, $m:path;)*) => {$(
         /// Gated forward with FP8 output and a static scale; see the module docs. Launch:
         /// `GATED_THREADS` threads, the planned grid.
         ///
@@ -699,7 +826,7 @@ macro_rules! entries {
         /// As for the static entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
-            unsafe { dispatch!(per_token, $e, $m, &p, GATED_FP8_ROW_CHUNKS) }
+            unsafe { per_token_entry!($e, $m, &p, GATED_FP8_ROW_CHUNKS, false) }
         }
 
         /// The per-token entry for rows of more than one tile of `GATED_FP8_ROW_CHUNKS` and at
@@ -710,7 +837,19 @@ macro_rules! entries {
         /// As for the static entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $long(p: GatedFp8Params) {
-            unsafe { dispatch!(per_token, $e, $m, &p, GATED_FP8_ROW_LONG_CHUNKS) }
+            unsafe { per_token_entry!($e, $m, &p, GATED_FP8_ROW_LONG_CHUNKS, false) }
+        }
+
+        /// The per-token entry for rows of more than one tile: a row on the blocks of a
+        /// thread-block cluster (sm_90), one tile of up to `GATED_FP8_ROW_CHUNKS` accesses per
+        /// thread each. Launch: `row_blocks` blocks per row of `GATED_FP8_ROW_MAX_THREADS`
+        /// threads in clusters of `row_blocks`, `GATED_FP8_ROW_SMEM_BYTES`.
+        ///
+        /// # Safety
+        /// As for the static entry.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $split(p: GatedFp8Params) {
+            unsafe { per_token_entry!($e, $m, &p, GATED_FP8_ROW_CHUNKS, true) }
         }
     )*};
 }
@@ -718,15 +857,15 @@ macro_rules! entries {
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 entries! {
     gated_fp8_flat_f32_v16, gated_fp8_group_f32_v16, gated_fp8_row_f32_v16,
-        gated_fp8_row_long_f32_v16: F32, VecMode::V16;
+        gated_fp8_row_long_f32_v16, gated_fp8_row_split_f32_v16: F32, VecMode::V16;
     gated_fp8_flat_f32_scalar, gated_fp8_group_f32_scalar, gated_fp8_row_f32_scalar,
-        gated_fp8_row_long_f32_scalar: F32, VecMode::Scalar;
+        gated_fp8_row_long_f32_scalar, gated_fp8_row_split_f32_scalar: F32, VecMode::Scalar;
     gated_fp8_flat_f16_v16, gated_fp8_group_f16_v16, gated_fp8_row_f16_v16,
-        gated_fp8_row_long_f16_v16: F16, VecMode::V16;
+        gated_fp8_row_long_f16_v16, gated_fp8_row_split_f16_v16: F16, VecMode::V16;
     gated_fp8_flat_f16_scalar, gated_fp8_group_f16_scalar, gated_fp8_row_f16_scalar,
-        gated_fp8_row_long_f16_scalar: F16, VecMode::Scalar;
+        gated_fp8_row_long_f16_scalar, gated_fp8_row_split_f16_scalar: F16, VecMode::Scalar;
     gated_fp8_flat_bf16_v16, gated_fp8_group_bf16_v16, gated_fp8_row_bf16_v16,
-        gated_fp8_row_long_bf16_v16: Bf16, VecMode::V16;
+        gated_fp8_row_long_bf16_v16, gated_fp8_row_split_bf16_v16: Bf16, VecMode::V16;
     gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar,
-        gated_fp8_row_long_bf16_scalar: Bf16, VecMode::Scalar;
+        gated_fp8_row_long_bf16_scalar, gated_fp8_row_split_bf16_scalar: Bf16, VecMode::Scalar;
 }

@@ -739,6 +739,25 @@ pub unsafe fn prefetch_l2(p: u64) {
     }
 }
 
+/// Asks L2 for the `bytes` bytes at `p` (`cp.async.bulk.prefetch.L2.global`, sm_90): one
+/// instruction for a whole range, no data returns and nothing waits for it.
+///
+/// # Safety
+/// `p` is 16-byte aligned, `bytes` a multiple of 16, and the range inside one allocation.
+#[cfg(ferrofuse_bulk_prefetch)]
+#[inline(always)]
+pub unsafe fn bulk_prefetch_l2(p: u64, bytes: u32) {
+    // SAFETY: caller's contract; a prefetch has no architectural effect.
+    unsafe {
+        asm!(
+            "cp.async.bulk.prefetch.L2.global [{0}], {1};",
+            in(reg64) p,
+            in(reg32) bytes,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
 /// Programmatic dependent launch (sm_90+; see `Kernels::launch` on the host), first half:
 /// wait until the previous grid in the stream has completed and its memory operations are
 /// visible. Every kernel launched that way calls this before touching global memory. The norm
