@@ -743,8 +743,8 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// (per-token) take `row_blocks` blocks of [`GATED_FP8_ROW_MAX_THREADS`] threads per row
 /// (`threads_per_row`, `rows_per_block` = 1: the kernels assume that geometry; more than one
 /// block per row only for the split kernel, launched in clusters of `row_blocks`, block rank
-/// `r` holding the tile of accesses `r * 512 * chunks ..`), each thread holding up to `chunks` accesses
-/// of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`], or
+/// `r` holding the tile of accesses `r * 512 * chunks ..`), each thread holding up to
+/// `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`], or
 /// [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel); a row longer than one block's (or
 /// the cluster's) tiles is walked twice (once for the maximum, once for the output); and
 /// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
@@ -788,11 +788,11 @@ pub struct GatedFp8Params {
     pub rows_per_block: u32,
     /// Accesses per thread per tile (row kernel).
     pub chunks: u32,
-    /// Row kernel, whole rows on the vector path: how many rows ahead a block asks L2 for
-    /// (one bulk prefetch of the row's `a` and `b`, sm_90) while it works on its own row, so
-    /// that HBM keeps streaming while the block reduces and stores; the blocks resident at
-    /// once, since blocks start in order and the block that takes row `r + prefetch_rows`
-    /// starts about when this one ends. 0: no prefetch.
+    /// Row kernels, blocks holding their whole tile on the vector path: how many rows ahead a
+    /// block asks L2 for its tile (one bulk prefetch each of `a` and `b`, sm_90) while it
+    /// works on its own, so that HBM keeps streaming while the block reduces and stores; the
+    /// rows resident at once, since blocks start in order and the blocks that take row
+    /// `r + prefetch_rows` start about when this one ends. 0: no prefetch.
     pub prefetch_rows: u32,
     /// Row kernel: blocks per row (the cluster size of the split kernel, 1 elsewhere).
     pub row_blocks: u32,
