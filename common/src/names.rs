@@ -5,6 +5,7 @@
 use crate::DType::{BF16, F16, F32};
 use crate::NormBwdVariant as Bwd;
 use crate::NormFwdVariant as Fwd;
+use crate::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use crate::{
     DType, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, NormBwdVariant, NormFwdVariant,
     RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_STAGED_MAX_SMEM_BYTES,
@@ -95,9 +96,12 @@ pub enum KernelId {
     /// The per-token kernel for rows of more than one tile: a row on the blocks of a
     /// thread-block cluster, one tile each (`gated_fp8_row_split_{dtype}_{v16|scalar}`, sm_90).
     GatedFp8RowSplit(DType, VecMode),
-    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers
-    /// (`rmsnorm_fp8_{dtype}_{v16|scalar}_{e16|e32}`; see `RmsNormFp8Params`).
-    RmsNormFp8(DType, VecMode, NormFwdVariant),
+    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers, for one
+    /// scaling scheme (`FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
+    /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32}`; see
+    /// `RmsNormFp8Params`. One entry per scheme: ptxas allocates registers and schedules a
+    /// whole entry at once, so a scheme's body is compiled alone, unaffected by the others'.
+    RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     Empty,
 }
@@ -258,18 +262,42 @@ kernel_table! {
     gated_fp8_row_f16_scalar = GatedFp8Row(F16, Scalar),
     gated_fp8_row_bf16_v16 = GatedFp8Row(BF16, V16),
     gated_fp8_row_bf16_scalar = GatedFp8Row(BF16, Scalar),
-    rmsnorm_fp8_f32_v16_e16 = RmsNormFp8(F32, V16, Fwd::E16),
-    rmsnorm_fp8_f32_v16_e32 = RmsNormFp8(F32, V16, Fwd::E32),
-    rmsnorm_fp8_f32_scalar_e16 = RmsNormFp8(F32, Scalar, Fwd::E16),
-    rmsnorm_fp8_f32_scalar_e32 = RmsNormFp8(F32, Scalar, Fwd::E32),
-    rmsnorm_fp8_f16_v16_e16 = RmsNormFp8(F16, V16, Fwd::E16),
-    rmsnorm_fp8_f16_v16_e32 = RmsNormFp8(F16, V16, Fwd::E32),
-    rmsnorm_fp8_f16_scalar_e16 = RmsNormFp8(F16, Scalar, Fwd::E16),
-    rmsnorm_fp8_f16_scalar_e32 = RmsNormFp8(F16, Scalar, Fwd::E32),
-    rmsnorm_fp8_bf16_v16_e16 = RmsNormFp8(BF16, V16, Fwd::E16),
-    rmsnorm_fp8_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32),
-    rmsnorm_fp8_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16),
-    rmsnorm_fp8_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32),
+    rmsnorm_fp8_static_f32_v16_e16 = RmsNormFp8(F32, V16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f32_v16_e32 = RmsNormFp8(F32, V16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_e16 = RmsNormFp8(F32, Scalar, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_e32 = RmsNormFp8(F32, Scalar, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_e16 = RmsNormFp8(F16, V16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_e32 = RmsNormFp8(F16, V16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_e16 = RmsNormFp8(F16, Scalar, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_e32 = RmsNormFp8(F16, Scalar, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_e16 = RmsNormFp8(BF16, V16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_e16 = RmsNormFp8(F32, V16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_v16_e32 = RmsNormFp8(F32, V16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_e16 = RmsNormFp8(F32, Scalar, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_e32 = RmsNormFp8(F32, Scalar, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_e16 = RmsNormFp8(F16, V16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_e32 = RmsNormFp8(F16, V16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_e16 = RmsNormFp8(F16, Scalar, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_e32 = RmsNormFp8(F16, Scalar, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_e16 = RmsNormFp8(BF16, V16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_e16 = RmsNormFp8(F32, V16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_v16_e32 = RmsNormFp8(F32, V16, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_e16 = RmsNormFp8(F32, Scalar, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_e32 = RmsNormFp8(F32, Scalar, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_e16 = RmsNormFp8(F16, V16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_e32 = RmsNormFp8(F16, V16, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_e16 = RmsNormFp8(F16, Scalar, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_e32 = RmsNormFp8(F16, Scalar, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_e16 = RmsNormFp8(BF16, V16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_PER_GROUP),
     gated_fp8_group_f32_v16 = GatedFp8Group(F32, V16),
     gated_fp8_group_f32_scalar = GatedFp8Group(F32, Scalar),
     gated_fp8_group_f16_v16 = GatedFp8Group(F16, V16),
@@ -367,7 +395,7 @@ impl KernelId {
             KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 2)),
             // Two 512-thread rows per SM (64 registers) on the 16-per-thread vector path,
             // which holds the weight through the reduction.
-            KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16) => {
+            KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16, _) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
             // Its largest block, one per SM at least: the register budget of 512 threads (with

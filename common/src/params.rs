@@ -831,7 +831,8 @@ pub struct RmsNormFp8Params {
     pub min_scale: f32,
     /// Upper bound of the per-token `amax` (+inf: none).
     pub scale_ub: f32,
-    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`.
+    /// `FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`: the scheme the host planned (each
+    /// entry runs one scheme, so the kernels do not read it).
     pub scheme: u32,
     pub group_shift: u32,
     /// Chunks (and lanes) a group spans: a power of two, at most 32 (per-group).

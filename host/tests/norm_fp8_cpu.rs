@@ -53,7 +53,7 @@ fn plans_the_norm_geometry_for_each_scheme() {
     let (variant, g) = rmsnorm_fwd_geometry(DType::BF16, cols as u64);
     assert_eq!(
         l.kernel,
-        KernelId::RmsNormFp8(DType::BF16, VecMode::V16, variant)
+        KernelId::RmsNormFp8(DType::BF16, VecMode::V16, variant, FP8_STATIC)
     );
     assert_eq!(l.block, g.block_threads());
     assert_eq!(l.grid, rows as u32);
@@ -104,13 +104,18 @@ fn paths_variants_and_flags() {
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::E32)
+        KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::E32, FP8_STATIC)
     );
     let t = descs(DType::F16, 3, 4097, (3, 1));
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::RmsNormFp8(DType::F16, VecMode::Scalar, NormFwdVariant::E16)
+        KernelId::RmsNormFp8(
+            DType::F16,
+            VecMode::Scalar,
+            NormFwdVariant::E16,
+            FP8_PER_TOKEN
+        )
     );
     // The FP8 output off the 16-byte grid: the scalar path.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
@@ -118,7 +123,12 @@ fn paths_variants_and_flags() {
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::RmsNormFp8(DType::BF16, VecMode::Scalar, NormFwdVariant::E16)
+        KernelId::RmsNormFp8(
+            DType::BF16,
+            VecMode::Scalar,
+            NormFwdVariant::E16,
+            FP8_STATIC
+        )
     );
     // Plain norm: no residual, no h; Gemma and HF flags as the storage forward's.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
@@ -140,23 +150,26 @@ fn paths_variants_and_flags() {
 
 #[test]
 fn every_fp8_norm_kernel_is_in_the_table() {
-    for d in DType::ALL {
-        for m in [VecMode::V16, VecMode::Scalar] {
-            for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
-                let k = KernelId::RmsNormFp8(d, m, v);
-                assert!(k.exists(), "{k:?}");
-                assert!(k.syncs_grid_dependency());
-                let blocks = if (m, v) == (VecMode::V16, NormFwdVariant::E16) {
-                    2
-                } else {
-                    1
-                };
-                assert_eq!(k.launch_bounds(), Some((512, blocks)));
-                assert!(k.rmsnorm_forward_form().is_none());
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            for m in [VecMode::V16, VecMode::Scalar] {
+                for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
+                    let k = KernelId::RmsNormFp8(d, m, v, s);
+                    assert!(k.exists(), "{k:?}");
+                    assert!(k.syncs_grid_dependency());
+                    let blocks = if (m, v) == (VecMode::V16, NormFwdVariant::E16) {
+                        2
+                    } else {
+                        1
+                    };
+                    assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                    assert!(k.rmsnorm_forward_form().is_none());
+                }
             }
         }
     }
-    assert!(!KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::Loop).exists());
+    let loop_form = KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::Loop, 0);
+    assert!(!loop_form.exists());
     let _ = NormPath::V16;
 }
 

@@ -2031,7 +2031,7 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     let work = rows > 0 && hidden > 0;
     v.launch(0, l, work);
     let vector = match l.kernel {
-        KernelId::RmsNormFp8(d, mode, _) if d == dtype => mode == VecMode::V16,
+        KernelId::RmsNormFp8(d, mode, _, s) if d == dtype && s == p.scheme => mode == VecMode::V16,
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));
             false

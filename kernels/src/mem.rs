@@ -56,6 +56,17 @@ pub unsafe fn st_v4(p: u64, v: [u32; 4]) {
 /// value (e.g. `if has_residual`), behind the first use of the loads before it.
 #[inline(always)]
 pub unsafe fn ld_v4_if(p: u64, pred: bool) -> [u32; 4] {
+    // SAFETY: the caller's contract.
+    unsafe { ld_v4_or(p, pred, 0) }
+}
+
+/// [`ld_v4_if`] with `fill` in each of the four words when `!pred` (still one predicated
+/// instruction: the registers hold `fill` before the load).
+///
+/// # Safety
+/// As for [`ld_v4_if`].
+#[inline(always)]
+pub unsafe fn ld_v4_or(p: u64, pred: bool, fill: u32) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     // SAFETY: when `pred`, the caller guarantees `p` is a valid, 16-byte aligned global
     // address; otherwise nothing is accessed.
@@ -63,8 +74,8 @@ pub unsafe fn ld_v4_if(p: u64, pred: bool) -> [u32; 4] {
         asm!(
             "{{ .reg .pred ok; setp.ne.u32 ok, {5}, 0;",
             "@ok ld.global.v4.u32 {{{0}, {1}, {2}, {3}}}, [{4}]; }}",
-            inout(reg32) 0u32 => a, inout(reg32) 0u32 => b,
-            inout(reg32) 0u32 => c, inout(reg32) 0u32 => d,
+            inout(reg32) fill => a, inout(reg32) fill => b,
+            inout(reg32) fill => c, inout(reg32) fill => d,
             in(reg64) p, in(reg32) pred as u32,
             options(readonly, nostack, preserves_flags)
         );
@@ -391,6 +402,9 @@ fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
 pub trait Elem {
     const BYTES: u64;
     const LANES: usize;
+    /// A 32-bit word of a vector whose every element is -0.0: adding it to any value leaves
+    /// the value unchanged (`x + -0.0 == x` for every `x`, zeros of either sign included).
+    const NEG_ZERO_WORD: u32;
     /// One element, widened to f32.
     #[inline(always)]
     unsafe fn load(p: u64) -> f32 {
@@ -467,6 +481,7 @@ pub struct Bf16;
 impl Elem for F32 {
     const BYTES: u64 = 4;
     const LANES: usize = 4;
+    const NEG_ZERO_WORD: u32 = 0x8000_0000;
     #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u32(p) }
@@ -517,6 +532,7 @@ impl Elem for F32 {
 impl Elem for F16 {
     const BYTES: u64 = 2;
     const LANES: usize = 8;
+    const NEG_ZERO_WORD: u32 = 0x8000_8000;
     #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u16(p) as u32 }
@@ -567,6 +583,7 @@ impl Elem for F16 {
 impl Elem for Bf16 {
     const BYTES: u64 = 2;
     const LANES: usize = 8;
+    const NEG_ZERO_WORD: u32 = 0x8000_8000;
     #[inline(always)]
     unsafe fn load_bits(p: u64) -> u32 {
         unsafe { ld_u16(p) as u32 }

@@ -113,7 +113,7 @@ pub fn plan_rmsnorm_forward_fp8(
         _ => (scales.row_stride as u64, 0),
     };
     Ok(Launch {
-        kernel: KernelId::RmsNormFp8(dtype, mode, variant),
+        kernel: KernelId::RmsNormFp8(dtype, mode, variant, scheme),
         grid,
         block: geometry.block_threads(),
         shared_mem_bytes: RMSNORM_SMEM_BYTES,

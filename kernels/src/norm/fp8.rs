@@ -4,7 +4,9 @@
 //!
 //! # Parameters
 //! [`RmsNormFp8Params`]: the norm forward's parameters, whose `y` is the FP8 output (row
-//! stride in bytes), and the scales' address, addressing and scheme.
+//! stride in bytes), and the scales' address and addressing. The scheme is the entry's
+//! (`rmsnorm_fp8_{static|token|group}_*`): each body is compiled alone, so that ptxas
+//! allocates its registers and schedules its loads for that body only.
 //!
 //! # Thread mapping and numerics
 //! The register-resident forward's ([`super::fwd_regs`]): the same geometry, the same loads,
@@ -42,8 +44,8 @@ use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC, dynamic_sc
 use ferrofuse_common::{RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormFp8Params};
 
 use super::{
-    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_w, normalize, prefetch_first, rstd_of,
-    store_chunk,
+    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_w, normalize,
+    prefetch_first, rstd_of, store_chunk,
 };
 use crate::gated_fp8::{WarpMax, load_f32, quantize, row_max, run_max, store_f32_if, store_q};
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync};
@@ -132,25 +134,40 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
     };
 
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-    {
-        let mut x = [[0.0f32; 8]; MAX_CHUNKS];
-        let mut r = [[0.0f32; 8]; MAX_CHUNKS];
+    if M == Path::V16 {
+        // Every input load issued before the first widening, and `h = x + r` for every chunk
+        // without a branch on `has_res` (the residual's chunks are -0.0 without one, and `x +
+        // -0.0 == x`): each chunk's widened inputs then die at its sum. Widening every chunk
+        // of both inputs before a branch held 32 f32 values at once in the 16-bit dtypes,
+        // and at this register budget ptxas made the last loads wait for the first to land.
+        let mut x_raw = [[0u32; 4]; MAX_CHUNKS];
+        let mut r_raw = [[0u32; 4]; MAX_CHUNKS];
         unroll!(j < k => {
             let (c, inside) = chunk(j);
             let ok = live && inside;
             // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
             unsafe {
-                x[j] = load_chunk::<E, M>(x_row, c, hidden, ok);
-                r[j] = load_chunk::<E, M>(res_row, c, hidden, ok && has_res);
-            }
-            if M == Path::Scalar {
-                // As in `fwd_regs`: combined at once on the scalar path (registers).
-                h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
+                x_raw[j] = load_chunk_bits::<E>(x_row, c, ok, 0);
+                r_raw[j] = load_chunk_bits::<E>(res_row, c, ok && has_res, E::NEG_ZERO_WORD);
             }
         });
-        if M != Path::Scalar {
-            unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
-        }
+        unroll!(j < k => {
+            h[j] = add_residual::<E>(&E::unpack(x_raw[j]), &E::unpack(r_raw[j]), true, hf);
+        });
+    } else {
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            let ok = live && inside;
+            // SAFETY: as above.
+            let (x, r) = unsafe {
+                (
+                    load_chunk::<E, M>(x_row, c, hidden, ok),
+                    load_chunk::<E, M>(res_row, c, hidden, ok && has_res),
+                )
+            };
+            // Combined at once on the scalar path (registers), as in `fwd_regs`.
+            h[j] = add_residual::<E>(&x, &r, has_res, hf);
+        });
     }
     // On the vector path with a storage-dtype weight, 16 per thread: every chunk's weight
     // loaded with the inputs, so its latency hides behind the reduction (one memory round
@@ -234,34 +251,31 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
     });
 }
 
-/// [`fwd_fp8`] with the scheme and the block shape as constants, picked once per launch.
+/// [`fwd_fp8`] with the block shape as a constant, picked once per launch.
 ///
 /// # Safety
 /// As for [`fwd_fp8`].
 #[inline(always)]
-unsafe fn dispatch<E: Elem, const M: Path, const EPT: usize>(p: &RmsNormFp8Params) {
-    // SAFETY (every arm): the caller's contract.
+unsafe fn dispatch<E: Elem, const M: Path, const EPT: usize, const S: u32>(p: &RmsNormFp8Params) {
+    // SAFETY (both arms): the caller's contract.
     unsafe {
-        match (p.scheme, p.norm.rows_per_block == 1) {
-            (FP8_PER_TOKEN, true) => fwd_fp8::<E, M, EPT, FP8_PER_TOKEN, true>(p),
-            (FP8_PER_TOKEN, false) => fwd_fp8::<E, M, EPT, FP8_PER_TOKEN, false>(p),
-            (FP8_PER_GROUP, true) => fwd_fp8::<E, M, EPT, FP8_PER_GROUP, true>(p),
-            (FP8_PER_GROUP, false) => fwd_fp8::<E, M, EPT, FP8_PER_GROUP, false>(p),
-            (_, true) => fwd_fp8::<E, M, EPT, FP8_STATIC, true>(p),
-            (_, false) => fwd_fp8::<E, M, EPT, FP8_STATIC, false>(p),
+        if p.norm.rows_per_block == 1 {
+            fwd_fp8::<E, M, EPT, S, true>(p)
+        } else {
+            fwd_fp8::<E, M, EPT, S, false>(p)
         }
     }
 }
 
 macro_rules! fp8_entries {
-    ($($e:ty, $m:ident => $e16:ident, $e32:ident;)*) => {$(
+    ($($s:ident, $e:ty, $m:ident => $e16:ident, $e32:ident;)*) => {$(
         /// Add + RMSNorm forward with FP8 output, 16 elements per thread; see the module docs.
         ///
         /// # Safety
         /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $e16(p: RmsNormFp8Params) {
-            unsafe { dispatch::<$e, { Path::$m }, 16>(&p) }
+            unsafe { dispatch::<$e, { Path::$m }, 16, $s>(&p) }
         }
 
         /// Add + RMSNorm forward with FP8 output, 32 elements per thread; see the module docs.
@@ -270,17 +284,47 @@ macro_rules! fp8_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $e32(p: RmsNormFp8Params) {
-            unsafe { dispatch::<$e, { Path::$m }, 32>(&p) }
+            unsafe { dispatch::<$e, { Path::$m }, 32, $s>(&p) }
         }
     )*};
 }
 
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 fp8_entries! {
-    F32, V16 => rmsnorm_fp8_f32_v16_e16, rmsnorm_fp8_f32_v16_e32;
-    F32, Scalar => rmsnorm_fp8_f32_scalar_e16, rmsnorm_fp8_f32_scalar_e32;
-    F16, V16 => rmsnorm_fp8_f16_v16_e16, rmsnorm_fp8_f16_v16_e32;
-    F16, Scalar => rmsnorm_fp8_f16_scalar_e16, rmsnorm_fp8_f16_scalar_e32;
-    Bf16, V16 => rmsnorm_fp8_bf16_v16_e16, rmsnorm_fp8_bf16_v16_e32;
-    Bf16, Scalar => rmsnorm_fp8_bf16_scalar_e16, rmsnorm_fp8_bf16_scalar_e32;
+    FP8_STATIC, F32, V16 =>
+        rmsnorm_fp8_static_f32_v16_e16, rmsnorm_fp8_static_f32_v16_e32;
+    FP8_STATIC, F32, Scalar =>
+        rmsnorm_fp8_static_f32_scalar_e16, rmsnorm_fp8_static_f32_scalar_e32;
+    FP8_STATIC, F16, V16 =>
+        rmsnorm_fp8_static_f16_v16_e16, rmsnorm_fp8_static_f16_v16_e32;
+    FP8_STATIC, F16, Scalar =>
+        rmsnorm_fp8_static_f16_scalar_e16, rmsnorm_fp8_static_f16_scalar_e32;
+    FP8_STATIC, Bf16, V16 =>
+        rmsnorm_fp8_static_bf16_v16_e16, rmsnorm_fp8_static_bf16_v16_e32;
+    FP8_STATIC, Bf16, Scalar =>
+        rmsnorm_fp8_static_bf16_scalar_e16, rmsnorm_fp8_static_bf16_scalar_e32;
+    FP8_PER_TOKEN, F32, V16 =>
+        rmsnorm_fp8_token_f32_v16_e16, rmsnorm_fp8_token_f32_v16_e32;
+    FP8_PER_TOKEN, F32, Scalar =>
+        rmsnorm_fp8_token_f32_scalar_e16, rmsnorm_fp8_token_f32_scalar_e32;
+    FP8_PER_TOKEN, F16, V16 =>
+        rmsnorm_fp8_token_f16_v16_e16, rmsnorm_fp8_token_f16_v16_e32;
+    FP8_PER_TOKEN, F16, Scalar =>
+        rmsnorm_fp8_token_f16_scalar_e16, rmsnorm_fp8_token_f16_scalar_e32;
+    FP8_PER_TOKEN, Bf16, V16 =>
+        rmsnorm_fp8_token_bf16_v16_e16, rmsnorm_fp8_token_bf16_v16_e32;
+    FP8_PER_TOKEN, Bf16, Scalar =>
+        rmsnorm_fp8_token_bf16_scalar_e16, rmsnorm_fp8_token_bf16_scalar_e32;
+    FP8_PER_GROUP, F32, V16 =>
+        rmsnorm_fp8_group_f32_v16_e16, rmsnorm_fp8_group_f32_v16_e32;
+    FP8_PER_GROUP, F32, Scalar =>
+        rmsnorm_fp8_group_f32_scalar_e16, rmsnorm_fp8_group_f32_scalar_e32;
+    FP8_PER_GROUP, F16, V16 =>
+        rmsnorm_fp8_group_f16_v16_e16, rmsnorm_fp8_group_f16_v16_e32;
+    FP8_PER_GROUP, F16, Scalar =>
+        rmsnorm_fp8_group_f16_scalar_e16, rmsnorm_fp8_group_f16_scalar_e32;
+    FP8_PER_GROUP, Bf16, V16 =>
+        rmsnorm_fp8_group_bf16_v16_e16, rmsnorm_fp8_group_bf16_v16_e32;
+    FP8_PER_GROUP, Bf16, Scalar =>
+        rmsnorm_fp8_group_bf16_scalar_e16, rmsnorm_fp8_group_bf16_scalar_e32;
 }

@@ -62,7 +62,7 @@ use ferrofuse_common::{
 };
 
 use crate::mem::{
-    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_v4_if, prefetch_l2,
+    Bf16, Elem, F16, F32, div_full, grid, grid_dependency_sync, ld_v4_if, ld_v4_or, prefetch_l2,
     rsqrt_approx, st_v4_if,
 };
 use crate::reduce::row_sum;
@@ -112,6 +112,19 @@ impl Row {
     }
 }
 
+/// The raw 16 bytes of chunk `c` of the row `at` on the vector path, or `fill` in each word
+/// when `!ok`: [`load_chunk`] before its widening, for bodies that issue all their loads
+/// first.
+///
+/// # Safety
+/// As for [`load_chunk`] on the vector path.
+#[inline(always)]
+unsafe fn load_chunk_bits<E: Elem>(at: Row, c: u64, ok: bool, fill: u32) -> [u32; 4] {
+    let first = at.index * at.stride + c * E::LANES as u64;
+    // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
+    unsafe { ld_v4_or(at.base + first * E::BYTES, ok, fill) }
+}
+
 /// Chunk `c` of the row `at` as f32 lanes, or zeros when `!ok`; on the scalar path, lanes at
 /// columns `>= hidden` are not read and stay 0. On the vector path the access is predicated,
 /// not branched around: a thread's loads of one phase then issue back to back and wait
@@ -126,8 +139,8 @@ unsafe fn load_chunk<E: Elem, const M: Path>(at: Row, c: u64, hidden: u64, ok: b
     let lanes = E::LANES as u64;
     let first = at.index * at.stride + c * lanes;
     if M == Path::V16 {
-        // SAFETY: caller's contract; the v16 path is only planned for 16-byte aligned chunks.
-        E::unpack(unsafe { ld_v4_if(at.base + first * E::BYTES, ok) })
+        // SAFETY: caller's contract.
+        E::unpack(unsafe { load_chunk_bits::<E>(at, c, ok, 0) })
     } else if M == Path::Realigned {
         // Rows at a 16-byte boundary only (the weight; other operands go through `realign`):
         // whole chunks as one vector, the row's ragged last chunk element by element.
