@@ -402,8 +402,9 @@ fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
 pub trait Elem {
     const BYTES: u64;
     const LANES: usize;
-    /// A 32-bit word of a vector whose every element is -0.0: adding it to any value leaves
-    /// the value unchanged (`x + -0.0 == x` for every `x`, zeros of either sign included).
+    /// A 32-bit word of a vector whose every element is -0.0: adding it leaves any value but a
+    /// NaN bit for bit unchanged (`x + -0.0 == x`, zeros of either sign included; a NaN
+    /// stays a NaN).
     const NEG_ZERO_WORD: u32;
     /// One element, widened to f32.
     #[inline(always)]
