@@ -109,6 +109,10 @@ struct Args {
     /// thread-block cluster (sm_90+; the same bits), to see what the split brings.
     #[arg(long)]
     no_cluster_split: bool,
+    /// Run the per-token FP8 gated forward's long rows on the long-row kernel where they would
+    /// be streamed (sm_90+; the same bits), to see what the streaming brings.
+    #[arg(long)]
+    no_row_streaming: bool,
 }
 
 fn selection(args: &Args) -> Result<Selection, String> {
@@ -297,6 +301,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let mut h = Harness::new(device, budgets)?;
     if args.no_pdl {
         h.kernels.set_programmatic_launch(false);
+    }
+    if args.no_row_streaming {
+        h.kernels.set_row_streaming(false);
     }
     if args.no_cluster_split {
         h.kernels.set_cluster_split(false);

@@ -7,10 +7,11 @@ use crate::NormBwdVariant as Bwd;
 use crate::NormFwdVariant as Fwd;
 use crate::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use crate::{
-    DType, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, NormBwdVariant, NormFwdVariant,
-    RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_STAGED_MAX_SMEM_BYTES,
-    RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_REALIGNED_MAX_SMEM_BYTES,
-    ZERO_FILL_THREADS, rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged,
+    DType, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES, GATED_THREADS, NormBwdVariant,
+    NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
+    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
+    RMSNORM_REALIGNED_MAX_SMEM_BYTES, ZERO_FILL_THREADS, rmsnorm_bwd_max_threads_per_row,
+    rmsnorm_bwd_staged,
 };
 use VecMode::{Scalar, V16};
 
@@ -96,6 +97,11 @@ pub enum KernelId {
     /// The per-token kernel for rows of more than one tile: a row on the blocks of a
     /// thread-block cluster, one tile each (`gated_fp8_row_split_{dtype}_{v16|scalar}`, sm_90).
     GatedFp8RowSplit(DType, VecMode),
+    /// The per-token kernel for the long-row kernel's rows of 16-byte accesses, streamed: one
+    /// block per SM takes row after row, the next one copied into shared memory while it works
+    /// on the current one (`gated_fp8_row_stream_{dtype}`, sm_90; the sm_80 module has the
+    /// entries but never runs them).
+    GatedFp8RowStream(DType),
     /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers, for one
     /// scaling scheme (`FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
     /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32}`; see
@@ -316,6 +322,9 @@ kernel_table! {
     gated_fp8_row_split_f16_scalar = GatedFp8RowSplit(F16, Scalar),
     gated_fp8_row_split_bf16_v16 = GatedFp8RowSplit(BF16, V16),
     gated_fp8_row_split_bf16_scalar = GatedFp8RowSplit(BF16, Scalar),
+    gated_fp8_row_stream_f32 = GatedFp8RowStream(F32),
+    gated_fp8_row_stream_f16 = GatedFp8RowStream(F16),
+    gated_fp8_row_stream_bf16 = GatedFp8RowStream(BF16),
 }
 
 impl KernelId {
@@ -334,6 +343,7 @@ impl KernelId {
                 | KernelId::GatedFp8Row(..)
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
+                | KernelId::GatedFp8RowStream(..)
                 | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdRealigned(..)
@@ -356,7 +366,8 @@ impl KernelId {
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowLong(..)
-            | KernelId::GatedFp8RowSplit(..) => GATED_FP8_ROW_MAX_THREADS,
+            | KernelId::GatedFp8RowSplit(..)
+            | KernelId::GatedFp8RowStream(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
@@ -388,7 +399,9 @@ impl KernelId {
             }
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
-            KernelId::GatedFp8RowLong(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
+            KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {
+                Some((GATED_FP8_ROW_MAX_THREADS, 1))
+            }
             // Two 512-thread rows per SM (64 registers): the rows are staged in shared memory,
             // so registers, not bytes in flight, set the rows per SM (an uncapped build took
             // 88 at 32 per thread, one row of 352-512 threads per SM: 1.4x slower).
@@ -461,6 +474,7 @@ impl KernelId {
             KernelId::RmsNormBwd(_, mode, variant) if rmsnorm_bwd_staged(mode, variant) => {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
+            KernelId::GatedFp8RowStream(..) => Some(GATED_FP8_STREAM_SMEM_BYTES),
             _ => None,
         }
     }

@@ -705,6 +705,11 @@ pub const GATED_FP8_ROW_CHUNKS: usize = 4;
 /// Accesses a thread of the long-row per-token FP8 kernel holds: rows of more than one tile
 /// of [`GATED_FP8_ROW_CHUNKS`] and at most one of these.
 pub const GATED_FP8_ROW_LONG_CHUNKS: usize = 8;
+/// Dynamic shared memory of the streamed per-token kernel (`gated_fp8_row_stream_*`, sm_90):
+/// the warps' maxima and the copy barrier in the first 128 bytes, then one row's `a` and `b`
+/// of up to [`GATED_FP8_ROW_LONG_CHUNKS`] 16-byte accesses per thread each.
+pub const GATED_FP8_STREAM_SMEM_BYTES: u32 =
+    128 + 2 * GATED_FP8_ROW_LONG_CHUNKS as u32 * GATED_FP8_ROW_MAX_THREADS * 16;
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block, and one for
 /// the block's maximum, which the blocks of a split row read.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = (GATED_FP8_ROW_MAX_THREADS / 32 + 1) * 4;

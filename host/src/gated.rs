@@ -25,7 +25,8 @@ use ferrofuse_common::{
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_BLOCKS,
-    GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GatedFp8Params,
+    GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
 };
 
 use crate::error::{Error, Result};
@@ -597,6 +598,7 @@ pub fn plan_gated_forward_fp8(
         let long_fits = per_thread <= GATED_FP8_ROW_LONG_CHUNKS as u64;
         let split_fits = limits.clusters && split_blocks <= GATED_FP8_ROW_MAX_BLOCKS as u64;
         let few_rows = rows as u64 * split_blocks <= limits.sm_count as u64;
+        let streamed = limits.streamed_rows && mode == VecMode::V16;
         let (kernel, chunks, row_blocks) = if per_thread <= tile_chunks {
             (KernelId::GatedFp8Row(dtype, mode), per_thread, 1)
         } else if split_fits && (few_rows || !long_fits) {
@@ -605,12 +607,20 @@ pub fn plan_gated_forward_fp8(
                 per_thread.div_ceil(split_blocks),
                 split_blocks,
             )
+        } else if long_fits && streamed {
+            (KernelId::GatedFp8RowStream(dtype), per_thread, 1)
         } else if long_fits && rows as u64 > one_wave {
             (KernelId::GatedFp8RowLong(dtype, mode), per_thread, 1)
         } else {
             (KernelId::GatedFp8Row(dtype, mode), tile_chunks, 1)
         };
-        let blocks = rows as u64 * row_blocks;
+        let blocks = match kernel {
+            // Persistent blocks, each taking row after row.
+            KernelId::GatedFp8RowStream(..) => {
+                (rows as u64).min(limits.resident_blocks(kernel) as u64)
+            }
+            _ => rows as u64 * row_blocks,
+        };
         if blocks > i32::MAX as u64 {
             return Err(Error::TooLarge {
                 what: "rows of a per-token FP8 call",
@@ -636,6 +646,8 @@ pub fn plan_gated_forward_fp8(
         let prefetch = match kernel {
             KernelId::GatedFp8Row(..) => rows as u64 > 2 * resident_rows,
             KernelId::GatedFp8RowLong(..) => dtype != DType::F32 && rows as u64 > resident_rows,
+            // Its next row is already on its way, into shared memory.
+            KernelId::GatedFp8RowStream(..) => false,
             _ => rows as u64 > resident_rows,
         };
         if mode == VecMode::V16 && whole && prefetch {
@@ -645,7 +657,10 @@ pub fn plan_gated_forward_fp8(
             kernel,
             grid: blocks as u32,
             block: tpr as u32,
-            shared_mem_bytes: GATED_FP8_ROW_SMEM_BYTES,
+            shared_mem_bytes: match kernel {
+                KernelId::GatedFp8RowStream(..) => GATED_FP8_STREAM_SMEM_BYTES,
+                _ => GATED_FP8_ROW_SMEM_BYTES,
+            },
             params,
         });
     }
@@ -768,7 +783,8 @@ impl Kernels {
     ) -> Result<()> {
         let (y, _gy) = y.desc_mut(stream);
         let (scales, _gs) = scales.describe(stream, &scaling)?;
-        let launch = plan_gated_forward_fp8(act, a, b, &y, scaling, &scales, self.limits())?;
+        let limits = self.gated_fp8_limits();
+        let launch = plan_gated_forward_fp8(act, a, b, &y, scaling, &scales, &limits)?;
         // SAFETY: planned from live views borrowed for this call (y and the written scales
         // mutably, so they alias no input); the plan checked shapes, sizes, alignment and
         // every overlap.
@@ -792,7 +808,8 @@ impl Kernels {
         scales: &MatDesc,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_gated_forward_fp8(act, a, b, y, scaling, scales, self.limits())?;
+        let limits = self.gated_fp8_limits();
+        let launch = plan_gated_forward_fp8(act, a, b, y, scaling, scales, &limits)?;
         // SAFETY: the caller vouches for the descriptions; the plan checked the rest.
         unsafe { self.launch(stream, &launch) }
     }

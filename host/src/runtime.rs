@@ -9,8 +9,8 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
-    GatedBwdParams, GatedFwdParams, KernelId, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
-    ZERO_FILL_THREADS, rmsnorm_split_geometry,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFwdParams, KernelId, RmsNormBwdParams,
+    RmsNormDwParams, RmsNormFwdParams, ZERO_FILL_THREADS, rmsnorm_split_geometry,
 };
 
 use crate::error::{DriverContext, Error, Result};
@@ -160,6 +160,9 @@ pub struct Kernels {
     /// Plan the cluster-split norm forward where it applies (sm_90+): see
     /// [`Kernels::set_cluster_split`].
     cluster_split: AtomicBool,
+    /// Plan the streamed per-token FP8 kernel where it applies (sm_90+): see
+    /// [`Kernels::set_row_streaming`].
+    row_streaming: AtomicBool,
     /// Whether this device and the PTX allow it (decided once, at load).
     programmatic_supported: bool,
     _module: Arc<CudaModule>,
@@ -174,6 +177,9 @@ pub struct GridLimits {
     /// Whether the module and device run thread-block clusters (sm_90+), so a plan may
     /// choose a kernel launched in clusters.
     pub clusters: bool,
+    /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
+    /// streamed per-token FP8 kernel (`GATED_FP8_STREAM_SMEM_BYTES`), so a plan may choose it.
+    pub streamed_rows: bool,
 }
 
 impl GridLimits {
@@ -183,12 +189,19 @@ impl GridLimits {
             sm_count,
             blocks_per_sm: [blocks_per_sm; KernelId::COUNT],
             clusters: false,
+            streamed_rows: false,
         }
     }
 
     /// The same limits, with thread-block clusters available or not.
     pub fn with_clusters(mut self, clusters: bool) -> Self {
         self.clusters = clusters;
+        self
+    }
+
+    /// The same limits, with the streamed per-token FP8 kernel available or not.
+    pub fn with_streamed_rows(mut self, streamed_rows: bool) -> Self {
+        self.streamed_rows = streamed_rows;
         self
     }
 
@@ -218,6 +231,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
+            | KernelId::GatedFp8RowStream(..)
             | KernelId::RmsNormFwdWFirst(..)
     )
     .then(|| kernel.max_block_threads())
@@ -271,8 +285,13 @@ impl Kernels {
             .map(|k| module.load_function(k.name()))
             .collect::<Result<Vec<_>, _>>()
             .during("looking up a kernel")?;
+        let smem_opt_in = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .during("reading the shared memory limit")?;
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
-            if let Some(bytes) = k.dynamic_smem_opt_in() {
+            // A kernel whose shared memory the device lacks keeps the default limit; the
+            // plans never choose it there (`GridLimits::streamed_rows`).
+            if let Some(bytes) = k.dynamic_smem_opt_in().filter(|&b| b as i32 <= smem_opt_in) {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     bytes as i32,
@@ -284,16 +303,26 @@ impl Kernels {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .during("reading the multiprocessor count")? as u32;
         let mut limits = GridLimits::uniform(sm_count, 1);
+        // The sm_90 module is the one with cluster code and bulk copies, and runs on sm_90+
+        // only.
+        limits.clusters = ptx.min_compute_capability >= 90;
+        limits.streamed_rows =
+            ptx.min_compute_capability >= 90 && GATED_FP8_STREAM_SMEM_BYTES as i32 <= smem_opt_in;
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
             if let Some(block) = occupancy_block_size(*k) {
+                // Read at the shared memory it launches with where that sets the occupancy.
+                let smem = match k {
+                    KernelId::GatedFp8RowStream(..) if limits.streamed_rows => {
+                        GATED_FP8_STREAM_SMEM_BYTES as usize
+                    }
+                    _ => 0,
+                };
                 limits.blocks_per_sm[k.index()] = f
-                    .occupancy_max_active_blocks_per_multiprocessor(block, 0, None)
+                    .occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
                     .during("reading a kernel's occupancy")?;
             }
         }
         let programmatic = ptx.programmatic_launch();
-        // The sm_90 module is the one with cluster code, and runs on sm_90+ only.
-        limits.clusters = ptx.min_compute_capability >= 90;
         Ok(Self {
             ctx: ctx.clone(),
             ptx,
@@ -302,6 +331,7 @@ impl Kernels {
             programmatic: AtomicBool::new(programmatic),
             programmatic_supported: programmatic,
             cluster_split: AtomicBool::new(true),
+            row_streaming: AtomicBool::new(true),
             _module: module,
         })
     }
@@ -351,6 +381,23 @@ impl Kernels {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
             std::borrow::Cow::Owned(self.limits.clone().with_clusters(false))
+        }
+    }
+
+    /// Turns the streamed per-token FP8 kernel (long rows, sm_90+) off or back on (on by
+    /// default); without it the same rows run the long-row kernel. Both compute the same
+    /// bits; for measuring the streaming and for tests that compare the two.
+    pub fn set_row_streaming(&self, on: bool) {
+        self.row_streaming.store(on, Ordering::Relaxed);
+    }
+
+    /// The limits the gated FP8 forward plans with: [`Kernels::limits`], without the streamed
+    /// kernel while [`Kernels::set_row_streaming`] has it off.
+    pub(crate) fn gated_fp8_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
+        if self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows {
+            std::borrow::Cow::Borrowed(&self.limits)
+        } else {
+            std::borrow::Cow::Owned(self.limits.clone().with_streamed_rows(false))
         }
     }
 

@@ -14,7 +14,7 @@ use ferrofuse::{
     VecMode,
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
-use ferrofuse_common::{GATED_FP8_ROW_SMEM_BYTES, GatedFp8Params};
+use ferrofuse_common::{GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params};
 
 const BASE: u64 = 0x7f00_0000_0000;
 /// Far enough apart for any test shape.
@@ -165,6 +165,56 @@ fn per_token_plans_rows_in_registers() {
         assert_eq!((l.grid, l.block), (rows as u32 * row_blocks, 512));
         assert_eq!(l.params.cluster_blocks(l.kernel), row_blocks);
     }
+    // With bulk copies, the long-row kernel's rows of 16-byte accesses are streamed, at any
+    // row count past the split kernel's: one persistent 512-thread block per SM (as the
+    // occupancy says), the next row copied into shared memory, no L2 prefetch. Scalar rows
+    // keep the long-row kernel.
+    let streamed = GridLimits::uniform(132, 1)
+        .with_clusters(true)
+        .with_streamed_rows(true);
+    let bf16_stream = KernelId::GatedFp8RowStream(DType::BF16);
+    let f32_stream = KernelId::GatedFp8RowStream(DType::F32);
+    let f32_split = KernelId::GatedFp8RowSplit(DType::F32, VecMode::V16);
+    for (dtype, rows, cols, kernel, chunks, grid, prefetch_rows) in [
+        (DType::BF16, 4096, 28672, bf16_stream, 7, 132, 0),
+        (DType::BF16, 100, 20480, bf16_stream, 5, 100, 0),
+        (DType::F32, 133, 16384, f32_stream, 8, 132, 0),
+        (DType::F32, 66, 14336, f32_split, 4, 132, 0),
+        (DType::F32, 67, 14336, f32_stream, 7, 67, 0),
+        (DType::F32, 4096, 16388, f32_split, 3, 3 * 4096, 44),
+    ] {
+        let (a, b, y) = abq(dtype, rows, cols);
+        let s = scales(rows, 1);
+        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
+        assert_eq!(
+            (l.kernel, l.params.chunks, l.grid, l.params.prefetch_rows),
+            (kernel, chunks, grid, prefetch_rows),
+            "{rows} x {cols}"
+        );
+        let smem = match kernel {
+            KernelId::GatedFp8RowStream(..) => GATED_FP8_STREAM_SMEM_BYTES,
+            _ => GATED_FP8_ROW_SMEM_BYTES,
+        };
+        assert_eq!(
+            (l.block, l.params.threads_per_row, l.shared_mem_bytes),
+            (512, 512, smem)
+        );
+    }
+    let (a, b, y) = abq(DType::F32, 4096, 4095);
+    let l = plan_gated_forward_fp8(
+        Activation::Silu,
+        &a,
+        &b,
+        &y,
+        ub,
+        &scales(4096, 1),
+        &streamed,
+    )
+    .unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::GatedFp8RowLong(DType::F32, VecMode::Scalar)
+    );
 }
 
 #[test]
@@ -469,6 +519,7 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
         }
+        assert!(KernelId::GatedFp8RowStream(d).exists());
         assert!(KernelId::RmsNormDw(d).exists());
     }
     assert!(!KernelId::GatedFwd(DType::F8E4M3, VecMode::V16).exists());

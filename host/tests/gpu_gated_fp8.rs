@@ -363,9 +363,10 @@ fn fp8_middle_regime() {
     }
 }
 
-/// Per-token rows of more than one tile, held whole: by the long-row kernel beyond one wave
-/// of the row kernel (2049-4096 accesses: 14336 f32, 28672 bf16 / f16; split and
-/// interleaved), 16-bit rows asking L2 for a row one wave ahead; by the row kernel (1024
+/// Per-token rows of more than one tile, held whole: by the streamed kernel (sm_90) and the
+/// long-row kernel beyond one wave of the row kernel (2049-4096 accesses: 14336 f32, 28672
+/// bf16 / f16; split and interleaved; and 3077 accesses, a ragged last slot), 16-bit rows of
+/// the long-row kernel asking L2 for a row one wave ahead; by the row kernel (1024
 /// accesses) beyond two waves, prefetching too; the scalar path (4096 elements, every operand
 /// one element into its buffer); at a few rows, split over a cluster's eight blocks, or four
 /// with a ragged last tile (the two-pass kernel without clusters). SiLU, with and without an
@@ -393,14 +394,19 @@ fn fp8_per_token_long_rows() {
                 kernel
             }
         };
+        let streamed = k.limits().streamed_rows;
         // The kernel each vector case runs, and whether it prefetches (the planner's rules).
         for (rows, cols, kernel, prefetch) in [
-            (
-                rows,
-                long,
-                KernelId::GatedFp8RowLong(dtype, VecMode::V16),
-                dtype != DType::F32,
-            ),
+            if streamed {
+                (rows, long, KernelId::GatedFp8RowStream(dtype), false)
+            } else {
+                (
+                    rows,
+                    long,
+                    KernelId::GatedFp8RowLong(dtype, VecMode::V16),
+                    dtype != DType::F32,
+                )
+            },
             (
                 two_waves,
                 short,
@@ -437,18 +443,31 @@ fn fp8_per_token_long_rows() {
             .into_iter()
             .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
             .collect();
-        // Rows split over a cluster's eight blocks, or four with a ragged last tile (one
-        // access past three full tiles), at a few rows; on devices without clusters the
-        // two-pass kernel.
+        // Long rows streamed (on devices that stream them) and not, full and with a ragged
+        // last access slot (6 slots and 5 accesses); rows split over a cluster's eight blocks,
+        // or four with a ragged last tile (one access past three full tiles), at a few rows;
+        // on devices without clusters the two-pass kernel.
+        let ragged = (per_thread(6) + 5) * dtype.lanes_per_16b();
         for (layout, rows, cols) in [
             (Layout::Split, rows, long),
             (Layout::Interleaved, rows, long),
+            (Layout::Interleaved, rows, ragged),
             (Layout::Split, two_waves, short),
             (Layout::SplitOffset, rows, 4096),
             (Layout::Split, few, 8 * tile),
             (Layout::Interleaved, few, 3 * tile + dtype.lanes_per_16b()),
         ] {
-            for &scaling in &per_token {
+            let held_whole = cols > tile && cols <= long.max(ragged) && rows > few;
+            let streaming: &[bool] = if streamed && held_whole {
+                &[true, false]
+            } else {
+                &[true]
+            };
+            for (&scaling, &on) in per_token
+                .iter()
+                .flat_map(|c| streaming.iter().map(move |o| (c, o)))
+            {
+                k.set_row_streaming(on);
                 with_seed(test, seed, || {
                     typed!(
                         dtype,
@@ -463,6 +482,7 @@ fn fp8_per_token_long_rows() {
                         )
                     )
                 });
+                k.set_row_streaming(true);
             }
         }
     }

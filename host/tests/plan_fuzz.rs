@@ -43,9 +43,10 @@ use ferrofuse::{
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
-    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH, GatedBwdParams,
-    GatedFp8Params, GatedFwdParams, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF,
-    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams,
+    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_W_F32,
+    RmsNormFp8Params, RmsNormFwdParams,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -257,15 +258,19 @@ struct Limits {
     sm_count: u32,
     blocks_per_sm: u32,
     clusters: bool,
+    streamed_rows: bool,
 }
 
 impl Limits {
     fn grid_limits(&self) -> GridLimits {
-        GridLimits::uniform(self.sm_count, self.blocks_per_sm).with_clusters(self.clusters)
+        GridLimits::uniform(self.sm_count, self.blocks_per_sm)
+            .with_clusters(self.clusters)
+            .with_streamed_rows(self.streamed_rows)
     }
 }
 
-/// Device limits of real GPUs (a single SM to a few hundred, with and without clusters), and
+/// Device limits of real GPUs (a single SM to a few hundred, with and without clusters and the
+/// streamed kernel's shared memory), and
 /// now and then limits no device has (zero, or up to `u32::MAX`: `GridLimits::uniform` takes
 /// any counts, so a plan must survive them too).
 fn limits(rng: &mut StdRng) -> Limits {
@@ -284,6 +289,7 @@ fn limits(rng: &mut StdRng) -> Limits {
         sm_count,
         blocks_per_sm,
         clusters: rng.random_bool(0.5),
+        streamed_rows: rng.random_bool(0.5),
     }
 }
 
@@ -1468,6 +1474,7 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
         {
             mode
         }
+        KernelId::GatedFp8RowStream(d) if d == dtype && per_token => VecMode::V16,
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
@@ -1499,7 +1506,9 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
                 || !(1..=GATED_FP8_ROW_CHUNKS as u32).contains(&p.chunks))
             && !matches!(
                 l.kernel,
-                KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowSplit(..)
+                KernelId::GatedFp8RowLong(..)
+                    | KernelId::GatedFp8RowSplit(..)
+                    | KernelId::GatedFp8RowStream(..)
             )
         {
             v.add("the per-token geometry is not one block of 512 per row".into());
@@ -1515,6 +1524,24 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             v.add(format!(
                 "the long-row kernel for {} accesses per row in {} chunks",
                 p.walk.per_row, p.chunks
+            ));
+        }
+        // The streamed kernel: on a device that runs it, persistent blocks (one per row up to
+        // the resident blocks) of 512 threads, each holding a whole row, whose two operands'
+        // 16-byte accesses fit its shared-memory buffers.
+        let resident = c.limits.grid_limits().resident_blocks(l.kernel) as u64;
+        if let KernelId::GatedFp8RowStream(..) = l.kernel
+            && (!c.limits.streamed_rows
+                || l.grid as u64 != rows.min(resident)
+                || l.block != row_threads
+                || l.shared_mem_bytes != GATED_FP8_STREAM_SMEM_BYTES
+                || (p.threads_per_row, p.rows_per_block) != (row_threads, 1)
+                || !(1..=GATED_FP8_ROW_LONG_CHUNKS as u32).contains(&p.chunks)
+                || p.walk.per_row > row_threads as u64 * p.chunks as u64)
+        {
+            v.add(format!(
+                "a streamed grid of {} for {rows} rows of {} accesses in {} chunks",
+                l.grid, p.walk.per_row, p.chunks
             ));
         }
         // The split kernel: one cluster per row, on a device that has clusters, a tile of up

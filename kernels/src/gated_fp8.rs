@@ -36,6 +36,10 @@
 //!   accesses `r * 512 * chunks ..`; the blocks' maxima through distributed shared memory),
 //!   or, for rows of 2049-4096 accesses, by the long-row entry (`gated_fp8_row_long_*`: up to
 //!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM).
+//!   On sm_90 the long-row entry's rows of 16-byte accesses are streamed instead
+//!   (`gated_fp8_row_stream_*`): one persistent 512-thread block per SM takes row after row;
+//!   the copy engine brings the next row into shared memory while the block computes, reduces
+//!   and stores the current one from registers.
 //!   Otherwise a longer row is walked twice in tiles of two accesses per thread: once for the
 //!   maximum, once for the output; the second walk finds the row in L2 (two rows per SM), so
 //!   HBM still sees one read. Blocks holding their whole tile may also ask L2 for the same tile
@@ -70,11 +74,11 @@ use ferrofuse_common::{
 };
 
 use crate::cluster;
-#[cfg(ferrofuse_bulk_prefetch)]
-use crate::mem::bulk_prefetch_l2;
 use crate::mem::{
     Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync, ld_v4_if,
 };
+#[cfg(ferrofuse_bulk_copy)]
+use crate::mem::{bulk, bulk_prefetch_l2, ld_shared_v4_if, shared_addr};
 
 unsafe extern "C" {
     // Convergent (never moved into a branch only some lanes take), unlike an `asm!`.
@@ -605,7 +609,7 @@ unsafe fn prefetch_ahead<E: Elem, const M: VecMode>(
     from: u64,
     count: u64,
 ) {
-    #[cfg(ferrofuse_bulk_prefetch)]
+    #[cfg(ferrofuse_bulk_copy)]
     {
         let ahead = row + p.prefetch_rows as u64;
         let to = p.walk.per_row.min(from + count);
@@ -619,7 +623,7 @@ unsafe fn prefetch_ahead<E: Elem, const M: VecMode>(
             }
         }
     }
-    #[cfg(not(ferrofuse_bulk_prefetch))]
+    #[cfg(not(ferrofuse_bulk_copy))]
     let _ = (p, row, t_row, from, count);
 }
 
@@ -757,6 +761,114 @@ unsafe fn per_token<
     }
 }
 
+/// Byte offsets in the streamed kernel's dynamic shared memory (`GATED_FP8_STREAM_SMEM_BYTES`):
+/// the warps' maxima from 0 ([`row_max`]'s slots), the copy barrier, the row's `a`, its `b`.
+#[cfg(ferrofuse_bulk_copy)]
+mod stream_smem {
+    use ferrofuse_common::{
+        GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES,
+    };
+
+    pub const BARRIER: u32 = 64;
+    pub const A: u32 = 128;
+    pub const B: u32 = A + OPERAND_BYTES;
+    const OPERAND_BYTES: u32 = GATED_FP8_ROW_LONG_CHUNKS as u32 * GATED_FP8_ROW_MAX_THREADS * 16;
+    const _: () = assert!(GATED_FP8_ROW_MAX_THREADS / 32 * 4 <= BARRIER);
+    const _: () = assert!(B + OPERAND_BYTES == GATED_FP8_STREAM_SMEM_BYTES);
+}
+
+/// The streamed per-token kernel (sm_90, 16-byte accesses): a persistent block per SM takes
+/// rows `block, block + grid, ...`, each held whole in registers as in the long-row kernel
+/// (thread `t` holding accesses `t + 512 j`, `j < chunks`). Thread 0 has the copy engine bring
+/// the block's next row into shared memory (one bulk copy each of `a` and `b`) as soon as the
+/// block has read the current one out of it, so HBM streams the next row while the block
+/// computes, reduces and stores this one: one block per SM (its registers hold one row) with
+/// a second row in flight.
+#[cfg(ferrofuse_bulk_copy)]
+#[inline(always)]
+unsafe fn per_token_stream<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
+    const M: VecMode = VecMode::V16;
+    const CHUNKS: usize = GATED_FP8_ROW_LONG_CHUNKS;
+    grid_dependency_sync();
+    // One row per block of ROW_THREADS threads (the host's geometry), a constant as in the
+    // row kernel: a thread's slots are one address plus immediate offsets.
+    const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
+    let tpr = TPR;
+    let t = grid::thread_x();
+    let (lane, warp, warps) = ((t & 31) as u32, (t / 32) as u32, (tpr / 32) as u32);
+    let base = shared_addr(smem_f32().cast_const().cast());
+    let (bar, buf_a, buf_b) = (
+        base + stream_smem::BARRIER,
+        base + stream_smem::A,
+        base + stream_smem::B,
+    );
+    // Whole rows of 16-byte accesses, at most CHUNKS per thread (the host's plan).
+    let row_bytes = (p.walk.per_row * 16) as u32;
+    let fetch = #[inline(always)]
+    |row: u64| {
+        let src = [
+            addr::<E, M>(p.a, p.a_stride, row, 0),
+            addr::<E, M>(p.b, p.b_stride, row, 0),
+        ];
+        // SAFETY: row `row` exists, its `a` and `b` are 16-byte aligned runs of `row_bytes`
+        // (at most a buffer's) bytes that no launch writes (`y` and the scales
+        // overlap no input); the buffers are read again only after the barrier's phase.
+        unsafe { bulk::copy_pair_to_shared([buf_a, buf_b], src, row_bytes, bar) };
+    };
+    if t == 0 {
+        // SAFETY: the barrier's 8 bytes are this block's, used for nothing else.
+        unsafe { bulk::init_barrier(bar) };
+    }
+    // SAFETY: every thread of the block gets here once.
+    unsafe { nvptx::_syncthreads() };
+    let step = grid::grid_dim_x();
+    let mut row = grid::block_x();
+    if t == 0 && row < p.rows {
+        fetch(row);
+    }
+    let mut parity = 0;
+    // `row` is the same for the whole block: every thread runs each iteration and its
+    // barriers.
+    while row < p.rows {
+        // SAFETY: initialized above.
+        unsafe { bulk::wait(bar, parity) };
+        parity ^= 1;
+        let mut tile = Tile {
+            a: [[0u32; 4]; CHUNKS],
+            b: [[0u32; 4]; CHUNKS],
+            ok: [false; CHUNKS],
+        };
+        unroll!(j < CHUNKS => {
+            let c = t + j as u64 * tpr;
+            tile.ok[j] = (j as u32) < p.chunks && c < p.walk.per_row;
+            let at = (c * 16) as u32;
+            // SAFETY: where `ok`, access c of the row is in the buffers (c < per_row), written
+            // by the phase just completed.
+            unsafe {
+                tile.a[j] = ld_shared_v4_if(buf_a + at, tile.ok[j]);
+                tile.b[j] = ld_shared_v4_if(buf_b + at, tile.ok[j]);
+            }
+        });
+        // SAFETY: as above. After it every thread has read the buffers, which the next row's
+        // copies may then overwrite.
+        unsafe { nvptx::_syncthreads() };
+        let next = row + step;
+        if t == 0 && next < p.rows {
+            fetch(next);
+        }
+        let amax = tile_amax::<E, M, A, CHUNKS>(&tile);
+        // SAFETY: the warps' slots are below the barrier; every thread of the block gets
+        // here once per row, and reuses the slots only after the next row's first barrier.
+        let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, 0) };
+        let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
+        // SAFETY: the row's scale is inside the scale matrix.
+        unsafe { store_f32_if(p.scale + row * p.scale_row * 4, scale, t == 0) };
+        // SAFETY: the host's checks, as for the row kernel's stores.
+        unsafe { row_store::<E, M, A, CHUNKS>(p, &tile, row, t, tpr, scale, reciprocal(scale)) };
+        row = next;
+    }
+}
+
 /// Dispatches on the activation once per launch, then runs a body monomorphized for it (and,
 /// for the flat kernels, for the group's lanes, 0 for a static scale).
 macro_rules! dispatch {
@@ -868,4 +980,45 @@ entries! {
         gated_fp8_row_long_bf16_v16, gated_fp8_row_split_bf16_v16: Bf16, VecMode::V16;
     gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar,
         gated_fp8_row_long_bf16_scalar, gated_fp8_row_split_bf16_scalar: Bf16, VecMode::Scalar;
+}
+
+macro_rules! stream_entries {
+    ($($stream:ident: $e:ty;)*) => {$(
+        /// The streamed per-token entry (sm_90) for rows of 16-byte accesses of more than one
+        /// tile of `GATED_FP8_ROW_CHUNKS` and at most one of `GATED_FP8_ROW_LONG_CHUNKS`
+        /// accesses per thread; see `per_token_stream`. Launch: at most one block of
+        /// `GATED_FP8_ROW_MAX_THREADS` threads per SM, `GATED_FP8_STREAM_SMEM_BYTES` of
+        /// dynamic shared memory. On older archs it traps: the host plans it only for modules
+        /// with bulk copies.
+        ///
+        /// # Safety
+        /// As for the static entries: valid, aligned, in-bounds tensors; no overlaps.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $stream(p: GatedFp8Params) {
+            // SAFETY (both forms): the host's checks; the geometry it planned for this entry.
+            #[cfg(ferrofuse_bulk_copy)]
+            unsafe {
+                match Activation::from_u32(p.act) {
+                    Some(Activation::Silu) => per_token_stream::<$e, Silu>(&p),
+                    Some(Activation::GeluErf) => per_token_stream::<$e, GeluErf>(&p),
+                    Some(Activation::GeluTanh) => per_token_stream::<$e, GeluTanh>(&p),
+                    Some(Activation::Relu) => per_token_stream::<$e, Relu>(&p),
+                    // The host only passes valid activations.
+                    None => {}
+                }
+            }
+            #[cfg(not(ferrofuse_bulk_copy))]
+            unsafe {
+                let _ = p;
+                asm!("trap;", options(nostack))
+            };
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name`, as above.
+stream_entries! {
+    gated_fp8_row_stream_f32: F32;
+    gated_fp8_row_stream_f16: F16;
+    gated_fp8_row_stream_bf16: Bf16;
 }

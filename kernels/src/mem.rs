@@ -161,6 +161,28 @@ pub unsafe fn cp_async_16_shared_if(dst: u32, src: u64, read: bool, pred: bool) 
     }
 }
 
+/// The 16 bytes of shared memory at the shared-memory address `a` when `pred`, else zeros (one
+/// predicated instruction).
+///
+/// # Safety
+/// When `pred`: `a` is 16-byte aligned and readable for 16 bytes.
+#[cfg(ferrofuse_bulk_copy)]
+#[inline(always)]
+pub unsafe fn ld_shared_v4_if(a: u32, pred: bool) -> [u32; 4] {
+    let mut o = [0u32; 4];
+    // SAFETY: the caller's contract; reads shared memory only, nothing when `!pred`.
+    unsafe {
+        asm!(
+            "{{ .reg .pred ok; setp.ne.u32 ok, {p}, 0;",
+            "@ok ld.shared.v4.u32 {{{o0}, {o1}, {o2}, {o3}}}, [{a}]; }}",
+            o0 = inout(reg32) o[0], o1 = inout(reg32) o[1], o2 = inout(reg32) o[2],
+            o3 = inout(reg32) o[3], a = in(reg32) a, p = in(reg32) pred as u32,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    o
+}
+
 /// Stores the 16 bytes `v` to shared memory at the shared-memory address `a` (see
 /// [`shared_addr`]).
 ///
@@ -762,7 +784,7 @@ pub unsafe fn prefetch_l2(p: u64) {
 ///
 /// # Safety
 /// `p` is 16-byte aligned, `bytes` a multiple of 16, and the range inside one allocation.
-#[cfg(ferrofuse_bulk_prefetch)]
+#[cfg(ferrofuse_bulk_copy)]
 #[inline(always)]
 pub unsafe fn bulk_prefetch_l2(p: u64, bytes: u32) {
     // SAFETY: caller's contract; a prefetch has no architectural effect.
@@ -773,6 +795,91 @@ pub unsafe fn bulk_prefetch_l2(p: u64, bytes: u32) {
             in(reg32) bytes,
             options(nostack, preserves_flags)
         );
+    }
+}
+
+/// Bulk copies from global to shared memory by the copy engine (sm_90): one thread starts a
+/// copy of a whole range, which completes on an mbarrier in shared memory, and every thread
+/// of the block waits on that barrier's phase. The issuing thread does not wait, and no
+/// register holds the bytes in flight.
+#[cfg(ferrofuse_bulk_copy)]
+pub mod bulk {
+    use core::arch::asm;
+
+    /// Initializes the mbarrier at the shared-memory address `bar` (8-byte aligned) for one
+    /// arrival per phase and makes it visible to the copy engine; the block's other threads
+    /// may use it after a barrier that follows.
+    ///
+    /// # Safety
+    /// `bar` is 8 bytes of this block's shared memory that nothing else uses; one thread
+    /// initializes it, once.
+    #[inline(always)]
+    pub unsafe fn init_barrier(bar: u32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!(
+                "mbarrier.init.shared::cta.b64 [{0}], 1;",
+                "fence.mbarrier_init.release.cluster;",
+                in(reg32) bar,
+                options(nostack, preserves_flags)
+            );
+        }
+    }
+
+    /// Copies `bytes` bytes from global `src[i]` to the shared-memory address `dst[i]`, for
+    /// `i` = 0 and 1, completing on `bar`'s current phase, which this call arrives on (its one
+    /// arrival) after adding both copies' bytes to the bytes that phase waits for. Orders this
+    /// thread's earlier shared-memory accesses before the copies' writes (`fence.proxy.async`:
+    /// the copy engine is another proxy), so a buffer read before a block barrier that
+    /// precedes this call may be refilled.
+    ///
+    /// # Safety
+    /// `dst` and `src` 16-byte aligned, `bytes` a multiple of 16 and `2 * bytes` below 2^20;
+    /// the sources inside allocations, not written while the copies run; the destinations
+    /// inside this block's shared memory, not overlapping, not accessed until `bar`'s phase
+    /// completes; `bar` initialized by [`init_barrier`], with no other arrival or copy on this
+    /// phase.
+    #[inline(always)]
+    pub unsafe fn copy_pair_to_shared(dst: [u32; 2], src: [u64; 2], bytes: u32, bar: u32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!(
+                "{{ .reg .b32 both; add.u32 both, {4}, {4};",
+                "fence.proxy.async.shared::cta;",
+                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{5}], both;",
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{2}], {4}, [{5}];",
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{1}], [{3}], {4}, [{5}]; }}",
+                in(reg32) dst[0], in(reg32) dst[1], in(reg64) src[0], in(reg64) src[1],
+                in(reg32) bytes, in(reg32) bar,
+                options(nostack, preserves_flags)
+            );
+        }
+    }
+
+    /// Waits until the phase of `bar` with parity `parity` (0 for its first phase, then
+    /// alternating) has completed: the copies on it are then visible to this thread.
+    ///
+    /// # Safety
+    /// `bar` initialized by [`init_barrier`].
+    #[inline(always)]
+    pub unsafe fn wait(bar: u32, parity: u32) {
+        loop {
+            let done: u32;
+            // SAFETY: the caller's contract; reads the barrier only. Not `nomem`: the shared
+            // memory the phase guards is read after it.
+            unsafe {
+                asm!(
+                    "{{ .reg .pred p;",
+                    "mbarrier.try_wait.parity.shared::cta.b64 p, [{1}], {2};",
+                    "selp.u32 {0}, 1, 0, p; }}",
+                    out(reg32) done, in(reg32) bar, in(reg32) parity,
+                    options(nostack, preserves_flags)
+                );
+            }
+            if done != 0 {
+                return;
+            }
+        }
     }
 }
 

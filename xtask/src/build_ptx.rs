@@ -111,7 +111,7 @@ fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, Stri
     let mut rustflags = format!("-C target-cpu={arch}");
     // sm_90+ also prefetch whole ranges into L2 (`cp.async.bulk.prefetch`, PTX ISA 8.0).
     if parse_arch(arch)? >= 90 {
-        rustflags.push_str(" --cfg ferrofuse_pdl --cfg ferrofuse_bulk_prefetch");
+        rustflags.push_str(" --cfg ferrofuse_pdl --cfg ferrofuse_bulk_copy");
         rustflags.push_str(" -C target-feature=+ptx80");
     }
     // sm_89+ convert to FP8 in hardware; older archs run the same rule in software.
