@@ -109,7 +109,8 @@ fn build_ptx(root: &Path, target_dir: &Path, arch: &str) -> Result<PathBuf, Stri
     nested(&["build", "--quiet", "-p", "ptx-linker", "--release"], &[])?;
     // sm_90+ kernels start with griddepcontrol (programmatic dependent launch).
     let mut rustflags = format!("-C target-cpu={arch}");
-    // sm_90+ also prefetch whole ranges into L2 (`cp.async.bulk.prefetch`, PTX ISA 8.0).
+    // sm_90+ also prefetch whole ranges into L2 and copy them into shared memory
+    // (`cp.async.bulk`, PTX ISA 8.0).
     if parse_arch(arch)? >= 90 {
         rustflags.push_str(" --cfg ferrofuse_pdl --cfg ferrofuse_bulk_copy");
         rustflags.push_str(" -C target-feature=+ptx80");
