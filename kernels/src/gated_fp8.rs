@@ -793,9 +793,8 @@ unsafe fn per_token_stream<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
     // One row per block of ROW_THREADS threads (the host's geometry), a constant as in the
     // row kernel: a thread's slots are one address plus immediate offsets.
     const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
-    let tpr = TPR;
     let t = grid::thread_x();
-    let (lane, warp, warps) = ((t & 31) as u32, (t / 32) as u32, (tpr / 32) as u32);
+    let (lane, warp, warps) = ((t & 31) as u32, (t / 32) as u32, (TPR / 32) as u32);
     let base = shared_addr(smem_f32().cast_const().cast());
     let (bar, buf_a, buf_b) = (
         base + stream_smem::BARRIER,
@@ -839,7 +838,7 @@ unsafe fn per_token_stream<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
             ok: [false; CHUNKS],
         };
         unroll!(j < CHUNKS => {
-            let c = t + j as u64 * tpr;
+            let c = t + j as u64 * TPR;
             tile.ok[j] = (j as u32) < p.chunks && c < p.walk.per_row;
             let at = (c * 16) as u32;
             // SAFETY: where `ok`, access c of the row is in the buffers (c < per_row), written
@@ -864,7 +863,7 @@ unsafe fn per_token_stream<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
         // SAFETY: the row's scale is inside the scale matrix.
         unsafe { store_f32_if(p.scale + row * p.scale_row * 4, scale, t == 0) };
         // SAFETY: the host's checks, as for the row kernel's stores.
-        unsafe { row_store::<E, M, A, CHUNKS>(p, &tile, row, t, tpr, scale, reciprocal(scale)) };
+        unsafe { row_store::<E, M, A, CHUNKS>(p, &tile, row, t, TPR, scale, reciprocal(scale)) };
         row = next;
     }
 }
