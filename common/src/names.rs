@@ -99,9 +99,10 @@ pub enum KernelId {
     GatedFp8RowSplit(DType, VecMode),
     /// The per-token kernel for the long-row kernel's rows of 16-byte accesses, streamed: one
     /// block per SM takes row after row, the next one copied into shared memory while it works
-    /// on the current one (`gated_fp8_row_stream_{dtype}`, sm_90; the sm_80 module has the
-    /// entries but never runs them).
-    GatedFp8RowStream(DType),
+    /// on the current one; one entry per count of accesses per thread, 5 to 8
+    /// (`gated_fp8_row_stream_{dtype}_c{count}`, sm_90; the sm_80 module has the entries but
+    /// never runs them).
+    GatedFp8RowStream(DType, u32),
     /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers, for one
     /// scaling scheme (`FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
     /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32}`; see
@@ -174,6 +175,12 @@ macro_rules! kernel_table {
         }
     };
 }
+
+// The streamed per-token entries' accesses per thread, as the table's arguments.
+const C5: u32 = 5;
+const C6: u32 = 6;
+const C7: u32 = 7;
+const C8: u32 = 8;
 
 // A new kernel is one more line (anywhere: indices follow the list) and, for a new family, a
 // `KernelId` variant.
@@ -322,9 +329,18 @@ kernel_table! {
     gated_fp8_row_split_f16_scalar = GatedFp8RowSplit(F16, Scalar),
     gated_fp8_row_split_bf16_v16 = GatedFp8RowSplit(BF16, V16),
     gated_fp8_row_split_bf16_scalar = GatedFp8RowSplit(BF16, Scalar),
-    gated_fp8_row_stream_f32 = GatedFp8RowStream(F32),
-    gated_fp8_row_stream_f16 = GatedFp8RowStream(F16),
-    gated_fp8_row_stream_bf16 = GatedFp8RowStream(BF16),
+    gated_fp8_row_stream_f32_c5 = GatedFp8RowStream(F32, C5),
+    gated_fp8_row_stream_f32_c6 = GatedFp8RowStream(F32, C6),
+    gated_fp8_row_stream_f32_c7 = GatedFp8RowStream(F32, C7),
+    gated_fp8_row_stream_f32_c8 = GatedFp8RowStream(F32, C8),
+    gated_fp8_row_stream_f16_c5 = GatedFp8RowStream(F16, C5),
+    gated_fp8_row_stream_f16_c6 = GatedFp8RowStream(F16, C6),
+    gated_fp8_row_stream_f16_c7 = GatedFp8RowStream(F16, C7),
+    gated_fp8_row_stream_f16_c8 = GatedFp8RowStream(F16, C8),
+    gated_fp8_row_stream_bf16_c5 = GatedFp8RowStream(BF16, C5),
+    gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
+    gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
+    gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
 }
 
 impl KernelId {

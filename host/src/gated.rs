@@ -608,7 +608,12 @@ pub fn plan_gated_forward_fp8(
                 split_blocks,
             )
         } else if long_fits && streamed {
-            (KernelId::GatedFp8RowStream(dtype), per_thread, 1)
+            // An entry per count of accesses per thread (more than a tile's, so 5 to 8).
+            (
+                KernelId::GatedFp8RowStream(dtype, per_thread as u32),
+                per_thread,
+                1,
+            )
         } else if long_fits && rows as u64 > one_wave {
             (KernelId::GatedFp8RowLong(dtype, mode), per_thread, 1)
         } else {

@@ -172,15 +172,17 @@ fn per_token_plans_rows_in_registers() {
     let streamed = GridLimits::uniform(132, 1)
         .with_clusters(true)
         .with_streamed_rows(true);
-    let bf16_stream = KernelId::GatedFp8RowStream(DType::BF16);
-    let f32_stream = KernelId::GatedFp8RowStream(DType::F32);
+    let bf16_stream = |count| KernelId::GatedFp8RowStream(DType::BF16, count);
+    let f32_stream = |count| KernelId::GatedFp8RowStream(DType::F32, count);
     let f32_split = KernelId::GatedFp8RowSplit(DType::F32, VecMode::V16);
     for (dtype, rows, cols, kernel, chunks, grid, prefetch_rows) in [
-        (DType::BF16, 4096, 28672, bf16_stream, 7, 132, 0),
-        (DType::BF16, 100, 20480, bf16_stream, 5, 100, 0),
-        (DType::F32, 133, 16384, f32_stream, 8, 132, 0),
+        (DType::BF16, 4096, 28672, bf16_stream(7), 7, 132, 0),
+        (DType::BF16, 100, 20480, bf16_stream(5), 5, 100, 0),
+        (DType::BF16, 200, 16392, bf16_stream(5), 5, 132, 0),
+        (DType::BF16, 200, 24576, bf16_stream(6), 6, 132, 0),
+        (DType::F32, 133, 16384, f32_stream(8), 8, 132, 0),
         (DType::F32, 66, 14336, f32_split, 4, 132, 0),
-        (DType::F32, 67, 14336, f32_stream, 7, 67, 0),
+        (DType::F32, 67, 14336, f32_stream(7), 7, 67, 0),
         (DType::F32, 4096, 16388, f32_split, 3, 3 * 4096, 44),
     ] {
         let (a, b, y) = abq(dtype, rows, cols);
@@ -519,7 +521,11 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
         }
-        assert!(KernelId::GatedFp8RowStream(d).exists());
+        for count in 5..=8 {
+            let k = KernelId::GatedFp8RowStream(d, count);
+            assert!(k.exists(), "{k:?}");
+            assert_eq!(KernelId::ALL[k.index()], k);
+        }
         assert!(KernelId::RmsNormDw(d).exists());
     }
     assert!(!KernelId::GatedFwd(DType::F8E4M3, VecMode::V16).exists());

@@ -365,7 +365,7 @@ fn fp8_middle_regime() {
 
 /// Per-token rows of more than one tile, held whole: by the streamed kernel (sm_90) and the
 /// long-row kernel beyond one wave of the row kernel (2049-4096 accesses: 14336 f32, 28672
-/// bf16 / f16; split and interleaved; and 3077 accesses, a ragged last slot), 16-bit rows of
+/// bf16 / f16; split and interleaved; 5 to 8 slots per thread, full and ragged), 16-bit rows of
 /// the long-row kernel asking L2 for a row one wave ahead; by the row kernel (1024
 /// accesses) beyond two waves, prefetching too; the scalar path (4096 elements, every operand
 /// one element into its buffer); at a few rows, split over a cluster's eight blocks, or four
@@ -398,7 +398,7 @@ fn fp8_per_token_long_rows() {
         // The kernel each vector case runs, and whether it prefetches (the planner's rules).
         for (rows, cols, kernel, prefetch) in [
             if streamed {
-                (rows, long, KernelId::GatedFp8RowStream(dtype), false)
+                (rows, long, KernelId::GatedFp8RowStream(dtype, 7), false)
             } else {
                 (
                     rows,
@@ -444,20 +444,29 @@ fn fp8_per_token_long_rows() {
             .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
             .collect();
         // Long rows streamed (on devices that stream them) and not, full and with a ragged
-        // last access slot (6 slots and 5 accesses); rows split over a cluster's eight blocks,
-        // or four with a ragged last tile (one access past three full tiles), at a few rows;
-        // on devices without clusters the two-pass kernel.
-        let ragged = (per_thread(6) + 5) * dtype.lanes_per_16b();
+        // last access slot, at every count of slots (5 slots, one access in the last; 6 slots,
+        // three; 7 full and with five in the last; 8 full: the streamed kernel has an entry
+        // per count); rows split over a cluster's eight blocks, or four with a ragged last tile
+        // (one access past three full tiles), at a few rows; on devices without clusters the
+        // two-pass kernel.
+        let accesses = |n: usize| n * dtype.lanes_per_16b();
+        let ragged = accesses(per_thread(6) + 5);
+        // Past one persistent block per SM: some blocks take two rows.
+        let past_sms = k.limits().sm_count as usize + 5;
+        let longest = accesses(per_thread(8));
         for (layout, rows, cols) in [
             (Layout::Split, rows, long),
             (Layout::Interleaved, rows, long),
             (Layout::Interleaved, rows, ragged),
+            (Layout::Interleaved, past_sms, accesses(per_thread(4) + 1)),
+            (Layout::Split, past_sms, accesses(per_thread(5) + 3)),
+            (Layout::Split, past_sms, longest),
             (Layout::Split, two_waves, short),
             (Layout::SplitOffset, rows, 4096),
             (Layout::Split, few, 8 * tile),
             (Layout::Interleaved, few, 3 * tile + dtype.lanes_per_16b()),
         ] {
-            let held_whole = cols > tile && cols <= long.max(ragged) && rows > few;
+            let held_whole = cols > tile && cols <= longest && rows > few;
             let streaming: &[bool] = if streamed && held_whole {
                 &[true, false]
             } else {

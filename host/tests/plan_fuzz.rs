@@ -1474,7 +1474,7 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
         {
             mode
         }
-        KernelId::GatedFp8RowStream(d) if d == dtype && per_token => VecMode::V16,
+        KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
@@ -1528,16 +1528,20 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
         }
         // The streamed kernel: on a device that runs it, persistent blocks (one per row up to
         // the resident blocks) of 512 threads, each holding a whole row, whose two operands'
-        // 16-byte accesses fit its shared-memory buffers.
+        // 16-byte accesses fit its shared-memory buffers; the entry of the row's count of
+        // accesses per thread (its slots are constants, all but the last full), which exists.
         let resident = c.limits.grid_limits().resident_blocks(l.kernel) as u64;
-        if let KernelId::GatedFp8RowStream(..) = l.kernel
+        if let KernelId::GatedFp8RowStream(_, count) = l.kernel
             && (!c.limits.streamed_rows
                 || l.grid as u64 != rows.min(resident)
                 || l.block != row_threads
                 || l.shared_mem_bytes != GATED_FP8_STREAM_SMEM_BYTES
                 || (p.threads_per_row, p.rows_per_block) != (row_threads, 1)
                 || !(1..=GATED_FP8_ROW_LONG_CHUNKS as u32).contains(&p.chunks)
-                || p.walk.per_row > row_threads as u64 * p.chunks as u64)
+                || count != p.chunks
+                || !l.kernel.exists()
+                || p.walk.per_row > row_threads as u64 * p.chunks as u64
+                || p.walk.per_row <= row_threads as u64 * (p.chunks as u64 - 1))
         {
             v.add(format!(
                 "a streamed grid of {} for {rows} rows of {} accesses in {} chunks",

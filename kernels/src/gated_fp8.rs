@@ -37,9 +37,10 @@
 //!   or, for rows of 2049-4096 accesses, by the long-row entry (`gated_fp8_row_long_*`: up to
 //!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM).
 //!   On sm_90 the long-row entry's rows of 16-byte accesses are streamed instead
-//!   (`gated_fp8_row_stream_*`): one persistent 512-thread block per SM takes row after row;
-//!   the copy engine brings the next row into shared memory while the block computes, reduces
-//!   and stores the current one from registers.
+//!   (`gated_fp8_row_stream_{dtype}_c{5..8}`, an entry per count of accesses per thread, so
+//!   that no slot's math runs on nothing): one persistent 512-thread block per SM takes row
+//!   after row; the copy engine brings the next row into shared memory while the block
+//!   computes, reduces and stores the current one from registers.
 //!   Otherwise a longer row is walked twice in tiles of two accesses per thread: once for the
 //!   maximum, once for the output; the second walk finds the row in L2 (two rows per SM), so
 //!   HBM still sees one read. Blocks holding their whole tile may also ask L2 for the same tile
@@ -779,16 +780,22 @@ mod stream_smem {
 
 /// The streamed per-token kernel (sm_90, 16-byte accesses): a persistent block per SM takes
 /// rows `block, block + grid, ...`, each held whole in registers as in the long-row kernel
-/// (thread `t` holding accesses `t + 512 j`, `j < chunks`). Thread 0 has the copy engine bring
+/// (thread `t` holding accesses `t + 512 j`, `j < CHUNKS`). Thread 0 has the copy engine bring
 /// the block's next row into shared memory (one bulk copy each of `a` and `b`) as soon as the
 /// block has read the current one out of it, so HBM streams the next row while the block
 /// computes, reduces and stores this one: one block per SM (its registers hold one row) with
 /// a second row in flight.
+///
+/// `CHUNKS` is the row's accesses per thread (the host's `chunks`; an entry per count), a
+/// constant so that no thread computes a slot that is empty in every thread: with the next
+/// row in flight the block's math sets the pace, and a branch per slot on a run-time count
+/// changed the schedule of the full slots (`bench/TUNING.md`). One entry per count, not one
+/// body per count in one entry: ptxas allocates an entry's registers at once, and the bodies
+/// together spilled.
 #[cfg(ferrofuse_bulk_copy)]
 #[inline(always)]
-unsafe fn per_token_stream<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
+unsafe fn per_token_stream<E: Elem, A: GatedAct, const CHUNKS: usize>(p: &GatedFp8Params) {
     const M: VecMode = VecMode::V16;
-    const CHUNKS: usize = GATED_FP8_ROW_LONG_CHUNKS;
     grid_dependency_sync();
     // One row per block of ROW_THREADS threads (the host's geometry), a constant as in the
     // row kernel: a thread's slots are one address plus immediate offsets.
@@ -839,10 +846,13 @@ unsafe fn per_token_stream<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
         };
         unroll!(j < CHUNKS => {
             let c = t + j as u64 * TPR;
-            tile.ok[j] = (j as u32) < p.chunks && c < p.walk.per_row;
+            // Every slot but the last is full in every thread: the row has more than
+            // `CHUNKS - 1` accesses per thread (the host picks the entry by its count).
+            tile.ok[j] = j + 1 < CHUNKS || c < p.walk.per_row;
             let at = (c * 16) as u32;
-            // SAFETY: where `ok`, access c of the row is in the buffers (c < per_row), written
-            // by the phase just completed.
+            // SAFETY: where `ok`, access c of the row is in the buffers (c < per_row: checked
+            // in the last slot, below `(CHUNKS - 1) * TPR` in the others), written by the
+            // phase just completed.
             unsafe {
                 tile.a[j] = ld_shared_v4_if(buf_a + at, tile.ok[j]);
                 tile.b[j] = ld_shared_v4_if(buf_b + at, tile.ok[j]);
@@ -982,10 +992,11 @@ entries! {
 }
 
 macro_rules! stream_entries {
-    ($($stream:ident: $e:ty;)*) => {$(
-        /// The streamed per-token entry (sm_90) for rows of 16-byte accesses of more than one
-        /// tile of `GATED_FP8_ROW_CHUNKS` and at most one of `GATED_FP8_ROW_LONG_CHUNKS`
-        /// accesses per thread; see `per_token_stream`. Launch: at most one block of
+    ($($stream:ident: $e:ty, $chunks:literal;)*) => {$(
+        /// The streamed per-token entry (sm_90) for rows of 16-byte accesses of
+        #[doc = concat!("`", $chunks, "`")]
+        /// accesses per thread (more than one tile of `GATED_FP8_ROW_CHUNKS`, at most
+        /// `GATED_FP8_ROW_LONG_CHUNKS`); see `per_token_stream`. Launch: at most one block of
         /// `GATED_FP8_ROW_MAX_THREADS` threads per SM, `GATED_FP8_STREAM_SMEM_BYTES` of
         /// dynamic shared memory. On older archs it traps: the host plans it only for modules
         /// with bulk copies.
@@ -998,10 +1009,10 @@ macro_rules! stream_entries {
             #[cfg(ferrofuse_bulk_copy)]
             unsafe {
                 match Activation::from_u32(p.act) {
-                    Some(Activation::Silu) => per_token_stream::<$e, Silu>(&p),
-                    Some(Activation::GeluErf) => per_token_stream::<$e, GeluErf>(&p),
-                    Some(Activation::GeluTanh) => per_token_stream::<$e, GeluTanh>(&p),
-                    Some(Activation::Relu) => per_token_stream::<$e, Relu>(&p),
+                    Some(Activation::Silu) => per_token_stream::<$e, Silu, $chunks>(&p),
+                    Some(Activation::GeluErf) => per_token_stream::<$e, GeluErf, $chunks>(&p),
+                    Some(Activation::GeluTanh) => per_token_stream::<$e, GeluTanh, $chunks>(&p),
+                    Some(Activation::Relu) => per_token_stream::<$e, Relu, $chunks>(&p),
                     // The host only passes valid activations.
                     None => {}
                 }
@@ -1017,7 +1028,16 @@ macro_rules! stream_entries {
 
 // Names must match `ferrofuse_common::KernelId::name`, as above.
 stream_entries! {
-    gated_fp8_row_stream_f32: F32;
-    gated_fp8_row_stream_f16: F16;
-    gated_fp8_row_stream_bf16: Bf16;
+    gated_fp8_row_stream_f32_c5: F32, 5;
+    gated_fp8_row_stream_f32_c6: F32, 6;
+    gated_fp8_row_stream_f32_c7: F32, 7;
+    gated_fp8_row_stream_f32_c8: F32, 8;
+    gated_fp8_row_stream_f16_c5: F16, 5;
+    gated_fp8_row_stream_f16_c6: F16, 6;
+    gated_fp8_row_stream_f16_c7: F16, 7;
+    gated_fp8_row_stream_f16_c8: F16, 8;
+    gated_fp8_row_stream_bf16_c5: Bf16, 5;
+    gated_fp8_row_stream_bf16_c6: Bf16, 6;
+    gated_fp8_row_stream_bf16_c7: Bf16, 7;
+    gated_fp8_row_stream_bf16_c8: Bf16, 8;
 }
