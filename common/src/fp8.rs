@@ -110,26 +110,28 @@ pub fn divide_far(y: f32, scale: f32) -> f32 {
 }
 
 /// `y / scale`, correctly rounded, given `inv = reciprocal(scale)` nonzero (a scale in
-/// `[2^-100, 2^100]`): `q = y * inv`, then one correction `q + (y - q * scale) * inv` with the
+/// `[2^-100, 2^100]`): `q = y * inv`, then one correction `q - (q * scale - y) * inv` with the
 /// residual exact (an FMA). With `inv` the correctly rounded reciprocal and `q` within an ulp
 /// of the quotient, that is the correctly rounded quotient (Markstein's theorem) wherever `q`
 /// is a normal f32; where `q` overflows the quotient saturates to 448 either way, and where it
 /// is subnormal (below 2^-126) it converts to a signed zero either way.
 ///
+/// The residual is taken as `q * scale - y`, not `y - q * scale`: the two differ only in sign
+/// (rounding to nearest is symmetric) except where the residual is exactly zero, which is
+/// `+0` either way; subtracted from `q`, that `+0` keeps the sign of a zero quotient (`-0 - +0
+/// = -0`), where added to it, it would turn the quotient of `y = -0` into `+0`.
+///
 /// Branch-free (selects only), so a kernel's per-element divisions stay in one basic block
-/// that the compiler can interleave: a multiply, two FMAs, a select and a sign copy instead
-/// of `div.rn.f32`, whose slow-path subroutine doubled the per-token kernel's registers.
+/// that the compiler can interleave: a multiply, two FMAs and a select instead of
+/// `div.rn.f32`, whose slow-path subroutine doubled the per-token kernel's registers.
 /// `host/tests/fp8_cpu.rs` compares it with `/` on random and boundary values.
 #[inline(always)]
 pub fn div_near(y: f32, scale: f32, inv: f32) -> f32 {
     let q = y * inv;
-    let r = crate::act::fma(-q, scale, y);
-    let c = crate::act::fma(r, inv, q);
+    let r = crate::act::fma(q, scale, -y);
+    let c = crate::act::fma(-r, inv, q);
     // An overflowing `q` (+-inf) makes `c` NaN; the quotient is `q` then (it saturates).
-    let c = if c.is_nan() { q } else { c };
-    // `c` has the quotient's sign except for `y = -0`, where `r = +0` and `-0 + +0 = +0`:
-    // `q` always has it (`inv > 0`).
-    f32::from_bits((c.to_bits() & 0x7fff_ffff) | (q.to_bits() & 0x8000_0000))
+    if c.is_nan() { q } else { c }
 }
 
 /// `y / scale`: the value of [`div_near`] for a scale in `[2^-100, 2^100]` (`inv` nonzero),

@@ -97,9 +97,10 @@ pub enum KernelId {
     /// The per-token kernel for rows of more than one tile: a row on the blocks of a
     /// thread-block cluster, one tile each (`gated_fp8_row_split_{dtype}_{v16|scalar}`, sm_90).
     GatedFp8RowSplit(DType, VecMode),
-    /// The per-token kernel for the long-row kernel's rows of 16-byte accesses, streamed: one
-    /// block per SM takes row after row, the next one copied into shared memory while it works
-    /// on the current one; one entry per count of accesses per thread, 5 to 8
+    /// The per-token kernel for rows of 16-byte accesses, streamed (the long-row kernel's rows,
+    /// and rows of one tile past two waves of the row kernel): one block per SM takes row after
+    /// row, the next one copied into shared memory while it works on the current one; one
+    /// entry per count of accesses per thread, 3 to 8
     /// (`gated_fp8_row_stream_{dtype}_c{count}`, sm_90; the sm_80 module has the entries but
     /// never runs them).
     GatedFp8RowStream(DType, u32),
@@ -177,6 +178,8 @@ macro_rules! kernel_table {
 }
 
 // The streamed per-token entries' accesses per thread, as the table's arguments.
+const C3: u32 = 3;
+const C4: u32 = 4;
 const C5: u32 = 5;
 const C6: u32 = 6;
 const C7: u32 = 7;
@@ -329,14 +332,20 @@ kernel_table! {
     gated_fp8_row_split_f16_scalar = GatedFp8RowSplit(F16, Scalar),
     gated_fp8_row_split_bf16_v16 = GatedFp8RowSplit(BF16, V16),
     gated_fp8_row_split_bf16_scalar = GatedFp8RowSplit(BF16, Scalar),
+    gated_fp8_row_stream_f32_c3 = GatedFp8RowStream(F32, C3),
+    gated_fp8_row_stream_f32_c4 = GatedFp8RowStream(F32, C4),
     gated_fp8_row_stream_f32_c5 = GatedFp8RowStream(F32, C5),
     gated_fp8_row_stream_f32_c6 = GatedFp8RowStream(F32, C6),
     gated_fp8_row_stream_f32_c7 = GatedFp8RowStream(F32, C7),
     gated_fp8_row_stream_f32_c8 = GatedFp8RowStream(F32, C8),
+    gated_fp8_row_stream_f16_c3 = GatedFp8RowStream(F16, C3),
+    gated_fp8_row_stream_f16_c4 = GatedFp8RowStream(F16, C4),
     gated_fp8_row_stream_f16_c5 = GatedFp8RowStream(F16, C5),
     gated_fp8_row_stream_f16_c6 = GatedFp8RowStream(F16, C6),
     gated_fp8_row_stream_f16_c7 = GatedFp8RowStream(F16, C7),
     gated_fp8_row_stream_f16_c8 = GatedFp8RowStream(F16, C8),
+    gated_fp8_row_stream_bf16_c3 = GatedFp8RowStream(BF16, C3),
+    gated_fp8_row_stream_bf16_c4 = GatedFp8RowStream(BF16, C4),
     gated_fp8_row_stream_bf16_c5 = GatedFp8RowStream(BF16, C5),
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),

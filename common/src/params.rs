@@ -705,6 +705,9 @@ pub const GATED_FP8_ROW_CHUNKS: usize = 4;
 /// Accesses a thread of the long-row per-token FP8 kernel holds: rows of more than one tile
 /// of [`GATED_FP8_ROW_CHUNKS`] and at most one of these.
 pub const GATED_FP8_ROW_LONG_CHUNKS: usize = 8;
+/// The fewest accesses per thread of a streamed per-token FP8 row (`gated_fp8_row_stream_*`,
+/// an entry per count from this one to [`GATED_FP8_ROW_LONG_CHUNKS`]).
+pub const GATED_FP8_STREAM_MIN_CHUNKS: usize = 3;
 /// Dynamic shared memory of the streamed per-token kernel (`gated_fp8_row_stream_*`, sm_90):
 /// the warps' maxima and the copy barrier in the first 128 bytes, then one row's `a` and `b`
 /// of up to [`GATED_FP8_ROW_LONG_CHUNKS`] 16-byte accesses per thread each.

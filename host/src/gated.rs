@@ -26,7 +26,7 @@ use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_BLOCKS,
     GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_SCALAR_BATCH,
-    GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
+    GATED_FP8_STREAM_MIN_CHUNKS, GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
 };
 
 use crate::error::{Error, Result};
@@ -589,7 +589,12 @@ pub fn plan_gated_forward_fp8(
         // its slowest block twice and its blocks run together: it wins only while one block
         // per row would leave SMs idle). Otherwise the row is walked twice by one block
         // (within one wave faster than the long-row kernel, all rows at once). Measurements
-        // in bench/TUNING.md, "Per-token FP8 rows: prefetch one wave ahead, ...".
+        // in bench/TUNING.md, "Per-token FP8 rows: prefetch one wave ahead, ...". Where the
+        // module streams rows, rows of 16-byte accesses are streamed from
+        // GATED_FP8_STREAM_MIN_CHUNKS accesses per thread, within a tile past two waves of the
+        // row kernel: the persistent blocks take their rows one after another, which just past
+        // one wave is slower than the row kernel's second wave ("Per-token rows of one tile
+        // streamed").
         let tpr = GATED_FP8_ROW_MAX_THREADS as u64;
         let per_thread = per_row.div_ceil(tpr);
         let tile_chunks = GATED_FP8_ROW_CHUNKS as u64;
@@ -599,7 +604,16 @@ pub fn plan_gated_forward_fp8(
         let split_fits = limits.clusters && split_blocks <= GATED_FP8_ROW_MAX_BLOCKS as u64;
         let few_rows = rows as u64 * split_blocks <= limits.sm_count as u64;
         let streamed = limits.streamed_rows && mode == VecMode::V16;
-        let (kernel, chunks, row_blocks) = if per_thread <= tile_chunks {
+        let stream_tile = streamed
+            && per_thread >= GATED_FP8_STREAM_MIN_CHUNKS as u64
+            && rows as u64 > 2 * one_wave;
+        let (kernel, chunks, row_blocks) = if per_thread <= tile_chunks && stream_tile {
+            (
+                KernelId::GatedFp8RowStream(dtype, per_thread as u32),
+                per_thread,
+                1,
+            )
+        } else if per_thread <= tile_chunks {
             (KernelId::GatedFp8Row(dtype, mode), per_thread, 1)
         } else if split_fits && (few_rows || !long_fits) {
             (
@@ -608,7 +622,7 @@ pub fn plan_gated_forward_fp8(
                 split_blocks,
             )
         } else if long_fits && streamed {
-            // An entry per count of accesses per thread (more than a tile's, so 5 to 8).
+            // An entry per count of accesses per thread (here more than a tile's, 5 to 8).
             (
                 KernelId::GatedFp8RowStream(dtype, per_thread as u32),
                 per_thread,

@@ -14,7 +14,10 @@ use ferrofuse::{
     VecMode,
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
-use ferrofuse_common::{GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params};
+use ferrofuse_common::{
+    GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_STREAM_MIN_CHUNKS,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
+};
 
 const BASE: u64 = 0x7f00_0000_0000;
 /// Far enough apart for any test shape.
@@ -166,7 +169,8 @@ fn per_token_plans_rows_in_registers() {
         assert_eq!(l.params.cluster_blocks(l.kernel), row_blocks);
     }
     // With bulk copies, the long-row kernel's rows of 16-byte accesses are streamed, at any
-    // row count past the split kernel's: one persistent 512-thread block per SM (as the
+    // row count past the split kernel's, and rows of one tile of 3 or 4 accesses per thread
+    // past two waves of the row kernel: one persistent 512-thread block per SM (as the
     // occupancy says), the next row copied into shared memory, no L2 prefetch. Scalar rows
     // keep the long-row kernel.
     let streamed = GridLimits::uniform(132, 1)
@@ -175,8 +179,16 @@ fn per_token_plans_rows_in_registers() {
     let bf16_stream = |count| KernelId::GatedFp8RowStream(DType::BF16, count);
     let f32_stream = |count| KernelId::GatedFp8RowStream(DType::F32, count);
     let f32_split = KernelId::GatedFp8RowSplit(DType::F32, VecMode::V16);
+    let bf16_row = KernelId::GatedFp8Row(DType::BF16, VecMode::V16);
+    let f32_row = KernelId::GatedFp8Row(DType::F32, VecMode::V16);
     for (dtype, rows, cols, kernel, chunks, grid, prefetch_rows) in [
         (DType::BF16, 4096, 28672, bf16_stream(7), 7, 132, 0),
+        (DType::BF16, 4096, 14336, bf16_stream(4), 4, 132, 0),
+        (DType::BF16, 265, 11008, bf16_stream(3), 3, 132, 0),
+        (DType::BF16, 264, 14336, bf16_row, 4, 264, 0),
+        (DType::BF16, 4096, 8192, bf16_row, 2, 4096, 132),
+        (DType::F32, 300, 7168, f32_stream(4), 4, 132, 0),
+        (DType::F32, 264, 7168, f32_row, 4, 264, 0),
         (DType::BF16, 100, 20480, bf16_stream(5), 5, 100, 0),
         (DType::BF16, 200, 16392, bf16_stream(5), 5, 132, 0),
         (DType::BF16, 200, 24576, bf16_stream(6), 6, 132, 0),
@@ -521,7 +533,7 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
         }
-        for count in 5..=8 {
+        for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);
             assert!(k.exists(), "{k:?}");
             assert_eq!(KernelId::ALL[k.index()], k);

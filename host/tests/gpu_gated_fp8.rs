@@ -365,7 +365,8 @@ fn fp8_middle_regime() {
 
 /// Per-token rows of more than one tile, held whole: by the streamed kernel (sm_90) and the
 /// long-row kernel beyond one wave of the row kernel (2049-4096 accesses: 14336 f32, 28672
-/// bf16 / f16; split and interleaved; 5 to 8 slots per thread, full and ragged), 16-bit rows of
+/// bf16 / f16; split and interleaved; 5 to 8 slots per thread, full and ragged; on sm_90 also
+/// rows of one tile of 3 and 4 slots past two waves, streamed and not), 16-bit rows of
 /// the long-row kernel asking L2 for a row one wave ahead; by the row kernel (1024
 /// accesses) beyond two waves, prefetching too; the scalar path (4096 elements, every operand
 /// one element into its buffer); at a few rows, split over a cluster's eight blocks, or four
@@ -413,6 +414,21 @@ fn fp8_per_token_long_rows() {
                 KernelId::GatedFp8Row(dtype, VecMode::V16),
                 true,
             ),
+            if streamed {
+                (
+                    two_waves,
+                    tile,
+                    KernelId::GatedFp8RowStream(dtype, 4),
+                    false,
+                )
+            } else {
+                (
+                    two_waves,
+                    tile,
+                    KernelId::GatedFp8Row(dtype, VecMode::V16),
+                    true,
+                )
+            },
             (
                 few,
                 8 * tile,
@@ -447,11 +463,12 @@ fn fp8_per_token_long_rows() {
             .take(if quick() { 1 } else { usize::MAX })
             .collect();
         // Long rows streamed (on devices that stream them) and not, full and with a ragged
-        // last access slot, at every count of slots (5 slots, one access in the last; 6 slots,
+        // last access slot, at every count of slots (3 slots, 505 accesses in the last, and 4
+        // full, past two waves of the row kernel; 5 slots, one access in the last; 6 slots,
         // three; 7 full and with five in the last; 8 full: the streamed kernel has an entry
-        // per count); rows split over a cluster's eight blocks, or four with a ragged last tile
-        // (one access past three full tiles), at a few rows; on devices without clusters the
-        // two-pass kernel.
+        // per count); rows split over a cluster's eight blocks, or four with a ragged last
+        // tile (one access past three full tiles), at a few rows; on devices without clusters
+        // the two-pass kernel.
         let accesses = |n: usize| n * dtype.lanes_per_16b();
         let ragged = accesses(per_thread(6) + 5);
         // Past one persistent block per SM: some blocks take two rows.
@@ -461,6 +478,8 @@ fn fp8_per_token_long_rows() {
             (Layout::Split, rows, long),
             (Layout::Interleaved, rows, long),
             (Layout::Interleaved, rows, ragged),
+            (Layout::Split, two_waves, accesses(per_thread(3) - 7)),
+            (Layout::Interleaved, two_waves, tile),
             (Layout::Interleaved, past_sms, accesses(per_thread(4) + 1)),
             (Layout::Split, past_sms, accesses(per_thread(5) + 3)),
             (Layout::Split, past_sms, longest),
@@ -469,7 +488,9 @@ fn fp8_per_token_long_rows() {
             (Layout::Split, few, 8 * tile),
             (Layout::Interleaved, few, 3 * tile + dtype.lanes_per_16b()),
         ] {
-            let held_whole = cols > tile && cols <= longest && rows > few;
+            let streamable = cols > accesses(per_thread(2)) && cols <= longest;
+            let held_whole =
+                streamable && (cols > tile || rows > 2 * one_wave(VecMode::V16) as usize);
             let streaming: &[bool] = if streamed && held_whole && !quick() {
                 &[true, false]
             } else {

@@ -36,8 +36,9 @@
 //!   accesses `r * 512 * chunks ..`; the blocks' maxima through distributed shared memory),
 //!   or, for rows of 2049-4096 accesses, by the long-row entry (`gated_fp8_row_long_*`: up to
 //!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM).
-//!   On sm_90 the long-row entry's rows of 16-byte accesses are streamed instead
-//!   (`gated_fp8_row_stream_{dtype}_c{5..8}`, an entry per count of accesses per thread, so
+//!   On sm_90 the long-row entry's rows of 16-byte accesses are streamed instead, and so are
+//!   rows of one tile of 3-4 accesses per thread past two waves of the row kernel
+//!   (`gated_fp8_row_stream_{dtype}_c{3..8}`, an entry per count of accesses per thread, so
 //!   that no slot's math runs on nothing): one persistent 512-thread block per SM takes row
 //!   after row; the copy engine brings the next row into shared memory while the block
 //!   computes, reduces and stores the current one from registers.
@@ -239,6 +240,84 @@ fn addr_q<E: Elem, const M: VecMode>(base: u64, stride: u64, row: u64, col: u64)
     base + row * stride + col * const { access_width::<E, M>() }
 }
 
+/// A flat walk's place in 32 bits: the row of a thread's current access and its column,
+/// counted in accesses (in pairs of accesses on the per-group path). The host keeps an FP8
+/// call below 2^32 accesses, so rows, a row's accesses and the grid's step fit. Where their
+/// rows sit in L2 the flat loops run at the instruction issue rate, and in 32 bits the walk and
+/// the addresses take far fewer integer instructions than in 64 (`bench/TUNING.md`, "FP8 loops
+/// at the issue rate").
+#[derive(Clone, Copy)]
+struct Cursor32 {
+    row: u32,
+    col: u32,
+}
+
+/// The grid's step over a walk, in 32 bits: `rows` whole rows and `cols` columns, and
+/// `back = per_row - cols`, the column past which a step wraps to the next row (so that no
+/// sum overflows).
+#[derive(Clone, Copy)]
+struct Step32 {
+    rows: u32,
+    cols: u32,
+    back: u32,
+}
+
+impl Step32 {
+    /// The host's walk in 32 bits (every field below 2^32: see [`Cursor32`]).
+    #[inline(always)]
+    fn of(walk: &GridWalk) -> Self {
+        Step32 {
+            rows: walk.step_rows as u32,
+            cols: walk.step_cols as u32,
+            back: (walk.per_row - walk.step_cols) as u32,
+        }
+    }
+}
+
+impl Cursor32 {
+    /// The place of access `i` (`i < 2^32`, so [`GridWalk::row_of`] is exact).
+    #[inline(always)]
+    fn of(walk: &GridWalk, i: u64) -> Self {
+        let row = walk.row_of(i);
+        Cursor32 {
+            row: row as u32,
+            col: (i - row * walk.per_row) as u32,
+        }
+    }
+
+    /// The place one grid step on. Past the last row the row number may wrap; accesses there
+    /// are predicated off by their index, never by the row.
+    #[inline(always)]
+    fn advance(self, step: Step32) -> Self {
+        let wrap = self.col >= step.back;
+        Cursor32 {
+            row: self.row.wrapping_add(step.rows).wrapping_add(wrap as u32),
+            col: if wrap {
+                self.col - step.back
+            } else {
+                self.col + step.cols
+            },
+        }
+    }
+
+    /// Byte address of this access (column `col + cols` of the same row) in a storage matrix
+    /// at `base` with row stride `stride` elements.
+    #[inline(always)]
+    fn addr<E: Elem>(self, base: u64, stride: u64, cols: u32) -> u64 {
+        let width = const { access_width::<E, { VecMode::V16 }>() };
+        base + self.row as u64 * (stride * E::BYTES)
+            + self.col.wrapping_add(cols) as u64 * width * E::BYTES
+    }
+
+    /// Byte address of this access (column `col + cols`) in the FP8 output at `base`, row
+    /// stride `stride` bytes.
+    #[inline(always)]
+    fn addr_q<E: Elem>(self, base: u64, stride: u64, cols: u32) -> u64 {
+        let width = const { access_width::<E, { VecMode::V16 }>() };
+        base + self.row as u64 * stride + self.col.wrapping_add(cols) as u64 * width
+    }
+}
+
 /// `act(a) * b` over the lanes of one access.
 #[inline(always)]
 fn gated<E: Elem, const M: VecMode, A: GatedAct>(a: [u32; 4], b: [u32; 4]) -> [f32; 8] {
@@ -342,47 +421,37 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
 
 /// [`flat`] on the vector path: thread `g` of `G` takes accesses `g, g + G, ...` (so a warp's
 /// 32 lanes take 32 consecutive accesses, `G` being a multiple of 32), its row and column
-/// advanced by the host's [`GridWalk`] step as in the plain gated forward.
+/// ([`Cursor32`]) advanced by the host's [`GridWalk`] step as in the plain gated forward.
 #[inline(always)]
 unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params, fixed: f32, fixed_inv: f32) {
-    const V: VecMode = VecMode::V16;
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
     let total = p.rows * walk.per_row;
-    let row = walk.row_of(i);
-    let (mut r, mut c) = (row, i - row * walk.per_row);
+    let grid_step = Step32::of(walk);
+    let mut at = Cursor32::of(walk, i);
     // Two accesses per thread and step, all four loads issued first: twice the bytes in
     // flight of one access per thread (this kernel's registers cap its occupancy below the
     // plain kernel's).
     while i < total {
-        let (mut r2, mut c2) = (r + walk.step_rows, c + walk.step_cols);
-        if c2 >= walk.per_row {
-            c2 -= walk.per_row;
-            r2 += 1;
-        }
+        let at2 = at.advance(grid_step);
         let (ok, ok2) = (i < total, i + step < total);
         // SAFETY: where `ok` (`ok2`), access i (i + step) is inside `a` and `b` (the host's
-        // checks; `(r, c)` and `(r2, c2)` are their rows and columns, the walk being built for
-        // this grid).
+        // checks; `at` and `at2` are their places, the walk being built for this grid).
         let (a, b, a2, b2) = unsafe {
             (
-                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c), ok),
-                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c), ok),
-                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r2, c2), ok2),
-                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r2, c2), ok2),
+                ld_v4_if(at.addr::<E>(p.a, p.a_stride, 0), ok),
+                ld_v4_if(at.addr::<E>(p.b, p.b_stride, 0), ok),
+                ld_v4_if(at2.addr::<E>(p.a, p.a_stride, 0), ok2),
+                ld_v4_if(at2.addr::<E>(p.b, p.b_stride, 0), ok2),
             )
         };
         // SAFETY: as for the loads.
         unsafe {
-            flat_v16_one::<E, A>(p, a, b, (r, c), ok, fixed, fixed_inv);
-            flat_v16_one::<E, A>(p, a2, b2, (r2, c2), ok2, fixed, fixed_inv);
+            flat_v16_one::<E, A>(p, a, b, at, ok, fixed, fixed_inv);
+            flat_v16_one::<E, A>(p, a2, b2, at2, ok2, fixed, fixed_inv);
         }
-        (r, c) = (r2 + walk.step_rows, c2 + walk.step_cols);
-        if c >= walk.per_row {
-            c -= walk.per_row;
-            r += 1;
-        }
+        at = at2.advance(grid_step);
         i += 2 * step;
     }
 }
@@ -394,7 +463,7 @@ unsafe fn flat_v16_one<E: Elem, A: GatedAct>(
     p: &GatedFp8Params,
     a: [u32; 4],
     b: [u32; 4],
-    (r, c): (u64, u64),
+    at: Cursor32,
     ok: bool,
     scale: f32,
     inv: f32,
@@ -403,7 +472,7 @@ unsafe fn flat_v16_one<E: Elem, A: GatedAct>(
     let w = const { access_width::<E, V>() };
     let q = quantize(w, &gated::<E, V, A>(a, b), scale, inv);
     // SAFETY: `y` covers rows x cols at its stride, aligned to `w` bytes (the host's checks).
-    unsafe { store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok) };
+    unsafe { store_q(w, at.addr_q::<E>(p.y, p.y_stride, 0), q, ok) };
 }
 
 /// [`flat`] on the vector path with per-group scales. A group of `2 * LANES` accesses is held
@@ -425,41 +494,43 @@ unsafe fn group_v16<E: Elem, A: GatedAct, const LANES: u32>(p: &GatedFp8Params) 
     let lane = grid::thread_x() & 31;
     let first = lane & (half - 1) == 0;
     let total = p.rows * walk.per_row;
-    let row = walk.row_of(i);
-    let (mut r, mut k) = (row, i - row * walk.per_row);
+    let grid_step = Step32::of(walk);
+    let mut pair = Cursor32::of(walk, i);
     // Warp-uniform: every lane of the warp runs the same steps (the shuffles need them all).
     while i - lane < total {
         let ok = i < total;
-        let c = k + (k & !(half - 1));
-        // SAFETY: where `ok`, pair i is inside the rows, so accesses c and c + LANES of row r
-        // are inside `a` and `b` (the host's checks; the walk is built for this grid).
+        // The pair's first access: its column in accesses.
+        let k = pair.col;
+        let at = Cursor32 {
+            row: pair.row,
+            col: k + (k & !(LANES - 1)),
+        };
+        // SAFETY: where `ok`, pair i is inside the rows, so accesses `at` and `LANES` columns
+        // on are inside `a` and `b` (the host's checks; the walk is built for this grid).
         let (a, b, a2, b2) = unsafe {
             (
-                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c), ok),
-                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c), ok),
-                ld_v4_if(addr::<E, V>(p.a, p.a_stride, r, c + half), ok),
-                ld_v4_if(addr::<E, V>(p.b, p.b_stride, r, c + half), ok),
+                ld_v4_if(at.addr::<E>(p.a, p.a_stride, 0), ok),
+                ld_v4_if(at.addr::<E>(p.b, p.b_stride, 0), ok),
+                ld_v4_if(at.addr::<E>(p.a, p.a_stride, LANES), ok),
+                ld_v4_if(at.addr::<E>(p.b, p.b_stride, LANES), ok),
             )
         };
         let (y, y2) = (gated::<E, V, A>(a, b), gated::<E, V, A>(a2, b2));
         let amax = run_max(access_amax(w, &y, ok).max(access_amax(w, &y2, ok)), LANES);
         let scale = dynamic_scale(amax, p.min_scale, f32::INFINITY);
         let inv = reciprocal(scale);
-        let at_s = p.scale + (r * p.scale_row + (c >> p.group_shift) * p.scale_group) * 4;
+        let group = (at.col >> p.group_shift) as u64;
+        let at_s = p.scale + (at.row as u64 * p.scale_row + group * p.scale_group) * 4;
         let (q, q2) = (quantize(w, &y, scale, inv), quantize(w, &y2, scale, inv));
         // SAFETY: the group's first lane stores its scale, inside the scale matrix (the host
         // checked its shape and strides) when its pair is in range; `y` covers rows x cols
         // at its stride, aligned to `w` bytes (the host's checks).
         unsafe {
             store_f32_if(at_s, scale, first && ok);
-            store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c), q, ok);
-            store_q(w, addr_q::<E, V>(p.y, p.y_stride, r, c + half), q2, ok);
+            store_q(w, at.addr_q::<E>(p.y, p.y_stride, 0), q, ok);
+            store_q(w, at.addr_q::<E>(p.y, p.y_stride, LANES), q2, ok);
         }
-        (r, k) = (r + walk.step_rows, k + walk.step_cols);
-        if k >= walk.per_row {
-            k -= walk.per_row;
-            r += 1;
-        }
+        pair = pair.advance(grid_step);
         i += step;
     }
 }
@@ -995,8 +1066,7 @@ macro_rules! stream_entries {
     ($($stream:ident: $e:ty, $chunks:literal;)*) => {$(
         /// The streamed per-token entry (sm_90) for rows of 16-byte accesses of
         #[doc = concat!("`", $chunks, "`")]
-        /// accesses per thread (more than one tile of `GATED_FP8_ROW_CHUNKS`, at most
-        /// `GATED_FP8_ROW_LONG_CHUNKS`); see `per_token_stream`. Launch: at most one block of
+        /// accesses per thread (3 to `GATED_FP8_ROW_LONG_CHUNKS`); see `per_token_stream`. Launch: at most one block of
         /// `GATED_FP8_ROW_MAX_THREADS` threads per SM, `GATED_FP8_STREAM_SMEM_BYTES` of
         /// dynamic shared memory. On older archs it traps: the host plans it only for modules
         /// with bulk copies.
@@ -1028,14 +1098,20 @@ macro_rules! stream_entries {
 
 // Names must match `ferrofuse_common::KernelId::name`, as above.
 stream_entries! {
+    gated_fp8_row_stream_f32_c3: F32, 3;
+    gated_fp8_row_stream_f32_c4: F32, 4;
     gated_fp8_row_stream_f32_c5: F32, 5;
     gated_fp8_row_stream_f32_c6: F32, 6;
     gated_fp8_row_stream_f32_c7: F32, 7;
     gated_fp8_row_stream_f32_c8: F32, 8;
+    gated_fp8_row_stream_f16_c3: F16, 3;
+    gated_fp8_row_stream_f16_c4: F16, 4;
     gated_fp8_row_stream_f16_c5: F16, 5;
     gated_fp8_row_stream_f16_c6: F16, 6;
     gated_fp8_row_stream_f16_c7: F16, 7;
     gated_fp8_row_stream_f16_c8: F16, 8;
+    gated_fp8_row_stream_bf16_c3: Bf16, 3;
+    gated_fp8_row_stream_bf16_c4: Bf16, 4;
     gated_fp8_row_stream_bf16_c5: Bf16, 5;
     gated_fp8_row_stream_bf16_c6: Bf16, 6;
     gated_fp8_row_stream_bf16_c7: Bf16, 7;
