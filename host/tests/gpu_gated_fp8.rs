@@ -337,6 +337,8 @@ fn fp8_middle_regime() {
             let plan =
                 plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, scaling, &scales, k.limits())
                     .unwrap();
+            // Each scheme's own entry sets its residency (their registers differ).
+            let resident = k.limits().resident_blocks(plan.kernel) as u64 * GATED_THREADS as u64;
             let threads = plan.grid as u64 * GATED_THREADS as u64;
             let steps = rows as u64 * plan.params.walk.per_row;
             assert!(
