@@ -109,8 +109,9 @@ struct Args {
     /// thread-block cluster (sm_90+; the same bits), to see what the split brings.
     #[arg(long)]
     no_cluster_split: bool,
-    /// Run the per-token FP8 gated forward's long rows on the long-row kernel where they would
-    /// be streamed (sm_90+; the same bits), to see what the streaming brings.
+    /// Run the rows the streamed kernels would take (sm_90+: the per-token FP8 gated forward's
+    /// long rows, the add + RMSNorm forward's rows of 32 elements per thread) on the kernels
+    /// that hold one row per block (the same bits), to see what the streaming brings.
     #[arg(long)]
     no_row_streaming: bool,
 }

@@ -10,8 +10,8 @@ use crate::{
     DType, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES, GATED_THREADS, NormBwdVariant,
     NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_REALIGNED_MAX_SMEM_BYTES, ZERO_FILL_THREADS, rmsnorm_bwd_max_threads_per_row,
-    rmsnorm_bwd_staged,
+    RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, ZERO_FILL_THREADS,
+    rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged,
 };
 use VecMode::{Scalar, V16};
 
@@ -110,6 +110,14 @@ pub enum KernelId {
     /// `RmsNormFp8Params`. One entry per scheme: ptxas allocates registers and schedules a
     /// whole entry at once, so a scheme's body is compiled alone, unaffected by the others'.
     RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
+    /// Residual-add + RMSNorm forward of rows of 32 elements per thread on the vector path,
+    /// streamed: one block per SM takes row after row, the next one copied into shared memory
+    /// while it works on the current one (`rmsnorm_fwd_{dtype}_v16_stream`, sm_90; the sm_80
+    /// module has the entries but never runs them). The same bits as [`KernelId::RmsNormFwd`].
+    RmsNormFwdStream(DType),
+    /// [`KernelId::RmsNormFwdStream`] with the FP8 output of one scheme, as
+    /// [`KernelId::RmsNormFp8`] computes it (`rmsnorm_fp8_{static|token|group}_{dtype}_v16_stream`).
+    RmsNormFp8Stream(DType, u32),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     Empty,
 }
@@ -314,6 +322,18 @@ kernel_table! {
     rmsnorm_fp8_group_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fwd_f32_v16_stream = RmsNormFwdStream(F32),
+    rmsnorm_fwd_f16_v16_stream = RmsNormFwdStream(F16),
+    rmsnorm_fwd_bf16_v16_stream = RmsNormFwdStream(BF16),
+    rmsnorm_fp8_static_f32_v16_stream = RmsNormFp8Stream(F32, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_stream = RmsNormFp8Stream(F16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_stream = RmsNormFp8Stream(BF16, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_stream = RmsNormFp8Stream(F32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_stream = RmsNormFp8Stream(F16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_stream = RmsNormFp8Stream(BF16, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_stream = RmsNormFp8Stream(F32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_stream = RmsNormFp8Stream(F16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_stream = RmsNormFp8Stream(BF16, FP8_PER_GROUP),
     gated_fp8_group_f32_v16 = GatedFp8Group(F32, V16),
     gated_fp8_group_f32_scalar = GatedFp8Group(F32, Scalar),
     gated_fp8_group_f16_v16 = GatedFp8Group(F16, V16),
@@ -370,7 +390,9 @@ impl KernelId {
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
                 | KernelId::RmsNormFp8(..)
+                | KernelId::RmsNormFp8Stream(..)
                 | KernelId::RmsNormFwd(..)
+                | KernelId::RmsNormFwdStream(..)
                 | KernelId::RmsNormFwdRealigned(..)
                 | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormFwdSplit(..)
@@ -397,7 +419,9 @@ impl KernelId {
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
             | KernelId::RmsNormFwdSplit(..)
-            | KernelId::RmsNormFp8(..) => RMSNORM_MAX_THREADS_PER_ROW,
+            | KernelId::RmsNormFwdStream(..)
+            | KernelId::RmsNormFp8(..)
+            | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) => rmsnorm_bwd_max_threads_per_row(d),
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
@@ -435,6 +459,11 @@ impl KernelId {
             // which holds the weight through the reduction.
             KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16, _) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
+            }
+            // One row of up to 512 threads per SM (128 registers), the next row streamed into
+            // shared memory meanwhile.
+            KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
             }
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
@@ -500,6 +529,9 @@ impl KernelId {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             KernelId::GatedFp8RowStream(..) => Some(GATED_FP8_STREAM_SMEM_BYTES),
+            KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
+                Some(RMSNORM_STREAM_SMEM_BYTES)
+            }
             _ => None,
         }
     }
@@ -511,6 +543,7 @@ impl KernelId {
             KernelId::RmsNormFwd(d, v, n) => Some((d, NormPath::of(v), n)),
             KernelId::RmsNormFwdRealigned(d, n) => Some((d, NormPath::Realigned, n)),
             KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
+            KernelId::RmsNormFwdStream(d) => Some((d, NormPath::V16, NormFwdVariant::E32)),
             // The looped row's map and reduction shape, over a cluster's blocks.
             KernelId::RmsNormFwdSplit(d, path, _) => Some((d, path, NormFwdVariant::Loop)),
             _ => None,

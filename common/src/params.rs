@@ -151,6 +151,11 @@ pub const RMSNORM_BLOCK_TARGET: u32 = 256;
 /// Dynamic shared memory of every forward and backward launch: two sets of 32 f32 warp
 /// partials (the backward alternates between them from one row to the next).
 pub const RMSNORM_SMEM_BYTES: u32 = 256;
+/// Dynamic shared memory of the streamed forward (`rmsnorm_fwd_{dtype}_v16_stream`,
+/// `rmsnorm_fp8_{scheme}_{dtype}_v16_stream`, sm_90): the reduction buffers and the copy
+/// barrier in the first 1024 bytes, then one row of `x`, one of `residual` and the weight,
+/// each in a region of the largest such row (512 threads x 32 elements of 4 bytes).
+pub const RMSNORM_STREAM_SMEM_BYTES: u32 = 1024 + 3 * RMSNORM_MAX_THREADS_PER_ROW * 32 * 4;
 /// Dynamic shared memory of a backward rows launch ([`RmsNormBwdParams`]): on the vector path
 /// rows held 16 per thread (`NormBwdVariant::E16`) are copied into shared memory one row ahead
 /// of their use, so after the reduction buffers come two rows' copies of `h`, `dy` and, when

@@ -604,29 +604,29 @@ pub fn plan_gated_forward_fp8(
         let split_fits = limits.clusters && split_blocks <= GATED_FP8_ROW_MAX_BLOCKS as u64;
         let few_rows = rows as u64 * split_blocks <= limits.sm_count as u64;
         let streamed = limits.streamed_rows && mode == VecMode::V16;
-        let stream_tile = streamed
-            && per_thread >= GATED_FP8_STREAM_MIN_CHUNKS as u64
-            && rows as u64 > 2 * one_wave;
-        let (kernel, chunks, row_blocks) = if per_thread <= tile_chunks && stream_tile {
+        let one_tile = per_thread <= tile_chunks;
+        let split = !one_tile && split_fits && (few_rows || !long_fits);
+        // An entry per count of accesses per thread, GATED_FP8_STREAM_MIN_CHUNKS to
+        // GATED_FP8_ROW_LONG_CHUNKS.
+        let stream = streamed
+            && if one_tile {
+                per_thread >= GATED_FP8_STREAM_MIN_CHUNKS as u64 && rows as u64 > 2 * one_wave
+            } else {
+                !split && long_fits
+            };
+        let (kernel, chunks, row_blocks) = if stream {
             (
                 KernelId::GatedFp8RowStream(dtype, per_thread as u32),
                 per_thread,
                 1,
             )
-        } else if per_thread <= tile_chunks {
+        } else if one_tile {
             (KernelId::GatedFp8Row(dtype, mode), per_thread, 1)
-        } else if split_fits && (few_rows || !long_fits) {
+        } else if split {
             (
                 KernelId::GatedFp8RowSplit(dtype, mode),
                 per_thread.div_ceil(split_blocks),
                 split_blocks,
-            )
-        } else if long_fits && streamed {
-            // An entry per count of accesses per thread (here more than a tile's, 5 to 8).
-            (
-                KernelId::GatedFp8RowStream(dtype, per_thread as u32),
-                per_thread,
-                1,
             )
         } else if long_fits && rows as u64 > one_wave {
             (KernelId::GatedFp8RowLong(dtype, mode), per_thread, 1)

@@ -89,10 +89,10 @@ use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, NormPath, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES,
     RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
-    VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
-    rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
+    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
+    RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
+    rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
@@ -331,6 +331,16 @@ pub fn plan_rmsnorm_forward(
             params: ops.params(&t.y, opts, &geometry),
         });
     }
+    let stream = KernelId::RmsNormFwdStream(dtype);
+    if let Some(blocks) = streamed_forward(stream, mode, variant, rows, limits) {
+        return Ok(Launch {
+            kernel: stream,
+            grid: blocks,
+            block: geometry.block_threads(),
+            shared_mem_bytes: RMSNORM_STREAM_SMEM_BYTES,
+            params: ops.params(&t.y, opts, &geometry),
+        });
+    }
     Ok(Launch {
         kernel: if realigned {
             KernelId::RmsNormFwdRealigned(dtype, variant)
@@ -348,6 +358,27 @@ pub fn plan_rmsnorm_forward(
         },
         params: ops.params(&t.y, opts, &geometry),
     })
+}
+
+/// The persistent grid of the streamed forward `kernel` (the storage-dtype or an FP8 entry),
+/// where it applies: rows of 32 elements per thread on the vector path, more of them than the
+/// device holds such blocks at once (within one wave every block has one row, and there is no
+/// next row to stream), on a module and device with bulk copies and its shared memory. It
+/// computes the same bits as the register kernel of the same rows, so the choice by `rows`
+/// keeps batch invariance.
+pub(crate) fn streamed_forward(
+    kernel: KernelId,
+    mode: VecMode,
+    variant: NormFwdVariant,
+    rows: usize,
+    limits: &GridLimits,
+) -> Option<u32> {
+    let resident = limits.resident_blocks(kernel);
+    (limits.streamed_rows
+        && mode == VecMode::V16
+        && variant == NormFwdVariant::E32
+        && rows as u64 > resident as u64)
+        .then_some(resident)
 }
 
 /// The cluster-split forward, its grid (`rows` clusters) and shared memory, where it

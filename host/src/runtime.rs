@@ -9,8 +9,9 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
-    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFwdParams, KernelId, RmsNormBwdParams,
-    RmsNormDwParams, RmsNormFwdParams, ZERO_FILL_THREADS, rmsnorm_split_geometry,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFwdParams, KernelId,
+    RMSNORM_STREAM_SMEM_BYTES, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+    ZERO_FILL_THREADS, rmsnorm_split_geometry,
 };
 
 use crate::error::{DriverContext, Error, Result};
@@ -178,7 +179,8 @@ pub struct GridLimits {
     /// choose a kernel launched in clusters.
     pub clusters: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
-    /// streamed per-token FP8 kernel (`GATED_FP8_STREAM_SMEM_BYTES`), so a plan may choose it.
+    /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
+    /// norm forward's, `RMSNORM_STREAM_SMEM_BYTES`), so a plan may choose them.
     pub streamed_rows: bool,
 }
 
@@ -233,6 +235,8 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..)
             | KernelId::RmsNormFwdWFirst(..)
+            | KernelId::RmsNormFwdStream(..)
+            | KernelId::RmsNormFp8Stream(..)
     )
     .then(|| kernel.max_block_threads())
 }
@@ -306,14 +310,19 @@ impl Kernels {
         // The sm_90 module is the one with cluster code and bulk copies, and runs on sm_90+
         // only.
         limits.clusters = ptx.min_compute_capability >= 90;
-        limits.streamed_rows =
-            ptx.min_compute_capability >= 90 && GATED_FP8_STREAM_SMEM_BYTES as i32 <= smem_opt_in;
+        limits.streamed_rows = ptx.min_compute_capability >= 90
+            && GATED_FP8_STREAM_SMEM_BYTES.max(RMSNORM_STREAM_SMEM_BYTES) as i32 <= smem_opt_in;
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
             if let Some(block) = occupancy_block_size(*k) {
                 // Read at the shared memory it launches with where that sets the occupancy.
                 let smem = match k {
                     KernelId::GatedFp8RowStream(..) if limits.streamed_rows => {
                         GATED_FP8_STREAM_SMEM_BYTES as usize
+                    }
+                    KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..)
+                        if limits.streamed_rows =>
+                    {
+                        RMSNORM_STREAM_SMEM_BYTES as usize
                     }
                     _ => 0,
                 };
@@ -375,18 +384,27 @@ impl Kernels {
     }
 
     /// The limits the norm forward plans with: [`Kernels::limits`], without clusters while
-    /// [`Kernels::set_cluster_split`] has the split off.
+    /// [`Kernels::set_cluster_split`] has the split off, and without the streamed kernel while
+    /// [`Kernels::set_row_streaming`] has it off.
     pub(crate) fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
-        if self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters {
+        let split = self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters;
+        let streaming = self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows;
+        if split && streaming {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
-            std::borrow::Cow::Owned(self.limits.clone().with_clusters(false))
+            std::borrow::Cow::Owned(
+                self.limits
+                    .clone()
+                    .with_clusters(self.limits.clusters && split)
+                    .with_streamed_rows(self.limits.streamed_rows && streaming),
+            )
         }
     }
 
-    /// Turns the streamed per-token FP8 kernel (long rows, sm_90+) off or back on (on by
-    /// default); without it the same rows run the long-row kernel. Both compute the same
-    /// bits; for measuring the streaming and for tests that compare the two.
+    /// Turns the streamed kernels (sm_90+: the per-token gated FP8 kernel's long rows, the
+    /// norm forward's rows of 32 elements per thread) off or back on (on by default); without
+    /// them the same rows run the long-row kernel and the register-resident norm kernels. Both
+    /// compute the same bits; for measuring the streaming and for tests that compare the two.
     pub fn set_row_streaming(&self, on: bool) {
         self.row_streaming.store(on, Ordering::Relaxed);
     }

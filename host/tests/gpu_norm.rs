@@ -1232,22 +1232,74 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                 };
                 let seed = fresh_seed();
                 // Every case runs; the failures are listed at the end.
-                let run = || match (dtype, c.w_f32) {
-                    (DType::F32, _) => split_vs_loop::<f32, f32>(&k, &s, &c, seed),
-                    (DType::F16, false) => split_vs_loop::<f16, f16>(&k, &s, &c, seed),
-                    (DType::F16, true) => split_vs_loop::<f16, f32>(&k, &s, &c, seed),
-                    (DType::BF16, false) => split_vs_loop::<bf16, bf16>(&k, &s, &c, seed),
-                    (DType::BF16, true) => split_vs_loop::<bf16, f32>(&k, &s, &c, seed),
-                    (DType::F8E4M3, _) => unreachable!("the norm runs the storage dtypes"),
-                };
-                k.set_cluster_split(true);
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+                let split = |k: &KernelId| matches!(k, KernelId::RmsNormFwdSplit(..));
+                if !same_bits_when_off(&k, &s, dtype, (&c, seed), split, Kernels::set_cluster_split)
+                {
                     failed.push(format!("{} {c:?} seed {seed}", dtype.name()));
                 }
             }
         }
     }
     k.set_cluster_split(true);
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// The streamed forward (rows of 32 elements per thread on the vector path, past one wave of
+/// rows, sm_90) against the f64 reference, and bit for bit against the register kernel on the
+/// same rows (the streaming turned off), every dtype, option set and placement, dense and
+/// padded rows.
+#[test]
+fn forward_streamed_rows_match_the_register_kernel_bitwise() {
+    let Some((k, s)) = gpu("forward_streamed_rows_match_the_register_kernel_bitwise") else {
+        return;
+    };
+    if !k.limits().streamed_rows {
+        eprintln!(
+            "skipping forward_streamed_rows_match_the_register_kernel_bitwise: no bulk copies"
+        );
+        return;
+    }
+    // Past one wave of one block per multiprocessor; rows of 16-bit 8200 (288 threads) and
+    // 16384 (512), f32 12288 (384) and 16384.
+    let rows = k.limits().sm_count as usize + if quick() { 7 } else { 300 };
+    let mut i = 0usize;
+    let mut failed = Vec::new();
+    for dtype in DType::ALL {
+        let hidden: &[usize] = match (dtype, quick()) {
+            (DType::F32, true) => &[12288],
+            (DType::F32, false) => &[12288, 16384],
+            (_, true) => &[8200],
+            (_, false) => &[8200, 16384],
+        };
+        for &h in hidden {
+            for opt in 0..16u32 {
+                if quick() && opt != 0 && opt != 15 {
+                    continue;
+                }
+                i += 1;
+                let c = Fwd {
+                    placement: PLACEMENTS[i % PLACEMENTS.len()],
+                    gemma: opt & 1 != 0,
+                    hf: opt & 2 != 0 && dtype != DType::F32,
+                    w_f32: opt & 4 != 0 && dtype != DType::F32,
+                    rstd: opt & 8 != 0 || i.is_multiple_of(3),
+                    layout: [Layout::Dense, Layout::Padded][i % 2],
+                    ..Fwd::new(rows, h)
+                };
+                let seed = fresh_seed();
+                // Every case runs; the failures are listed at the end.
+                let streamed = |k: &KernelId| matches!(k, KernelId::RmsNormFwdStream(..));
+                let switch = Kernels::set_row_streaming;
+                if !same_bits_when_off(&k, &s, dtype, (&c, seed), streamed, switch) {
+                    failed.push(format!("{} {c:?} seed {seed}", dtype.name()));
+                }
+            }
+        }
+    }
     assert!(
         failed.is_empty(),
         "{} cases failed: {failed:#?}",
@@ -1292,23 +1344,51 @@ fn forward_rows_longer_than_the_tile_ring() {
     }
 }
 
-/// One case of [`forward_split_matches_the_looped_kernel_bitwise`].
-fn split_vs_loop<T: Element, W: Element>(k: &Kernels, s: &Arc<CudaStream>, c: &Fwd, seed: u64) {
+/// One case of a test of a kernel the plan picks for `c` (`picked`) against the one it runs
+/// with that kernel switched off (`switch(k, false)`, both computing the same bits), for `c`'s
+/// storage and weight dtypes: the f64 reference, then bit for bit. `false` when it failed (the
+/// panic's message printed). `run_forward` reports the plan of `k.limits()`, so only the first
+/// run's kernel is checked (the CPU tests check the plan with the switch off).
+fn same_bits_when_off(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    dtype: DType,
+    (c, seed): (&Fwd, u64),
+    picked: fn(&KernelId) -> bool,
+    switch: fn(&Kernels, bool),
+) -> bool {
+    let run = || match (dtype, c.w_f32) {
+        (DType::F32, _) => same_bits_typed::<f32, f32>(k, s, (c, seed), picked, switch),
+        (DType::F16, false) => same_bits_typed::<f16, f16>(k, s, (c, seed), picked, switch),
+        (DType::F16, true) => same_bits_typed::<f16, f32>(k, s, (c, seed), picked, switch),
+        (DType::BF16, false) => same_bits_typed::<bf16, bf16>(k, s, (c, seed), picked, switch),
+        (DType::BF16, true) => same_bits_typed::<bf16, f32>(k, s, (c, seed), picked, switch),
+        (DType::F8E4M3, _) => unreachable!("the norm runs the storage dtypes"),
+    };
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_ok();
+    switch(k, true);
+    ok
+}
+
+/// [`same_bits_when_off`] with the storage dtype `T` and the weight's `W`.
+fn same_bits_typed<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    (c, seed): (&Fwd, u64),
+    picked: fn(&KernelId) -> bool,
+    switch: fn(&Kernels, bool),
+) {
     let what = format!("{} {c:?} seed {seed}", T::DTYPE.name());
     let inp = fwd_inputs::<T>(c, seed);
-    let split = run_forward::<T, W>(k, s, c, &inp, &what);
-    assert!(
-        matches!(split.kernel, KernelId::RmsNormFwdSplit(..)),
-        "{what}: planned {:?}",
-        split.kernel
-    );
-    check_forward(c, &inp, &split, &what);
-    k.set_cluster_split(false);
-    let looped = run_forward::<T, W>(k, s, c, &inp, &what);
-    k.set_cluster_split(true);
-    let (a, b) = (bits_of(&split), bits_of(&looped));
+    let on = run_forward::<T, W>(k, s, c, &inp, &what);
+    assert!(picked(&on.kernel), "{what}: planned {:?}", on.kernel);
+    check_forward(c, &inp, &on, &what);
+    switch(k, false);
+    let off = run_forward::<T, W>(k, s, c, &inp, &what);
+    switch(k, true);
+    let (a, b) = (bits_of(&on), bits_of(&off));
     for r in 0..c.rows {
-        assert_same_row(&format!("{what}: split vs looped"), &a, r, &b, r);
+        assert_same_row(&format!("{what}: {:?} vs off", on.kernel), &a, r, &b, r);
     }
 }
 

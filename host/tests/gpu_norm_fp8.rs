@@ -15,7 +15,9 @@
 //! Rows of zeros (scale `min_scale`, zero bytes), a row with a NaN (NaN bytes) and, in bf16
 //! and f32, a row whose sum of squares overflows (`rstd` 0) are in every case. Batch
 //! invariance: rows computed alone, at an offset (scalar path) and in a batch give the same
-//! bytes, scales, `h` and `rstd`. `FERROFUSE_TEST_QUICK=1` trims the shapes.
+//! bytes, scales, `h` and `rstd`; so do the streamed kernel (rows of 32 per thread past one
+//! wave, sm_90) and the register kernel on the same rows. `FERROFUSE_TEST_QUICK=1` trims the
+//! shapes.
 
 mod common;
 
@@ -26,12 +28,12 @@ use common::*;
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::norm::Fp8Placement;
+use ferrofuse::norm::{Fp8Placement, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
 use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
-    DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, Kernels, Mat, MatMut, NormNumerics,
-    RmsNormOptions, ScaleLayout,
+    DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc, MatMut,
+    NormNumerics, RmsNormOptions, ScaleLayout,
 };
 use rand::rngs::StdRng;
 
@@ -528,6 +530,140 @@ fn norm_fp8_batch_invariance() {
             }
         }
     }
+}
+
+/// The streamed FP8 forward (rows of 32 elements per thread on the vector path, past one wave
+/// of rows, sm_90): against the references (as every case), and bit for bit against the
+/// register kernel on the same rows (the streaming turned off): bytes, scales, `h`, `rstd`.
+#[test]
+fn norm_fp8_streamed_rows() {
+    let Some((k, s)) = gpu("norm_fp8_streamed_rows") else {
+        return;
+    };
+    if !k.limits().streamed_rows {
+        eprintln!("skipping norm_fp8_streamed_rows: no bulk copies");
+        return;
+    }
+    let rows = k.limits().sm_count as usize + if quick() { 5 } else { 150 };
+    for dtype in DType::ALL {
+        // 16-bit rows of 8320 (288 threads) and f32 rows of 12288 (384 threads): 32 per thread.
+        let cols = if dtype == DType::F32 { 12288 } else { 8320 };
+        let (mut rng, seed) = rng();
+        for (ci, scaling) in schemes(cols).into_iter().enumerate() {
+            let place = PLACES[ci % PLACES.len()];
+            let kernel = planned_kernel(&k, dtype, (rows, cols), scaling);
+            assert_eq!(
+                kernel,
+                KernelId::RmsNormFp8Stream(dtype, kernel_scheme(scaling))
+            );
+            let body = std::panic::AssertUnwindSafe(|| {
+                typed!(
+                    dtype,
+                    streamed_case::<T>(&k, &s, &mut rng, place, scaling, (rows, cols), ci)
+                )
+            });
+            let result = std::panic::catch_unwind(body);
+            k.set_row_streaming(true);
+            if let Err(p) = result {
+                eprintln!("norm_fp8_streamed_rows: failed with seed {seed:#x}");
+                std::panic::resume_unwind(p);
+            }
+        }
+    }
+}
+
+/// The scheme constant of the entries that run `scaling`.
+fn kernel_scheme(scaling: Fp8Scaling) -> u32 {
+    use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
+    match scaling {
+        Fp8Scaling::Static => FP8_STATIC,
+        Fp8Scaling::PerToken { .. } => FP8_PER_TOKEN,
+        Fp8Scaling::PerGroup { .. } => FP8_PER_GROUP,
+    }
+}
+
+/// The kernel `k` plans for a dense, aligned call of `rows x cols` with an `h` of its own.
+fn planned_kernel(
+    k: &Kernels,
+    dtype: DType,
+    (rows, cols): (usize, usize),
+    scaling: Fp8Scaling,
+) -> KernelId {
+    let gap = 1u64 << 36;
+    let mat = |i: u64, d: DType, r: usize, c: usize| {
+        MatDesc::contiguous((1 << 40) + i * gap, r * c, d, r, c)
+    };
+    let (sr, sc, _) = scale_layout(scaling, rows, cols);
+    let t = RmsNormFp8Descs {
+        x: mat(0, dtype, rows, cols),
+        residual: Some(mat(1, dtype, rows, cols)),
+        weight: mat(2, dtype, 1, cols),
+        h: Some(mat(3, dtype, rows, cols)),
+        rstd: None,
+        y: mat(4, DType::F8E4M3, rows, cols),
+        scales: mat(5, DType::F32, sr, sc),
+    };
+    let opts = RmsNormOptions::new(1e-5);
+    plan_rmsnorm_forward_fp8(&t, &opts, scaling, k.limits())
+        .expect("a valid call")
+        .kernel
+}
+
+/// A case of [`norm_fp8_streamed_rows`]: the references, then the register kernel's bits.
+fn streamed_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    place: Place,
+    scaling: Fp8Scaling,
+    shape: (usize, usize),
+    variant: usize,
+) {
+    case::<T>(k, s, rng, place, 0, scaling, shape, variant);
+    streamed_vs_registers::<T>(k, s, rng, place, scaling, shape);
+}
+
+/// One call with the streaming on and one with it off, on the same random rows: the same bits.
+fn streamed_vs_registers<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    place: Place,
+    scaling: Fp8Scaling,
+    (rows, cols): (usize, usize),
+) {
+    let (x, _) = random::<T>(rng, rows * cols, 2.0);
+    let (r, _) = random::<T>(rng, rows * cols, 2.0);
+    let (w, _) = random::<T>(rng, cols, 1.5);
+    let opts = RmsNormOptions::new(1e-6).with_gemma(true);
+    let run = || {
+        call(
+            k,
+            s,
+            place,
+            scaling,
+            0.01,
+            (&x, &r, &w, None),
+            (rows, cols),
+            0,
+            &opts,
+        )
+    };
+    let streamed = run();
+    k.set_row_streaming(false);
+    let regs = run();
+    k.set_row_streaming(true);
+    let what = format!("{} {place:?} {scaling:?} {rows}x{cols}", T::DTYPE.name());
+    assert_eq!(streamed.q, regs.q, "{what}: bytes");
+    let same_f32 = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same_f32(&streamed.scales, &regs.scales), "{what}: scales");
+    assert!(same_f32(&streamed.rstd, &regs.rstd), "{what}: rstd");
+    let same_h = streamed
+        .h
+        .iter()
+        .zip(&regs.h)
+        .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits());
+    assert!(same_h, "{what}: h");
 }
 
 /// The FP8 bytes are the quantisation of the same f32 `y` the bf16 forward rounds: its `y`

@@ -486,6 +486,46 @@ fn forward_geometry_depends_on_hidden_and_dtype_only() {
 }
 
 #[test]
+fn forward_streams_rows_of_32_per_thread_past_one_wave() {
+    let streamed = limits().with_streamed_rows(true);
+    for dtype in DType::ALL {
+        for hidden in [8200, 12288, 16384] {
+            let (variant, g) = rmsnorm_forward_geometry(dtype, hidden);
+            let t = fwd_descs(dtype, 1000, hidden, true);
+            let l = plan_rmsnorm_forward(&t, &opts(), &streamed).unwrap();
+            let what = format!("{dtype:?} H={hidden}");
+            if variant != NormFwdVariant::E32 {
+                assert!(!matches!(l.kernel, KernelId::RmsNormFwdStream(_)), "{what}");
+                continue;
+            }
+            // The persistent grid of the same geometry (the same bits as the register kernel).
+            assert_eq!(l.kernel, KernelId::RmsNormFwdStream(dtype), "{what}");
+            assert_eq!(
+                l.kernel.rmsnorm_forward_form(),
+                Some((dtype, NormPath::V16, variant))
+            );
+            assert_eq!((l.grid, l.block), (264, g.block_threads()), "{what}");
+            assert_eq!(
+                l.shared_mem_bytes,
+                ferrofuse_common::RMSNORM_STREAM_SMEM_BYTES
+            );
+            assert_eq!(l.params.threads_per_row, g.threads_per_row);
+            // Within one wave, without the streamed kernel, or off the vector grid: not it.
+            let t = fwd_descs(dtype, 264, hidden, true);
+            let l = plan_rmsnorm_forward(&t, &opts(), &streamed).unwrap();
+            assert_eq!(l.kernel, KernelId::RmsNormFwd(dtype, VecMode::V16, variant));
+            let t = fwd_descs(dtype, 1000, hidden, true);
+            let l = plan_rmsnorm_forward(&t, &opts(), &limits()).unwrap();
+            assert_eq!(l.kernel, KernelId::RmsNormFwd(dtype, VecMode::V16, variant));
+            let mut t = fwd_descs(dtype, 1000, hidden, true);
+            t.x.addr += dtype.size_bytes() as u64;
+            let l = plan_rmsnorm_forward(&t, &opts(), &streamed).unwrap();
+            assert!(!matches!(l.kernel, KernelId::RmsNormFwdStream(_)), "{what}");
+        }
+    }
+}
+
+#[test]
 fn forward_geometry_covers_each_row_without_waste() {
     for dtype in DType::ALL {
         let lanes = dtype.lanes_per_16b();

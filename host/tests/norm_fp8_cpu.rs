@@ -14,10 +14,13 @@ use ferrofuse::norm::{
 };
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
-    DType, Error, Fp8Scaling, KernelId, MatDesc, NormPath, RmsNormOptions, ScaleLayout, VecMode,
+    DType, Error, Fp8Scaling, GridLimits, KernelId, MatDesc, NormPath, RmsNormOptions, ScaleLayout,
+    VecMode,
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
-use ferrofuse_common::{NormFwdVariant, RMSNORM_SMEM_BYTES, rmsnorm_fwd_geometry};
+use ferrofuse_common::{
+    NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry,
+};
 
 const BASE: u64 = 0x7f00_0000_0000;
 /// Far enough apart for any test shape.
@@ -45,11 +48,16 @@ fn opts() -> RmsNormOptions {
     RmsNormOptions::new(1e-6)
 }
 
+/// A device of 132 multiprocessors without clusters or the streamed kernels.
+fn limits() -> GridLimits {
+    GridLimits::uniform(132, 1)
+}
+
 #[test]
 fn plans_the_norm_geometry_for_each_scheme() {
     let (rows, cols) = (16, 4096);
     let t = descs(DType::BF16, rows, cols, (1, 1));
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     let (variant, g) = rmsnorm_fwd_geometry(DType::BF16, cols as u64);
     assert_eq!(
         l.kernel,
@@ -63,7 +71,7 @@ fn plans_the_norm_geometry_for_each_scheme() {
     assert_eq!(l.params.norm.threads_per_row, g.threads_per_row);
 
     let t = descs(DType::BF16, rows, cols, (rows, 1));
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
     assert_eq!(l.params.scheme, FP8_PER_TOKEN);
     assert_eq!(l.params.scale_ub, f32::INFINITY);
     assert_eq!(l.params.min_scale, DEFAULT_MIN_SCALE);
@@ -71,13 +79,13 @@ fn plans_the_norm_geometry_for_each_scheme() {
         min_scale: 1e-3,
         scale_ub: Some(5.0),
     };
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), ub).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), ub, &limits()).unwrap();
     assert_eq!((l.params.min_scale, l.params.scale_ub), (1e-3, 5.0));
 
     // Groups of 128 bf16 columns are 16 chunks (lanes); of 64 f32 columns 16 too.
     let t = descs(DType::BF16, rows, cols, (rows, cols / 128));
     let s = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), s).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &limits()).unwrap();
     assert_eq!(l.params.scheme, FP8_PER_GROUP);
     assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
     assert_eq!(
@@ -92,7 +100,7 @@ fn plans_the_norm_geometry_for_each_scheme() {
         ..t.scales
     };
     let s = Fp8Scaling::per_group(64, ScaleLayout::ColMajor);
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), s).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &limits()).unwrap();
     assert_eq!((l.params.group_lanes, l.params.group_shift), (16, 4));
     assert_eq!((l.params.scale_row, l.params.scale_group), (1, 20));
 }
@@ -101,13 +109,13 @@ fn plans_the_norm_geometry_for_each_scheme() {
 fn paths_variants_and_flags() {
     // A row of 16384 takes the 32-per-thread geometry; an odd one the scalar path.
     let t = descs(DType::BF16, 2, 16384, (1, 1));
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         l.kernel,
         KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::E32, FP8_STATIC)
     );
     let t = descs(DType::F16, 3, 4097, (3, 1));
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
     assert_eq!(
         l.kernel,
         KernelId::RmsNormFp8(
@@ -120,7 +128,7 @@ fn paths_variants_and_flags() {
     // The FP8 output off the 16-byte grid: the scalar path.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
     t.y.addr += 8;
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         l.kernel,
         KernelId::RmsNormFp8(
@@ -136,7 +144,7 @@ fn paths_variants_and_flags() {
     t.h = None;
     t.rstd = None;
     let o = opts().with_gemma(true).with_numerics(NormNumerics::HfLlama);
-    let l = plan_rmsnorm_forward_fp8(&t, &o, Fp8Scaling::Static).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &o, Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         (l.params.norm.residual, l.params.norm.h, l.params.norm.rstd),
         (0, 0, 0)
@@ -144,8 +152,59 @@ fn paths_variants_and_flags() {
     assert_eq!(l.params.norm.flags, 1 | 2);
     // No rows: nothing launched.
     let t = descs(DType::BF16, 0, 1024, (0, 1));
-    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token()).unwrap();
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
     assert_eq!(l.grid, 0);
+}
+
+#[test]
+fn streams_rows_of_32_per_thread_past_one_wave() {
+    let streamed = limits().with_streamed_rows(true);
+    let plan = |dtype: DType, rows: usize, cols: usize, limits: &GridLimits| {
+        let t = descs(dtype, rows, cols, (rows, 1));
+        plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), limits).unwrap()
+    };
+    // Past one wave of 32-per-thread rows: the persistent grid, a block of the geometry's
+    // threads per resident slot, the streamed entry of the scheme.
+    for (dtype, cols) in [
+        (DType::BF16, 16384),
+        (DType::F16, 8200),
+        (DType::F32, 12288),
+    ] {
+        let l = plan(dtype, 1000, cols, &streamed);
+        let (_, g) = rmsnorm_fwd_geometry(dtype, cols as u64);
+        assert_eq!(l.kernel, KernelId::RmsNormFp8Stream(dtype, FP8_PER_TOKEN));
+        assert_eq!((l.grid, l.block), (132, g.block_threads()));
+        assert_eq!(l.shared_mem_bytes, RMSNORM_STREAM_SMEM_BYTES);
+        assert_eq!(l.params.norm.threads_per_row, g.threads_per_row);
+    }
+    let e32 = KernelId::RmsNormFp8(
+        DType::BF16,
+        VecMode::V16,
+        NormFwdVariant::E32,
+        FP8_PER_TOKEN,
+    );
+    // One wave or less, a device without the streamed kernel, rows of 16 per thread, the
+    // scalar path: the register kernels.
+    assert_eq!(plan(DType::BF16, 132, 16384, &streamed).kernel, e32);
+    assert_eq!(plan(DType::BF16, 1000, 16384, &limits()).kernel, e32);
+    let l = plan(DType::BF16, 1000, 8192, &streamed);
+    assert!(matches!(
+        l.kernel,
+        KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16, _)
+    ));
+    let l = plan(DType::BF16, 1000, 16383, &streamed);
+    assert!(matches!(
+        l.kernel,
+        KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::E32, _)
+    ));
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            let k = KernelId::RmsNormFp8Stream(d, s);
+            assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+            assert_eq!(k.launch_bounds(), Some((512, 1)));
+            assert_eq!(k.dynamic_smem_opt_in(), Some(RMSNORM_STREAM_SMEM_BYTES));
+        }
+    }
 }
 
 #[test]
@@ -177,7 +236,8 @@ fn every_fp8_norm_kernel_is_in_the_table() {
 fn rejects_bad_operands() {
     let (rows, cols) = (8, 1024);
     let base = descs(DType::BF16, rows, cols, (rows, 1));
-    let plan = |t: &RmsNormFp8Descs, s: Fp8Scaling| plan_rmsnorm_forward_fp8(t, &opts(), s);
+    let plan =
+        |t: &RmsNormFp8Descs, s: Fp8Scaling| plan_rmsnorm_forward_fp8(t, &opts(), s, &limits());
     let tok = Fp8Scaling::per_token();
 
     // y must be FP8, the scales f32 of the right shape.
@@ -283,7 +343,7 @@ fn rejects_bad_operands() {
     );
     // eps.
     assert_matches!(
-        plan_rmsnorm_forward_fp8(&base, &RmsNormOptions::new(0.0), tok),
+        plan_rmsnorm_forward_fp8(&base, &RmsNormOptions::new(0.0), tok, &limits()),
         Err(Error::InvalidArgument { what: "eps", .. })
     );
     // Rows longer than the register path.
@@ -295,7 +355,9 @@ fn rejects_bad_operands() {
 fn rejects_aliasing() {
     let (rows, cols) = (8, 1024);
     let base = descs(DType::BF16, rows, cols, (rows, 1));
-    let plan = |t: &RmsNormFp8Descs| plan_rmsnorm_forward_fp8(t, &opts(), Fp8Scaling::per_token());
+    let plan = |t: &RmsNormFp8Descs| {
+        plan_rmsnorm_forward_fp8(t, &opts(), Fp8Scaling::per_token(), &limits())
+    };
     // h may be exactly x or exactly residual.
     let mut t = base;
     t.h = Some(t.x);

@@ -44,9 +44,10 @@ use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
     GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
-    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams,
-    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_W_F32,
-    RmsNormFp8Params, RmsNormFwdParams,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
+    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    rmsnorm_fwd_geometry,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1898,6 +1899,38 @@ fn norm_accesses<'m>(
     out
 }
 
+/// A streamed norm forward (`RmsNormFwdStream`, `RmsNormFp8Stream`): on a device that runs it,
+/// for rows of 32 elements per thread on the vector path past the resident blocks, one
+/// persistent block per resident slot of the row's geometry, with the shared memory whose
+/// regions hold a row of `x`, of `residual` and the weight.
+fn check_streamed_norm(
+    v: &mut Violations,
+    limits: &Limits,
+    l_shape: (KernelId, u32, u32, u32),
+    (rows, hidden, w_bytes): (usize, usize, usize),
+    p: &RmsNormFwdParams,
+    dtype: DType,
+) {
+    let (kernel, grid, block, smem) = l_shape;
+    let resident = limits.grid_limits().resident_blocks(kernel) as u64;
+    let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+    let region = (RMSNORM_STREAM_SMEM_BYTES as u64 - 1024) / 3;
+    let widest = hidden as u64 * dtype.size_bytes().max(w_bytes) as u64;
+    if !limits.streamed_rows
+        || variant != NormFwdVariant::E32
+        || rows as u64 <= resident
+        || grid as u64 != resident
+        || block != geometry.block_threads()
+        || (p.threads_per_row, p.rows_per_block) != (geometry.threads_per_row, 1)
+        || smem != RMSNORM_STREAM_SMEM_BYTES
+        || widest > region
+    {
+        v.add(format!(
+            "the streamed kernel, {grid} blocks of {block}, for {rows} rows of {hidden}"
+        ));
+    }
+}
+
 fn check_norm_forward(c: &NormFwdCase, l: &Launch<RmsNormFwdParams>) -> Vec<String> {
     let mut v = Violations::default();
     let t = norm_forward_descs(c);
@@ -1921,7 +1954,11 @@ fn check_norm_forward(c: &NormFwdCase, l: &Launch<RmsNormFwdParams>) -> Vec<Stri
             NormPath::Scalar
         }
     };
-    if let KernelId::RmsNormFwdSplit(..) = l.kernel {
+    if let KernelId::RmsNormFwdStream(_) = l.kernel {
+        let shape = (l.kernel, l.grid, l.block, l.shared_mem_bytes);
+        let sizes = (rows, hidden, t.weight.dtype.size_bytes());
+        check_streamed_norm(&mut v, &c.limits, shape, sizes, p, dtype);
+    } else if let KernelId::RmsNormFwdSplit(..) = l.kernel {
         // One cluster per row, on a device that has clusters.
         let cluster = p.cluster_blocks(l.kernel);
         if !c.limits.clusters
@@ -1987,6 +2024,7 @@ struct NormFp8Case {
     scaling: Fp8Scaling,
     scales: MatDesc,
     opts: RmsNormOptions,
+    limits: Limits,
 }
 
 fn norm_fp8_case(rng: &mut StdRng) -> NormFp8Case {
@@ -2011,6 +2049,7 @@ fn norm_fp8_case(rng: &mut StdRng) -> NormFp8Case {
         scaling,
         scales: scales_operand(rng, &lay, 6, &scaling, rows, hidden),
         opts: norm_options(rng),
+        limits: limits(rng),
     };
     let mut ops: Vec<&mut MatDesc> = vec![&mut c.x, &mut c.weight, &mut c.y, &mut c.scales];
     ops.extend(c.residual.as_mut());
@@ -2038,7 +2077,12 @@ fn norm_fp8_descs(c: &NormFp8Case) -> RmsNormFp8Descs {
 }
 
 fn plan_norm_fp8_case(c: &NormFp8Case) -> Result<Launch<RmsNormFp8Params>, Error> {
-    plan_rmsnorm_forward_fp8(&norm_fp8_descs(c), &c.opts, c.scaling)
+    plan_rmsnorm_forward_fp8(
+        &norm_fp8_descs(c),
+        &c.opts,
+        c.scaling,
+        &c.limits.grid_limits(),
+    )
 }
 
 fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> {
@@ -2063,12 +2107,19 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     v.launch(0, l, work);
     let vector = match l.kernel {
         KernelId::RmsNormFp8(d, mode, _, s) if d == dtype && s == p.scheme => mode == VecMode::V16,
+        KernelId::RmsNormFp8Stream(d, s) if d == dtype && s == p.scheme => {
+            let shape = (l.kernel, l.grid, l.block, l.shared_mem_bytes);
+            let sizes = (rows, hidden, t.weight.dtype.size_bytes());
+            check_streamed_norm(&mut v, &c.limits, shape, sizes, n, dtype);
+            true
+        }
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));
             false
         }
     };
     if work
+        && !matches!(l.kernel, KernelId::RmsNormFp8Stream(..))
         && (l.block != n.threads_per_row * n.rows_per_block
             || l.grid as u64 != (rows as u64).div_ceil(n.rows_per_block as u64))
     {

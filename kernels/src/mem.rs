@@ -856,6 +856,46 @@ pub mod bulk {
         }
     }
 
+    /// Arrives on `bar`'s current phase (its one arrival) after adding `bytes` to the bytes
+    /// that phase waits for: the copies [`copy_to_shared`] then issues on it must add up to
+    /// `bytes`. Orders this thread's earlier shared-memory accesses before those copies'
+    /// writes, as [`copy_pair_to_shared`] does.
+    ///
+    /// # Safety
+    /// `bar` initialized by [`init_barrier`], with no other arrival on this phase; `bytes`
+    /// below 2^20.
+    #[inline(always)]
+    pub unsafe fn expect_bytes(bar: u32, bytes: u32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!(
+                "fence.proxy.async.shared::cta;",
+                "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{0}], {1};",
+                in(reg32) bar, in(reg32) bytes,
+                options(nostack, preserves_flags)
+            );
+        }
+    }
+
+    /// Copies `bytes` bytes from global `src` to the shared-memory address `dst`, completing
+    /// on `bar`'s current phase, whose expected bytes [`expect_bytes`] counted these.
+    ///
+    /// # Safety
+    /// `dst` and `src` 16-byte aligned, `bytes` a multiple of 16; the source inside an
+    /// allocation, not written while the copy runs; the destination inside this block's
+    /// shared memory, not accessed until `bar`'s phase completes.
+    #[inline(always)]
+    pub unsafe fn copy_to_shared(dst: u32, src: u64, bytes: u32, bar: u32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            asm!(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{0}], [{1}], {2}, [{3}];",
+                in(reg32) dst, in(reg64) src, in(reg32) bytes, in(reg32) bar,
+                options(nostack, preserves_flags)
+            );
+        }
+    }
+
     /// Waits until the phase of `bar` with parity `parity` (0 for its first phase, then
     /// alternating) has completed: the copies on it are then visible to this thread.
     ///

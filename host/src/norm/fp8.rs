@@ -17,13 +17,14 @@
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    KernelId, NormFwdVariant, RMSNORM_SMEM_BYTES, RmsNormFp8Params, rmsnorm_fwd_geometry,
+    KernelId, NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params,
+    rmsnorm_fwd_geometry,
 };
 
-use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut};
+use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut, streamed_forward};
 use crate::error::{Error, Result};
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
-use crate::runtime::{Kernels, Launch};
+use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_devices, vec_mode};
 
@@ -51,11 +52,14 @@ pub struct RmsNormFp8Descs {
 /// Checks as [`super::plan_rmsnorm_forward`] for `x`, `residual`, `h`, `weight`, `rstd` (`h`
 /// may be exactly `x` or exactly `residual`), then `y` and `scales` as every FP8 output
 /// ([`crate::fp8`]: dtype, shape, sizes; they overlap no operand and each other), and the
-/// row length (at most [`RMSNORM_FP8_MAX_HIDDEN`]).
+/// row length (at most [`RMSNORM_FP8_MAX_HIDDEN`]). `limits` only picks between kernels that
+/// compute the same bits: rows of 32 elements per thread on the vector path are streamed
+/// through shared memory past one wave of them (sm_90).
 pub fn plan_rmsnorm_forward_fp8(
     t: &RmsNormFp8Descs,
     opts: &RmsNormOptions,
     scaling: Fp8Scaling,
+    limits: &GridLimits,
 ) -> Result<Launch<RmsNormFp8Params>> {
     let ops = ForwardOperands::of(&t.x, &t.residual, &t.h, &t.weight, &t.rstd);
     ops.check(opts, None)?;
@@ -112,11 +116,21 @@ pub fn plan_rmsnorm_forward_fp8(
         Fp8Scaling::PerGroup { .. } => (scales.row_stride as u64, 1),
         _ => (scales.row_stride as u64, 0),
     };
+    let stream = KernelId::RmsNormFp8Stream(dtype, scheme);
+    let (kernel, grid, shared_mem_bytes) =
+        match streamed_forward(stream, mode, variant, rows, limits) {
+            Some(blocks) => (stream, blocks, RMSNORM_STREAM_SMEM_BYTES),
+            None => (
+                KernelId::RmsNormFp8(dtype, mode, variant, scheme),
+                grid,
+                RMSNORM_SMEM_BYTES,
+            ),
+        };
     Ok(Launch {
-        kernel: KernelId::RmsNormFp8(dtype, mode, variant, scheme),
+        kernel,
         grid,
         block: geometry.block_threads(),
-        shared_mem_bytes: RMSNORM_SMEM_BYTES,
+        shared_mem_bytes,
         params: RmsNormFp8Params {
             norm: ops.params(&t.y, opts, &geometry),
             scale: scales.addr,
@@ -255,7 +269,7 @@ impl Kernels {
             y,
             scales,
         };
-        let launch = plan_rmsnorm_forward_fp8(&t, opts, scaling)?;
+        let launch = plan_rmsnorm_forward_fp8(&t, opts, scaling, &self.norm_limits())?;
         // SAFETY: live views borrowed for this call; outputs are `&mut` borrows, so `h`
         // aliases at most the input it replaces in its placement (each chunk read before it is
         // written, by the same thread), and `y`, the written scales and `rstd` alias nothing.
@@ -275,7 +289,7 @@ impl Kernels {
         opts: &RmsNormOptions,
     ) -> Result<()> {
         self.check_stream(stream)?;
-        let launch = plan_rmsnorm_forward_fp8(t, opts, scaling)?;
+        let launch = plan_rmsnorm_forward_fp8(t, opts, scaling, &self.norm_limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked the rest.
         unsafe { self.launch(stream, &launch) }
     }

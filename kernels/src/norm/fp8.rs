@@ -209,7 +209,31 @@ unsafe fn fwd_fp8<E: Elem, const M: Path, const EPT: usize, const S: u32, const 
         };
         h[j] = normalize::<E>(&h[j], rstd, &w, hf);
     });
-    let y = &h;
+    // SAFETY: every thread of the block gets here; the host's checks of `y` and the scales.
+    unsafe { store_fp8::<E, M, S>(p, &me, row, live, k, chunk, &h, fixed) };
+}
+
+/// Quantizes and stores row `row`'s `y` (this thread's chunks `chunk(j)`, `j < k`) with scheme
+/// `S`, and the row's (per token) or its groups' (per group) scales: the tail of every FP8
+/// norm body. `fixed` is the static scale; `live` whether the row exists.
+///
+/// # Safety
+/// Every thread of the block calls it (per token it executes one barrier, on the reduction's
+/// second buffer); `y` and the scales as the host checked them.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn store_fp8<E: Elem, const M: Path, const S: u32>(
+    p: &RmsNormFp8Params,
+    me: &Me,
+    row: u64,
+    live: bool,
+    k: usize,
+    chunk: impl Fn(usize) -> (u64, bool),
+    y: &[[f32; 8]; MAX_CHUNKS],
+    fixed: f32,
+) {
+    let n = &p.norm;
+    let hidden = n.hidden;
     let (q_base, q_stride) = (n.y, n.y_stride);
     if S == FP8_PER_GROUP {
         let first = me.lane & (p.group_lanes - 1) == 0;

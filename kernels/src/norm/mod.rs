@@ -46,12 +46,14 @@
 //! Here, in this order: chunk access, the thread's place in its row, the forward kernels and
 //! every entry. `backward.rs`: the backward kernels (rows and `dw` partials, then the
 //! fixed-order `dw` sum). `split.rs`: the looped row's reduction shape and the cluster-split
-//! forward.
+//! forward. `stream.rs`: rows of 32 per thread on the vector path streamed through shared
+//! memory by a persistent block (sm_90), for the storage-dtype and the FP8 outputs.
 
 mod backward;
 mod fp8;
 mod realign;
 mod split;
+mod stream;
 
 use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
