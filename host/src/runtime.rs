@@ -201,7 +201,7 @@ impl GridLimits {
         self
     }
 
-    /// The same limits, with the streamed per-token FP8 kernel available or not.
+    /// The same limits, with the streamed kernels available or not.
     pub fn with_streamed_rows(mut self, streamed_rows: bool) -> Self {
         self.streamed_rows = streamed_rows;
         self
