@@ -114,6 +114,10 @@ struct Args {
     /// that hold one row per block (the same bits), to see what the streaming brings.
     #[arg(long)]
     no_row_streaming: bool,
+    /// Run every add + RMSNorm backward as two launches (the rows kernel, then the `dw`
+    /// kernel), also the calls of few rows that take the one-launch kernel (the same bits).
+    #[arg(long)]
+    no_fused_backward: bool,
 }
 
 fn selection(args: &Args) -> Result<Selection, String> {
@@ -308,6 +312,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     if args.no_cluster_split {
         h.kernels.set_cluster_split(false);
+    }
+    if args.no_fused_backward {
+        h.kernels.set_fused_backward(false);
     }
     let (gpu, driver) = device_info(h.context());
     println!(

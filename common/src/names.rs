@@ -78,6 +78,10 @@ pub enum KernelId {
     RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
+    /// RMSNorm backward in one launch, for calls whose row groups fit one per block: `dx`, and
+    /// `dw` summed by blocks of its own, with the bits of the two launches
+    /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_e16_fused`; see `crate::RmsNormBwdParams`).
+    RmsNormBwdFused(DType, VecMode),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
     RmsNormDw(DType),
     /// Writes zeros over a buffer; the benchmark flushes the L2 with it (see `zero_fill`).
@@ -241,6 +245,12 @@ kernel_table! {
     rmsnorm_bwd_bf16_v16_loop = RmsNormBwd(BF16, V16, Bwd::Loop),
     rmsnorm_bwd_bf16_scalar_e16 = RmsNormBwd(BF16, Scalar, Bwd::E16),
     rmsnorm_bwd_bf16_scalar_loop = RmsNormBwd(BF16, Scalar, Bwd::Loop),
+    rmsnorm_bwd_f32_v16_e16_fused = RmsNormBwdFused(F32, V16),
+    rmsnorm_bwd_f32_scalar_e16_fused = RmsNormBwdFused(F32, Scalar),
+    rmsnorm_bwd_f16_v16_e16_fused = RmsNormBwdFused(F16, V16),
+    rmsnorm_bwd_f16_scalar_e16_fused = RmsNormBwdFused(F16, Scalar),
+    rmsnorm_bwd_bf16_v16_e16_fused = RmsNormBwdFused(BF16, V16),
+    rmsnorm_bwd_bf16_scalar_e16_fused = RmsNormBwdFused(BF16, Scalar),
     rmsnorm_dw_f32 = RmsNormDw(F32),
     rmsnorm_dw_f16 = RmsNormDw(F16),
     rmsnorm_dw_bf16 = RmsNormDw(BF16),
@@ -397,6 +407,7 @@ impl KernelId {
                 | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormFwdSplit(..)
                 | KernelId::RmsNormBwd(..)
+                | KernelId::RmsNormBwdFused(..)
                 | KernelId::RmsNormDw(..)
         )
     }
@@ -422,7 +433,9 @@ impl KernelId {
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8(..)
             | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
-            KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) => rmsnorm_bwd_max_threads_per_row(d),
+            KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) | KernelId::RmsNormBwdFused(d, _) => {
+                rmsnorm_bwd_max_threads_per_row(d)
+            }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
@@ -438,6 +451,10 @@ impl KernelId {
     /// written.
     pub const fn launch_bounds(self) -> Option<(u32, u32)> {
         match self {
+            // The rows kernel's registers: its rows run the same body.
+            KernelId::RmsNormBwdFused(d, mode) => {
+                KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).launch_bounds()
+            }
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
             KernelId::GatedFp8Flat(..) | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
@@ -521,6 +538,9 @@ impl KernelId {
     /// the host raises the function's limit to it when it loads the module.
     pub const fn dynamic_smem_opt_in(self) -> Option<u32> {
         match self {
+            KernelId::RmsNormBwdFused(d, mode) => {
+                KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).dynamic_smem_opt_in()
+            }
             KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)

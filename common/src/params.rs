@@ -264,6 +264,26 @@ pub const RMSNORM_DW_THREADS: u32 = RMSNORM_DW_COLS / 4 * RMSNORM_DW_SLICES;
 /// Dynamic shared memory of the `dw` reduction: the 32 columns' sums of each warp.
 pub const RMSNORM_DW_SMEM_BYTES: u32 = RMSNORM_DW_THREADS / 32 * RMSNORM_DW_COLS * 4;
 
+/// Column groups of [`RMSNORM_DW_COLS`] that a `dw` block of the fused backward sums (see
+/// [`RmsNormBwdParams`]): one per [`RMSNORM_DW_THREADS`] threads of its block, at least one
+/// (smaller blocks run the group's threads in turns).
+pub const fn rmsnorm_bwd_fused_dw_groups(block_threads: u32) -> u32 {
+    let groups = block_threads / RMSNORM_DW_THREADS;
+    if groups == 0 { 1 } else { groups }
+}
+
+/// The `dw` blocks of a fused backward launch of `block_threads` per block.
+pub const fn rmsnorm_bwd_fused_dw_blocks(hidden: u64, block_threads: u32) -> u64 {
+    let cols = RMSNORM_DW_COLS as u64 * rmsnorm_bwd_fused_dw_groups(block_threads) as u64;
+    hidden.div_ceil(cols)
+}
+
+/// Dynamic shared memory the `dw` blocks of a fused launch use (the launch asks for the larger
+/// of this and the rows' [`rmsnorm_bwd_smem_bytes`]).
+pub const fn rmsnorm_bwd_fused_dw_smem_bytes(block_threads: u32) -> u32 {
+    RMSNORM_DW_SMEM_BYTES * rmsnorm_bwd_fused_dw_groups(block_threads)
+}
+
 /// How a forward kernel holds a row: 16 or 32 elements per thread in registers, or (rows
 /// longer than [`RMSNORM_MAX_THREADS_PER_ROW`] x 32 elements) tiles of 16 per thread in a
 /// loop that re-reads the `h` it stored.
@@ -655,6 +675,11 @@ pub struct RmsNormFwdParams {
 /// Aliasing: `dx` may be exactly `dy` or exactly `dres`; the workspace overlaps nothing.
 /// Launch: the geometry of [`rmsnorm_bwd_geometry`], the blocks of [`rmsnorm_bwd_layout`],
 /// [`rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
+///
+/// The fused entries (`_e16_fused`, where every block of the layout has one row group) write
+/// no partials: they run [`rmsnorm_bwd_fused_dw_blocks`] more blocks, which sum `dw` (at `dw`,
+/// `[1, hidden]` in the weight's dtype) straight from `h`, `dy` and `rstd` in the order the
+/// two launches sum it, so both give the same bits; `workspace` is then unused.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RmsNormBwdParams {
@@ -677,6 +702,8 @@ pub struct RmsNormBwdParams {
     pub threads_per_row: u32,
     pub rows_per_block: u32,
     pub _pad: u32,
+    /// `dw`, for the fused entries only (0 for the others).
+    pub dw: u64,
 }
 
 /// RMSNorm backward, second kernel: `dw[c] = sum over s < slots of workspace[s * hidden + c]`,

@@ -90,7 +90,8 @@ use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, NormPath, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES,
     RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
     RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
-    RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
+    RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_fused_dw_blocks,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
     rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
     rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
@@ -171,13 +172,15 @@ pub struct RmsNormBwdDescs {
     pub workspace: MatDesc,
 }
 
-/// The two launches of a backward call, in stream order.
+/// The launches of a backward call, in stream order: one where every block of the rows
+/// kernel has one row group (the fused kernel, which sums `dw` in blocks of its own), else
+/// two. Both forms compute the same bits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsNormBwdPlan {
-    /// `dx` per row, and the `dw` partials into the workspace.
+    /// `dx` per row, and the `dw` partials into the workspace; or, fused, `dx` and `dw`.
     pub rows: Launch<RmsNormBwdParams>,
-    /// The fixed-order sum of the partials into `dw`.
-    pub dw: Launch<RmsNormDwParams>,
+    /// The fixed-order sum of the partials into `dw`; `None` when `rows` is fused.
+    pub dw: Option<Launch<RmsNormDwParams>>,
 }
 
 /// The forward's geometry for rows of `hidden` elements of `dtype` (a function of these two
@@ -555,7 +558,22 @@ impl<'a> ForwardOperands<'a> {
 /// Checks every operand as [`plan_rmsnorm_forward`] does; `dw` has the weight's dtype; the
 /// workspace is f32 with at least [`rmsnorm_backward_workspace_len`] elements; aliasing: `dx`
 /// may be exactly `dy` or exactly `dres`, nothing else overlaps `dx`, `dw` or the workspace.
+/// Most rows a fused (one-launch) backward takes: its `dw` blocks read `h` and `dy` a second
+/// time, which costs less than the partials' round trip through the workspace and the second
+/// launch only while the rows are few.
+const RMSNORM_BWD_FUSED_MAX_ROWS: usize = 4096;
+
 pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
+    plan_rmsnorm_backward_with(t, opts, true)
+}
+
+/// [`plan_rmsnorm_backward`], with the one-launch form allowed or not (as
+/// [`Kernels::fused_backward`] says for [`Kernels::rmsnorm_backward`]).
+pub fn plan_rmsnorm_backward_with(
+    t: &RmsNormBwdDescs,
+    opts: &RmsNormOptions,
+    fused_allowed: bool,
+) -> Result<RmsNormBwdPlan> {
     let dy = &t.dy;
     let dtype = dy.dtype;
     dy.check("dy", dtype)?;
@@ -641,18 +659,35 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
     // The kernel stages dres (and sizes its row buffers) when this address is not 0, so the
     // shared memory is sized from the same test, not from `dres.is_some()`.
     let dres_addr = dres.map_or(0, |m| m.addr);
-    let rows_launch = Launch {
-        kernel: KernelId::RmsNormBwd(dtype, mode, variant),
-        grid: grid_u32("rows", blocks)?,
-        block: geometry.block_threads(),
-        shared_mem_bytes: rmsnorm_bwd_smem_bytes(
-            dtype,
-            mode,
-            variant,
-            &geometry,
-            dres_addr != 0,
+    let block = geometry.block_threads();
+    let rows_smem = rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres_addr != 0, blocks);
+    let groups = (rows as u64).div_ceil(geometry.rows_per_block as u64);
+    // One launch where every block has one row group (the fused kernel's `dw` order is the two
+    // launches' only then) and the `dw` blocks' second read of `h` and `dy` is cheap: few rows.
+    let fused = fused_allowed
+        && variant == NormBwdVariant::E16
+        && rows > 0
+        && groups == blocks
+        && rows <= RMSNORM_BWD_FUSED_MAX_ROWS;
+    let (kernel, grid, shared_mem_bytes) = if fused {
+        let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block);
+        (
+            KernelId::RmsNormBwdFused(dtype, mode),
+            blocks + dw_blocks,
+            rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
+        )
+    } else {
+        (
+            KernelId::RmsNormBwd(dtype, mode, variant),
             blocks,
-        ),
+            rows_smem,
+        )
+    };
+    let rows_launch = Launch {
+        kernel,
+        grid: grid_u32("rows", grid)?,
+        block,
+        shared_mem_bytes,
         params: RmsNormBwdParams {
             dy: dy.addr,
             h: h.addr,
@@ -672,8 +707,15 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
             threads_per_row: geometry.threads_per_row,
             rows_per_block: geometry.rows_per_block,
             _pad: 0,
+            dw: if fused { t.dw.addr } else { 0 },
         },
     };
+    if fused {
+        return Ok(RmsNormBwdPlan {
+            rows: rows_launch,
+            dw: None,
+        });
+    }
     // With no rows the partials are empty and dw is written as zeros (a sum over no rows).
     let dw_launch = Launch {
         kernel: KernelId::RmsNormDw(w.dtype),
@@ -689,7 +731,7 @@ pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Resu
     };
     Ok(RmsNormBwdPlan {
         rows: rows_launch,
-        dw: dw_launch,
+        dw: Some(dw_launch),
     })
 }
 
@@ -1122,12 +1164,15 @@ impl Kernels {
         opts: &RmsNormOptions,
     ) -> Result<()> {
         // Both launches are planned (validated) before either runs.
-        let plan = plan_rmsnorm_backward(t, opts)?;
+        let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward())?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing. The
         // dw launch reads the partials the rows launch wrote: same stream, in order.
         unsafe {
             self.launch(stream, &plan.rows)?;
-            self.launch(stream, &plan.dw)
+            match &plan.dw {
+                Some(dw) => self.launch(stream, dw),
+                None => Ok(()),
+            }
         }
     }
 }

@@ -164,6 +164,8 @@ pub struct Kernels {
     /// Plan the streamed per-token FP8 kernel where it applies (sm_90+): see
     /// [`Kernels::set_row_streaming`].
     row_streaming: AtomicBool,
+    /// [`Kernels::set_fused_backward`].
+    fused_backward: AtomicBool,
     /// Whether this device and the PTX allow it (decided once, at load).
     programmatic_supported: bool,
     _module: Arc<CudaModule>,
@@ -341,6 +343,7 @@ impl Kernels {
             programmatic_supported: programmatic,
             cluster_split: AtomicBool::new(true),
             row_streaming: AtomicBool::new(true),
+            fused_backward: AtomicBool::new(true),
             _module: module,
         })
     }
@@ -407,6 +410,18 @@ impl Kernels {
     /// compute the same bits; for measuring the streaming and for tests that compare the two.
     pub fn set_row_streaming(&self, on: bool) {
         self.row_streaming.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns the one-launch norm backward (calls of few rows) off or back on (on by default);
+    /// without it every call runs the rows kernel and the `dw` kernel. Both compute the same
+    /// bits; for measuring the fused form and for tests that compare the two.
+    pub fn set_fused_backward(&self, on: bool) {
+        self.fused_backward.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`Kernels::set_fused_backward`] has the one-launch backward on.
+    pub fn fused_backward(&self) -> bool {
+        self.fused_backward.load(Ordering::Relaxed)
     }
 
     /// The limits the gated FP8 forward plans with: [`Kernels::limits`], without the streamed

@@ -30,8 +30,8 @@ use common::{assert_matches, download, gpu, poison, quick, ulp_at, ulps};
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
-    NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
-    rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
+    NormBwdVariant, NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward_with,
+    plan_rmsnorm_forward, rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
 };
 use ferrofuse::reference::{
     RmsNormRef, rmsnorm_backward, rmsnorm_forward_row, rmsnorm_hf_y, rmsnorm_rstd, rmsnorm_weight,
@@ -1581,7 +1581,8 @@ fn bwd_inputs<T: Element>(c: &Bwd, seed: u64) -> BwdIn<T> {
 struct BwdOut<T, W> {
     dx: Laid<T>,
     dw: Vec<W>,
-    kernels: (KernelId, KernelId),
+    /// The rows kernel and, with two launches, the `dw` kernel.
+    kernels: (KernelId, Option<KernelId>),
 }
 
 fn run_backward<T: Element, W: Element>(
@@ -1591,6 +1592,29 @@ fn run_backward<T: Element, W: Element>(
     inp: &BwdIn<T>,
     what: &str,
 ) -> BwdOut<T, W> {
+    run_backward_in::<T, W>(k, s, c, inp, what, false).0
+}
+
+/// [`run_backward`] with the workspace filled with all-ones bits first, and whether the call
+/// wrote any of it.
+fn run_backward_ws<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+    inp: &BwdIn<T>,
+    what: &str,
+) -> (BwdOut<T, W>, bool) {
+    run_backward_in::<T, W>(k, s, c, inp, what, true)
+}
+
+fn run_backward_in<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+    inp: &BwdIn<T>,
+    what: &str,
+    fill_ws: bool,
+) -> (BwdOut<T, W>, bool) {
     let (rows, hidden) = (c.rows, c.hidden);
     let lanes = T::DTYPE.lanes_per_16b();
     let at = |n| c.layout.of_bwd_operand(n);
@@ -1610,10 +1634,17 @@ fn run_backward<T: Element, W: Element>(
     let d_w = lw.upload(s);
     let mut d_dw = ldw.upload(s);
     let d_s = ls.upload(s);
-    // Uninitialised on purpose: the kernels must write every partial they read (initcheck).
+    // Uninitialised on purpose (unless filled): the kernels must write every partial they
+    // read (initcheck).
     let ws_len = rmsnorm_backward_workspace_len(T::DTYPE, rows, hidden).max(1);
-    // SAFETY: only ever read by the kernels after they wrote it (what initcheck verifies).
-    let mut d_ws = unsafe { s.alloc::<f32>(ws_len) }.expect("workspace");
+    const FILL: u32 = u32::MAX;
+    let mut d_ws = if fill_ws {
+        s.clone_htod(&vec![f32::from_bits(FILL); ws_len])
+            .expect("workspace")
+    } else {
+        // SAFETY: only ever read by the kernels after they wrote it (what initcheck verifies).
+        unsafe { s.alloc::<f32>(ws_len) }.expect("workspace")
+    };
 
     let plan = {
         let dy = ldy.desc(s, &d_dy);
@@ -1633,7 +1664,7 @@ fn run_backward<T: Element, W: Element>(
             dw: ldw.desc(s, &d_dw),
             workspace: MatDesc::contiguous(ws_addr, ws_len, DType::F32, 1, ws_len),
         };
-        plan_rmsnorm_backward(&t, &c.opts())
+        plan_rmsnorm_backward_with(&t, &c.opts(), k.fused_backward())
             .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
     };
 
@@ -1687,11 +1718,13 @@ fn run_backward<T: Element, W: Element>(
         ldx.with_buf(b_dx)
     };
     let dw = ldw.with_buf(b_dw).row(0).to_vec();
-    BwdOut {
+    let ws_written = fill_ws && download(s, &d_ws).iter().any(|v| v.to_bits() != FILL);
+    let out = BwdOut {
         dx,
         dw,
-        kernels: (plan.rows.kernel, plan.dw.kernel),
-    }
+        kernels: (plan.rows.kernel, plan.dw.map(|l| l.kernel)),
+    };
+    (out, ws_written)
 }
 
 fn check_backward<T: Element, W: Element>(
@@ -1783,7 +1816,7 @@ fn backward_case<T: Element, W: Element>(
     s: &Arc<CudaStream>,
     c: &Bwd,
     seed: u64,
-) -> (Worst, KernelId, KernelId) {
+) -> (Worst, KernelId, Option<KernelId>) {
     let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
     let inp = bwd_inputs::<T>(c, seed);
     let out = run_backward::<T, W>(k, s, c, &inp, &what);
@@ -1792,7 +1825,8 @@ fn backward_case<T: Element, W: Element>(
     } else {
         VecMode::Scalar
     };
-    let KernelId::RmsNormBwd(_, mode, _) = out.kernels.0 else {
+    let (KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode)) = out.kernels.0
+    else {
         panic!("{what}: planned {:?}", out.kernels.0)
     };
     assert_eq!(mode, want_mode, "{what}: vector path choice");
@@ -1809,7 +1843,7 @@ fn backward_any(
     dtype: DType,
     c: &Bwd,
     seed: u64,
-) -> (Worst, KernelId, KernelId) {
+) -> (Worst, KernelId, Option<KernelId>) {
     match (dtype, c.w_f32) {
         (DType::F32, _) => backward_case::<f32, f32>(k, s, c, seed),
         (DType::F16, false) => backward_case::<f16, f16>(k, s, c, seed),
@@ -1872,17 +1906,150 @@ fn backward_every_dtype_size_placement_and_option() {
     let kernels = run_cases(&k, &cases, |k, s, (dtype, c)| {
         let (w, rows_kernel, dw_kernel) = backward_any(k, s, *dtype, c, fresh_seed());
         record(&worst, *dtype, &w);
-        seen.lock().unwrap().insert(dw_kernel.name().to_string());
+        if let Some(dw_kernel) = dw_kernel {
+            seen.lock().unwrap().insert(dw_kernel.name().to_string());
+        }
         rows_kernel
     });
     report("backward_every_dtype_size_placement_and_option", &worst);
     let mut all = seen.into_inner().unwrap();
     all.extend(kernels);
+    // Rows held 16 per thread run two launches only past the fused kernel's rows (the quick
+    // matrix has none); `backward_fused_matches_two_launches_bitwise` runs both forms.
     assert_covered(
         "backward_every_dtype_size_placement_and_option",
         &all,
-        |k| matches!(k, KernelId::RmsNormBwd(..) | KernelId::RmsNormDw(..)),
+        |k| match k {
+            KernelId::RmsNormBwd(_, _, NormBwdVariant::E16) => !quick(),
+            KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdFused(..) | KernelId::RmsNormDw(..) => {
+                true
+            }
+            _ => false,
+        },
     );
+}
+
+/// The one-launch backward against the two launches, bit for bit (`dx` and `dw`), and against
+/// the reference: every dtype, rows on the vector grid and off it (odd lengths, padded rows,
+/// offsets), one row group per block from 1 row to the most a grid of one group per block
+/// holds, every placement, Gemma and an f32 weight in turn. The two-launch run must write
+/// the workspace and the fused one must not (so the switch is seen to work).
+#[test]
+fn backward_fused_matches_two_launches_bitwise() {
+    let Some((k, s)) = gpu("backward_fused_matches_two_launches_bitwise") else {
+        return;
+    };
+    let shapes: &[(usize, usize)] = if quick() {
+        &[
+            (1, 4096),
+            (7, 896),
+            (64, 8192),
+            (300, 1000),
+            (1, 8191),
+            (33, 5125),
+        ]
+    } else {
+        &[
+            (1, 1),
+            (1, 4096),
+            (2, 8192),
+            (7, 896),
+            (16, 4096),
+            (64, 8192),
+            (256, 8192),
+            (300, 1000),
+            (512, 4096),
+            (1, 8191),
+            (33, 5125),
+            (200, 3),
+        ]
+    };
+    let mut seen = BTreeSet::new();
+    let mut i = 0usize;
+    for dtype in DType::ALL {
+        if dtype == DType::F8E4M3 {
+            continue;
+        }
+        for &(rows, hidden) in shapes {
+            i += 1;
+            let c = Bwd {
+                rows,
+                hidden,
+                placement: BWD_PLACEMENTS[i % BWD_PLACEMENTS.len()],
+                layout: BWD_LAYOUTS[i % BWD_LAYOUTS.len()],
+                gemma: i % 2 == 1,
+                w_f32: dtype != DType::F32 && (i / 2) % 2 == 1,
+            };
+            let kernels = match (dtype, c.w_f32) {
+                (DType::F32, _) => fused_vs_two::<f32, f32>(&k, &s, &c),
+                (DType::F16, false) => fused_vs_two::<f16, f16>(&k, &s, &c),
+                (DType::F16, true) => fused_vs_two::<f16, f32>(&k, &s, &c),
+                (DType::BF16, false) => fused_vs_two::<bf16, bf16>(&k, &s, &c),
+                (DType::BF16, true) => fused_vs_two::<bf16, f32>(&k, &s, &c),
+                (DType::F8E4M3, _) => unreachable!(),
+            };
+            seen.extend(kernels.map(|k| k.name().to_string()));
+        }
+    }
+    assert_covered("backward_fused_matches_two_launches_bitwise", &seen, |k| {
+        matches!(
+            k,
+            KernelId::RmsNormBwdFused(..) | KernelId::RmsNormBwd(_, _, NormBwdVariant::E16)
+        )
+    });
+}
+
+/// One case of [`backward_fused_matches_two_launches_bitwise`]; the kernels of both runs.
+fn fused_vs_two<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+) -> [KernelId; 2] {
+    let seed = fresh_seed();
+    let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
+    let inp = bwd_inputs::<T>(c, seed);
+    assert!(k.fused_backward());
+    let (fused, fused_ws) = run_backward_ws::<T, W>(k, s, c, &inp, &what);
+    k.set_fused_backward(false);
+    let two = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_backward_ws::<T, W>(k, s, c, &inp, &what)
+    }));
+    k.set_fused_backward(true);
+    let (two, two_ws) = two.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert!(
+        matches!(fused.kernels, (KernelId::RmsNormBwdFused(..), None)),
+        "{what}: planned {:?}",
+        fused.kernels
+    );
+    assert!(
+        matches!(two.kernels, (KernelId::RmsNormBwd(..), Some(_))),
+        "{what}: planned {:?} with the fused form off",
+        two.kernels
+    );
+    assert!(!fused_ws, "{what}: the fused kernel wrote the workspace");
+    assert!(
+        two_ws,
+        "{what}: the two launches left the workspace as it was"
+    );
+    check_backward(c, &inp, &fused, &what);
+    assert!(
+        fused
+            .dx
+            .buf
+            .iter()
+            .zip(&two.dx.buf)
+            .all(|(p, q)| same(*p, *q)),
+        "{what}: dx differs between one launch and two"
+    );
+    for (i, (p, q)) in fused.dw.iter().zip(&two.dw).enumerate() {
+        assert!(
+            same(*p, *q),
+            "{what}: dw[{i}] = {} fused, {} in two launches",
+            p.to_f64(),
+            q.to_f64()
+        );
+    }
+    [fused.kernels.0, two.kernels.0]
 }
 
 /// Repeated backward runs give the same dx and dw bits (many blocks, many dw slots), and a

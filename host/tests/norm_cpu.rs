@@ -27,7 +27,8 @@ use ferrofuse::{
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_bwd_fused_dw_blocks,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -93,6 +94,23 @@ fn limits() -> GridLimits {
 
 fn bwd(t: &RmsNormBwdDescs) -> Result<ferrofuse::norm::RmsNormBwdPlan, Error> {
     plan_rmsnorm_backward(t, &opts())
+}
+
+/// The rows kernel's blocks of a backward plan: the grid, less the `dw` blocks when fused.
+fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
+    let dw_blocks = match plan.dw {
+        Some(_) => 0,
+        None => rmsnorm_bwd_fused_dw_blocks(hidden as u64, plan.rows.block),
+    };
+    plan.rows.grid as u64 - dw_blocks
+}
+
+/// The memory path of a backward plan's rows kernel.
+fn mode_of(plan: &ferrofuse::norm::RmsNormBwdPlan) -> VecMode {
+    match plan.rows.kernel {
+        KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
+        k => panic!("{k:?}"),
+    }
 }
 
 fn rng(seed: u64) -> StdRng {
@@ -609,13 +627,17 @@ fn backward_geometry_and_workspace() {
             // (spread over the multiprocessors); the scalar path of rows held 16 per thread
             // keeps the weight there as f32 (16 per thread of a row); looped rows use the
             // reduction buffers only. Each fits the kernel's limit.
+            // The fused form asks for the larger of that and its `dw` blocks' sums.
             for (dres, rows) in [false, true].into_iter().flat_map(|d| [(d, 16), (d, 1000)]) {
-                let l = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap().rows;
-                let KernelId::RmsNormBwd(_, mode, _) = l.kernel else {
+                let plan = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap();
+                let l = plan.rows;
+                let (KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode)) =
+                    l.kernel
+                else {
                     panic!("{:?}", l.kernel)
                 };
                 let staged = mode == VecMode::V16 && variant == NormBwdVariant::E16;
-                let want = if staged && l.grid as u64 <= RMSNORM_BWD_SPREAD_BLOCKS {
+                let want = if staged && row_blocks(&plan, hidden) <= RMSNORM_BWD_SPREAD_BLOCKS {
                     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES
                 } else if staged {
                     // Two row groups' buffers, one for f32 blocks of more than 256 threads
@@ -634,6 +656,10 @@ fn backward_geometry_and_workspace() {
                 } else {
                     RMSNORM_SMEM_BYTES
                 };
+                let want = match plan.dw {
+                    Some(_) => want,
+                    None => want.max(rmsnorm_bwd_fused_dw_smem_bytes(l.block)),
+                };
                 assert_eq!(
                     l.shared_mem_bytes, want,
                     "{dtype:?} {rows} x {hidden} dres {dres}"
@@ -650,8 +676,27 @@ fn backward_geometry_and_workspace() {
             for rows in [0usize, 1, 7, 1000, 100_000] {
                 let t = bwd_descs(dtype, rows, hidden, false);
                 let plan = bwd(&t).unwrap();
-                let slots = plan.rows.grid as usize * g.rows_per_block as usize;
-                assert_eq!(plan.dw.params.slots as usize, slots);
+                let blocks = row_blocks(&plan, hidden);
+                let slots = blocks as usize * g.rows_per_block as usize;
+                // One launch exactly where every block has one row group, up to the row limit.
+                let groups = rows.div_ceil(g.rows_per_block as usize);
+                let fused = variant == NormBwdVariant::E16
+                    && rows > 0
+                    && rows <= 4096
+                    && groups == blocks as usize;
+                assert_eq!(plan.dw.is_none(), fused, "{dtype:?} {rows} x {hidden}");
+                if let Some(dw) = plan.dw {
+                    assert_eq!(dw.params.slots as usize, slots);
+                    assert_eq!(dw.grid as usize, hidden.div_ceil(32));
+                    assert_eq!(dw.kernel, KernelId::RmsNormDw(dtype));
+                    assert_eq!(plan.rows.params.dw, 0);
+                } else {
+                    assert_eq!(
+                        plan.rows.kernel,
+                        KernelId::RmsNormBwdFused(dtype, mode_of(&plan))
+                    );
+                    assert_eq!(plan.rows.params.dw, t.dw.addr);
+                }
                 let coef = if variant == NormBwdVariant::Loop {
                     rows
                 } else {
@@ -661,10 +706,8 @@ fn backward_geometry_and_workspace() {
                     rmsnorm_backward_workspace_len(dtype, rows, hidden),
                     slots * hidden + coef
                 );
-                assert!(plan.rows.grid as usize <= rows.div_ceil(g.rows_per_block as usize));
-                assert!(plan.rows.grid as u64 * plan.rows.block as u64 <= 131_072);
-                assert_eq!(plan.dw.grid as usize, hidden.div_ceil(32));
-                assert_eq!(plan.dw.kernel, KernelId::RmsNormDw(dtype));
+                assert!(blocks as usize <= groups);
+                assert!(blocks * plan.rows.block as u64 <= 131_072);
                 if rows == 0 {
                     assert_eq!(plan.rows.grid, 0, "no rows: nothing to do but write dw = 0");
                 }
@@ -763,23 +806,17 @@ fn vector_kernel_only_when_every_operand_allows_it() {
         t.x.row_stride = hidden + 1;
         assert_eq!(mode(&t), NormPath::V16);
         // Backward: the workspace must be 16-byte aligned too.
-        let b = bwd_descs(dtype, 7, hidden, true);
-        assert_matches!(
-            bwd(&b).unwrap().rows.kernel,
-            KernelId::RmsNormBwd(_, VecMode::V16, _)
-        );
-        let mut b2 = b;
-        b2.workspace.addr += 4;
-        assert_matches!(
-            bwd(&b2).unwrap().rows.kernel,
-            KernelId::RmsNormBwd(_, VecMode::Scalar, _)
-        );
-        let mut b3 = b;
-        b3.dres.as_mut().unwrap().addr += size;
-        assert_matches!(
-            bwd(&b3).unwrap().rows.kernel,
-            KernelId::RmsNormBwd(_, VecMode::Scalar, _)
-        );
+        // (7 rows take the one-launch kernel, 20000 two launches.)
+        for rows in [7, 20_000] {
+            let b = bwd_descs(dtype, rows, hidden, true);
+            assert_eq!(mode_of(&bwd(&b).unwrap()), VecMode::V16);
+            let mut b2 = b;
+            b2.workspace.addr += 4;
+            assert_eq!(mode_of(&bwd(&b2).unwrap()), VecMode::Scalar);
+            let mut b3 = b;
+            b3.dres.as_mut().unwrap().addr += size;
+            assert_eq!(mode_of(&bwd(&b3).unwrap()), VecMode::Scalar);
+        }
     }
 }
 
@@ -836,7 +873,18 @@ fn params_carry_the_operands_and_flags() {
     b32.dw.dtype = DType::F32;
     let plan = plan_rmsnorm_backward(&b32, &opts().with_gemma(true)).unwrap();
     assert_eq!(plan.rows.params.flags, RMSNORM_GEMMA | RMSNORM_W_F32);
-    assert_eq!(plan.dw.kernel, KernelId::RmsNormDw(DType::F32));
+    // Five rows: one launch, dw written by the fused kernel; the dw kernel's dtype is the
+    // weight's where there are two.
+    assert_eq!(
+        plan.rows.kernel,
+        KernelId::RmsNormBwdFused(DType::F16, VecMode::V16)
+    );
+    assert_eq!(plan.rows.params.dw, addr(6));
+    let mut b32_many = bwd_descs(DType::F16, 20_000, 3000, true);
+    b32_many.weight.dtype = DType::F32;
+    b32_many.dw.dtype = DType::F32;
+    let plan = plan_rmsnorm_backward(&b32_many, &opts()).unwrap();
+    assert_eq!(plan.dw.unwrap().kernel, KernelId::RmsNormDw(DType::F32));
     let p = bwd(&b).unwrap().rows.params;
     assert_eq!(
         (p.dy, p.h, p.w, p.rstd, p.dres, p.dx, p.workspace),
@@ -859,7 +907,7 @@ fn empty_shapes_launch_nothing() {
         assert_eq!(l.grid, 0, "{rows}x{hidden}");
     }
     let plan = bwd(&bwd_descs(DType::BF16, 5, 0, false)).unwrap();
-    assert_eq!((plan.rows.grid, plan.dw.grid), (0, 0));
+    assert_eq!((plan.rows.grid, plan.dw.map(|d| d.grid)), (0, Some(0)));
 }
 
 // ------------------------------------------------------------------------------------------

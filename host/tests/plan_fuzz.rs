@@ -47,7 +47,7 @@ use ferrofuse_common::{
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
     RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
-    rmsnorm_fwd_geometry,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2299,15 +2299,38 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     let p = &rl.params;
     let work = rows > 0 && hidden > 0;
     v.launch(0, rl, work);
-    let (mode, looped) = match rl.kernel {
+    let (mode, looped, fused) = match rl.kernel {
         KernelId::RmsNormBwd(d, mode, variant) if d == dtype => {
-            (mode, variant == NormBwdVariant::Loop)
+            (mode, variant == NormBwdVariant::Loop, false)
         }
+        // One launch: dx, and dw summed by blocks after the rows' (no partials).
+        KernelId::RmsNormBwdFused(d, mode) if d == dtype => (mode, false, true),
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));
-            (VecMode::Scalar, false)
+            (VecMode::Scalar, false, false)
         }
     };
+    if fused != dl.is_none() {
+        v.add(format!(
+            "kernel {:?} with a dw launch {}",
+            rl.kernel,
+            dl.is_some()
+        ));
+    }
+    // The rows kernel's blocks: with the fused kernel, the grid less its dw blocks, and then
+    // exactly one row group per block.
+    let dw_blocks = if fused {
+        rmsnorm_bwd_fused_dw_blocks(hidden as u64, rl.block)
+    } else {
+        0
+    };
+    let row_blocks = (rl.grid as u64).saturating_sub(dw_blocks);
+    let groups = (rows as u64).div_ceil(p.rows_per_block.max(1) as u64);
+    if fused && (row_blocks != groups || rows == 0) {
+        v.add(format!(
+            "fused with {row_blocks} row blocks for {groups} row groups"
+        ));
+    }
     if (p.rows, p.hidden) != (rows as u64, hidden as u64) {
         v.add(format!("a launch of {} x {}", p.rows, p.hidden));
     }
@@ -2316,13 +2339,16 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     if p.flags != flags {
         v.add(format!("flags {:#x}, expected {flags:#x}", p.flags));
     }
-    if rl.grid as u64 * rl.block as u64 > RMSNORM_BWD_GRID_THREADS
+    if row_blocks * rl.block as u64 > RMSNORM_BWD_GRID_THREADS
         || (rl.grid > 0 && rl.block != p.threads_per_row * p.rows_per_block)
     {
         v.add(format!("{} blocks of {}", rl.grid, rl.block));
     }
-    let slots = rl.grid as u64 * p.rows_per_block as u64;
-    let partials = slots as u128 * hidden as u128 + if looped { rows as u128 } else { 0 };
+    let slots = row_blocks * p.rows_per_block as u64;
+    let partials = match (fused, looped) {
+        (true, _) => 0,
+        (false, looped) => slots as u128 * hidden as u128 + if looped { rows as u128 } else { 0 },
+    };
     let size = dtype.size_bytes();
     let region = |addr, stride| Region::new(addr, size, p.rows, p.hidden, stride);
     let w_size = t.weight.dtype.size_bytes();
@@ -2362,36 +2388,47 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         None => {}
     }
 
-    // The dw launch: the fixed-order sum of the slots' partials into dw.
-    let q = &dl.params;
-    v.launch(1, dl, hidden > 0);
-    if dl.kernel != KernelId::RmsNormDw(t.weight.dtype) {
-        v.add(format!("dw kernel {:?}", dl.kernel));
+    if fused {
+        accesses.push((
+            access("dw", Region::row(p.dw, w_size, p.hidden), true, 0),
+            &t.dw,
+        ));
+    } else if p.dw != 0 {
+        v.add("dw written by the rows kernel of two launches".into());
     }
-    if q.slots != slots || q.hidden != hidden as u64 || q.workspace != p.workspace {
-        v.add(format!(
-            "dw sums {} slots of {} at {:#x}",
-            q.slots, q.hidden, q.workspace
+
+    // The dw launch: the fixed-order sum of the slots' partials into dw.
+    if let Some(dl) = dl {
+        let q = &dl.params;
+        v.launch(1, dl, hidden > 0);
+        if dl.kernel != KernelId::RmsNormDw(t.weight.dtype) {
+            v.add(format!("dw kernel {:?}", dl.kernel));
+        }
+        if q.slots != slots || q.hidden != hidden as u64 || q.workspace != p.workspace {
+            v.add(format!(
+                "dw sums {} slots of {} at {:#x}",
+                q.slots, q.hidden, q.workspace
+            ));
+        }
+        let read = q.slots as u128 * q.hidden as u128;
+        accesses.push((
+            access(
+                "workspace",
+                Region::row(q.workspace, 4, read.min(u64::MAX as u128) as u64),
+                false,
+                1,
+            ),
+            &t.workspace,
+        ));
+        accesses.push((
+            access("dw", Region::row(q.dw, w_size, q.hidden), true, 1),
+            &t.dw,
         ));
     }
-    let read = q.slots as u128 * q.hidden as u128;
-    accesses.push((
-        access(
-            "workspace",
-            Region::row(q.workspace, 4, read.min(u64::MAX as u128) as u64),
-            false,
-            1,
-        ),
-        &t.workspace,
-    ));
-    accesses.push((
-        access("dw", Region::row(q.dw, w_size, q.hidden), true, 1),
-        &t.dw,
-    ));
 
     for (a, buf) in &accesses {
         v.inside(a, buf);
-        if mode == VecMode::V16 && a.launch == 0 && a.name != "rstd" {
+        if mode == VecMode::V16 && a.launch == 0 && !matches!(a.name, "rstd" | "dw") {
             v.vectors(a, matches!(a.name, "weight" | "workspace"));
         }
     }

@@ -60,6 +60,27 @@ pub unsafe fn ld_v4_if(p: u64, pred: bool) -> [u32; 4] {
     unsafe { ld_v4_or(p, pred, 0) }
 }
 
+/// Loads 8 bytes from `p` when `pred`, else returns zeros (one predicated instruction, as
+/// [`ld_v4_if`]).
+///
+/// # Safety
+/// When `pred`, `p` is a valid, 8-byte aligned global address.
+#[inline(always)]
+pub unsafe fn ld_v2_if(p: u64, pred: bool) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    // SAFETY: the caller's contract; nothing is accessed when `!pred`.
+    unsafe {
+        asm!(
+            "{{ .reg .pred ok; setp.ne.u32 ok, {3}, 0;",
+            "@ok ld.global.v2.u32 {{{0}, {1}}}, [{2}]; }}",
+            inout(reg32) 0u32 => a, inout(reg32) 0u32 => b,
+            in(reg64) p, in(reg32) pred as u32,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    [a, b]
+}
+
 /// [`ld_v4_if`] with `fill` in each of the four words when `!pred` (still one predicated
 /// instruction: the registers hold `fill` before the load).
 ///

@@ -8,7 +8,7 @@ use core::num::NonZeroU64;
 use ferrofuse_common::{
     RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    rmsnorm_bwd_staged_buffers,
+    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_staged_buffers,
 };
 
 use super::realign::{self, Shifted, window};
@@ -17,7 +17,7 @@ use super::{
 };
 use crate::mem::{
     Elem, F32, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v4_if, prefetch_l2,
+    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v2_if, ld_v4_if, prefetch_l2,
     shared_addr, st_shared_v4, st_v4_if,
 };
 use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
@@ -32,21 +32,21 @@ use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
 /// As for [`fwd_regs`](super::fwd_regs), with [`RmsNormBwdParams`], the backward geometry and
 /// [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
 #[inline(always)]
-pub(super) unsafe fn bwd_regs<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+pub(super) unsafe fn bwd_regs<E: Elem, const M: Path, const PARTIALS: bool>(p: &RmsNormBwdParams) {
     if M == Path::V16 {
         // Rows of more than 128 threads fill a block alone: the row addresses are then
         // uniform (computed once per row for the block, not per thread and chunk), as in the
         // forward.
         if p.rows_per_block == 1 {
             // SAFETY: the caller's contract.
-            unsafe { bwd_staged::<E, true>(p) }
+            unsafe { bwd_staged::<E, true, PARTIALS>(p) }
         } else {
             // SAFETY: the caller's contract.
-            unsafe { bwd_staged::<E, false>(p) }
+            unsafe { bwd_staged::<E, false, PARTIALS>(p) }
         }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { bwd_scalar::<E>(p) }
+        unsafe { bwd_scalar::<E, PARTIALS>(p) }
     }
 }
 
@@ -67,7 +67,7 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
 /// As for [`bwd_regs`], with [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared
 /// memory (`dres`'s buffers included when `p.dres != 0`).
 #[inline(always)]
-unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
+unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -183,7 +183,9 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
             };
             accumulate::<E>(&hj, &dyj, &w[j], rstd, &mut acc, &mut dw[j]);
         });
-        pin_partials::<E>(&mut dw, k);
+        if PARTIALS {
+            pin_partials::<E>(&mut dw, k);
+        }
         // SAFETY: every thread of the block runs the same number of iterations (g is
         // per-block), and the two buffers alternate (see reduce::row_sum).
         let coef = unsafe { row_coef(acc, &me, red, hidden_f, rstd) };
@@ -216,6 +218,9 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
     }
     // The last groups' copies were empty; nothing is left in flight past the kernel.
     cp_async_wait_all();
+    if !PARTIALS {
+        return;
+    }
     // This row slot's partial dw, a row of the f32 workspace. Its address is formed here,
     // from opaque copies of the thread's place: the compiler would otherwise reuse values of
     // the first iteration (the slot's row is the block's first row) and hold them, spilled,
@@ -246,7 +251,7 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool>(p: &RmsNormBwdParams) {
 /// # Safety
 /// As for [`bwd_regs`].
 #[inline(always)]
-unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
+unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -381,7 +386,9 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
             let wj = w_of_chunk(j);
             accumulate::<E>(&hj, &dyj, &wj, rstd, &mut acc, &mut dw[j]);
         });
-        pin_partials::<E>(&mut dw, k);
+        if PARTIALS {
+            pin_partials::<E>(&mut dw, k);
+        }
         // SAFETY: every thread of the block runs the same number of iterations (g is
         // per-block), and the two buffers alternate (see reduce::row_sum).
         let coef = unsafe { row_coef(acc, &me, buf, hidden_f, rstd) };
@@ -426,6 +433,9 @@ unsafe fn bwd_scalar<E: Elem>(p: &RmsNormBwdParams) {
         });
         g += step;
         buf ^= 1;
+    }
+    if !PARTIALS {
+        return;
     }
     // This row slot's partial dw, a row of the f32 workspace.
     let slot = grid::block_x() * rpb.get() + me.r_local;
@@ -820,34 +830,201 @@ pub(super) unsafe fn dw_reduce<W: Elem>(p: &RmsNormDwParams) {
             i += DW_BATCH as u64;
         }
     }
-    // Lanes g, g + 8, g + 16, g + 24 of a warp hold the same columns: two butterfly steps
-    // leave each of them with the same bits.
+    let smem = smem_f32();
+    // SAFETY: the whole block calls it; the area holds 8 * 32 f32s (RMSNORM_DW_SMEM_BYTES).
+    unsafe { slices_to_shared(s, tid / 32, tid % 32, smem) };
+    sync_block();
+    let col = grid::block_x() * cols + tid;
+    if tid < cols && col < p.hidden {
+        // SAFETY: written before the barrier; tid < 32.
+        let t = unsafe { column_total(smem, tid) };
+        // SAFETY: col < hidden; dw holds hidden elements of W (host-checked).
+        unsafe { W::store(p.dw + col * W::BYTES, t) };
+    }
+}
+
+/// The first half of combining a column group's 32 slices (see [`dw_reduce`]): lanes `g`,
+/// `g + 8`, `g + 16`, `g + 24` of a warp hold the same four columns, so two butterfly steps
+/// leave each of them with the same bits; lanes below 8 then write the warp's sums to
+/// `sums[warp * 32 + lane * 4 + l]`.
+///
+/// # Safety
+/// The whole warp calls it; `sums` has `(warp + 1) * 32` f32s of shared memory.
+#[inline(always)]
+unsafe fn slices_to_shared(mut s: [f32; 4], warp: u64, lane: u64, sums: *mut f32) {
     unroll!(l < 4 => {
         s[l] += shfl_xor(s[l], 16);
         s[l] += shfl_xor(s[l], 8);
     });
-    let smem = smem_f32();
-    let lane = tid % 32;
-    let warp = tid / 32;
     if lane < DW_GROUPS {
         unroll!(l < 4 => {
-            // SAFETY: warp * 32 + lane * 4 + l < 8 * 32 = RMSNORM_DW_SMEM_BYTES / 4.
-            unsafe { *smem.add((warp * 32 + lane * 4 + l as u64) as usize) = s[l] };
+            // SAFETY: warp * 32 + lane * 4 + l < (warp + 1) * 32 (the caller's contract).
+            unsafe { *sums.add((warp * 32 + lane * 4 + l as u64) as usize) = s[l] };
         });
     }
-    sync_block();
-    let col = grid::block_x() * cols + tid;
-    if tid < cols && col < p.hidden {
-        let mut t = 0.0f32;
-        let mut w = 0u64;
-        while w < DW_WARPS {
-            // SAFETY: w * 32 + tid < 8 * 32.
-            t += unsafe { *smem.add((w * 32 + tid) as usize) };
-            w += 1;
-        }
-        // SAFETY: col < hidden; dw holds hidden elements of W (host-checked).
-        unsafe { W::store(p.dw + col * W::BYTES, t) };
+}
+
+/// The second half: column `c < 32`'s eight warp sums added in warp order.
+///
+/// # Safety
+/// [`slices_to_shared`] wrote all eight warps' sums to `sums`, before a barrier.
+#[inline(always)]
+unsafe fn column_total(sums: *const f32, c: u64) -> f32 {
+    let mut t = 0.0f32;
+    let mut w = 0u64;
+    while w < DW_WARPS {
+        // SAFETY: w * 32 + c < 8 * 32, written (the caller's contract).
+        t += unsafe { *sums.add((w * 32 + c) as usize) };
+        w += 1;
     }
+    t
+}
+
+/// The backward in one launch, for calls where every block of the rows kernel has one row
+/// group (`ceil(rows / rows_per_block)` blocks at most the cap of
+/// [`ferrofuse_common::rmsnorm_bwd_layout`]): the first `ceil(rows / rows_per_block)` blocks
+/// compute `dx` as [`bwd_regs`] does, without partials; the blocks after them compute `dw`
+/// straight from `h`, `dy` and `rstd` ([`dw_columns`]). Nothing waits on anything: `dw` does
+/// not depend on the rows' reductions.
+///
+/// # Safety
+/// As for [`bwd_regs`], launched with `ceil(rows / rows_per_block)` blocks plus
+/// [`ferrofuse_common::rmsnorm_bwd_fused_dw_blocks`], dynamic shared memory for both parts,
+/// and `p.dw` the `[1, hidden]` output in the weight's dtype.
+#[inline(always)]
+pub(super) unsafe fn bwd_fused<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+    let Some(rpb) = NonZeroU64::new(p.rows_per_block as u64) else {
+        return;
+    };
+    let row_blocks = p.rows.div_ceil(rpb.get());
+    let b = grid::block_x();
+    if b < row_blocks {
+        // SAFETY: the caller's contract; each row block's one group is block b's.
+        unsafe { bwd_regs::<E, M, false>(p) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { dw_columns::<E, M>(p, b - row_blocks) }
+    }
+}
+
+/// `dw` of the fused backward, block `b` of the blocks after the rows': column groups of 32,
+/// [`rmsnorm_bwd_fused_dw_groups`] of them per block, each on 256 virtual threads that are
+/// [`dw_reduce`]'s threads (a real thread runs those at its index plus multiples of the block
+/// size, which keeps lanes and warps). A virtual thread's slice of slots is `dw_reduce`'s, and
+/// slot `s` holds row `s` alone (rows past the last are empty), so what it adds, in slot order,
+/// is each row's `fma(dy, h * rstd, 0)`: bit for bit the partial the row kernel would have
+/// written. The slices are then combined as `dw_reduce` combines them: the same `dw` as the two
+/// launches.
+///
+/// # Safety
+/// As for [`bwd_fused`]; shared memory of `rmsnorm_bwd_fused_dw_groups * 1 KiB` at least.
+#[inline(always)]
+unsafe fn dw_columns<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
+    let threads = grid::block_dim_x();
+    let groups = rmsnorm_bwd_fused_dw_groups(threads as u32) as u64;
+    let per_group = RMSNORM_DW_THREADS as u64;
+    let cols = RMSNORM_DW_COLS as u64;
+    let rpb = p.rows_per_block as u64;
+    // The slots of the two-launch plan for the same call: one row group per block.
+    let slots = p.rows.div_ceil(rpb) * rpb;
+    let slices = RMSNORM_DW_SLICES as u64;
+    let tid = grid::thread_x();
+    let smem = smem_f32();
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
+    // The bound is a multiple of 32, as is the block: a warp's lanes all run an iteration.
+    let mut u = tid;
+    while u < groups * per_group {
+        let (g, v) = (u / per_group, u % per_group);
+        let col0 = (b * groups + g) * cols + (v % DW_GROUPS) * 4;
+        let q = v / DW_GROUPS;
+        let lo = q * slots / slices;
+        let hi = ((q + 1) * slots / slices).min(p.rows);
+        let mut s = [0.0f32; 4];
+        if col0 < p.hidden {
+            let left = p.hidden - col0;
+            let mut r = lo;
+            while r < hi {
+                let mut h = [[0.0f32; 4]; DW_ROWS];
+                let mut dy = [[0.0f32; 4]; DW_ROWS];
+                let mut rstd = [0.0f32; DW_ROWS];
+                unroll!(i < DW_ROWS => {
+                    let row = r + i as u64;
+                    let ok = row < hi;
+                    // SAFETY: when ok, row < rows and columns col0.. (the first `left` < hidden)
+                    // are inside h, dy and rstd (host-checked); on the vector path col0 is a
+                    // multiple of 4 of 16-byte aligned rows.
+                    unsafe {
+                        h[i] = load_quad::<E, M>(p.h + (row * p.h_stride + col0) * E::BYTES, ok, left);
+                        dy[i] = load_quad::<E, M>(p.dy + (row * p.dy_stride + col0) * E::BYTES, ok, left);
+                        rstd[i] = ld_f32_if(p.rstd + row * p.rstd_stride * 4, ok);
+                    }
+                });
+                unroll!(i < DW_ROWS => {
+                    if r + (i as u64) < hi {
+                        unroll!(l < 4 => { s[l] += fmaf32(dy[i][l], h[i][l] * rstd[i], 0.0); });
+                    }
+                });
+                r += DW_ROWS as u64;
+            }
+        }
+        // SAFETY: the whole warp runs this iteration (see the bound); group g's 8 * 32 f32s
+        // are inside the area (the caller's contract).
+        unsafe { slices_to_shared(s, v / 32, tid % 32, smem.add((g * 256) as usize)) };
+        u += threads;
+    }
+    sync_block();
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let mut u = tid;
+    while u < groups * cols {
+        let (g, c) = (u / cols, u % cols);
+        let col = (b * groups + g) * cols + c;
+        if col < p.hidden {
+            // SAFETY: written before the barrier; c < 32.
+            let t = unsafe { column_total(smem.add((g * 256) as usize), c) };
+            // SAFETY: col < hidden; dw holds hidden elements of the weight's dtype, f32 with
+            // RMSNORM_W_F32, else E (host-checked).
+            unsafe {
+                if w_f32 {
+                    F32::store(p.dw + col * 4, t);
+                } else {
+                    E::store(p.dw + col * E::BYTES, t);
+                }
+            }
+        }
+        u += threads;
+    }
+}
+
+/// Rows of [`dw_columns`] whose loads are in flight together.
+const DW_ROWS: usize = 4;
+
+/// Four consecutive elements of a row at `p`, widened (zeros when `!ok`): one 8- or 16-byte
+/// load on the vector path, else element by element, only the first `left` of them.
+///
+/// # Safety
+/// When `ok`: the first `min(4, left)` elements at `p` exist, and on the vector path all four,
+/// aligned to their size.
+#[inline(always)]
+unsafe fn load_quad<E: Elem, const M: Path>(p: u64, ok: bool, left: u64) -> [f32; 4] {
+    let mut v = [0.0f32; 4];
+    if M == Path::V16 && E::BYTES == 4 {
+        // SAFETY: the caller's contract (16 bytes, aligned).
+        let r = unsafe { ld_v4_if(p, ok) };
+        unroll!(l < 4 => { v[l] = f32::from_bits(r[l]); });
+    } else if M == Path::V16 {
+        // SAFETY: the caller's contract (8 bytes, aligned).
+        let r = unsafe { ld_v2_if(p, ok) };
+        let w = E::unpack([r[0], r[1], 0, 0]);
+        unroll!(l < 4 => { v[l] = w[l]; });
+    } else {
+        unroll!(l < 4 => {
+            // SAFETY: the caller's contract; element l < left exists.
+            v[l] = E::widen(unsafe { E::load_bits_if(p + l as u64 * E::BYTES, ok && (l as u64) < left) });
+        });
+    }
+    v
 }
 
 /// Column groups of four per block, warps per block, and slot loads in flight per thread of

@@ -68,7 +68,7 @@ use crate::mem::{
     rsqrt_approx, st_v4_if,
 };
 use crate::reduce::row_sum;
-use backward::{bwd_loop, bwd_regs, dw_reduce};
+use backward::{bwd_fused, bwd_loop, bwd_regs, dw_reduce};
 
 /// Most chunks one thread holds (32 f32 elements).
 const MAX_CHUNKS: usize = 8;
@@ -799,7 +799,8 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
 // ---------------------------------------------------------------------------------------------
 
 macro_rules! norm_entries {
-    ($($e:ty, $m:ident => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident;)*) => {$(
+    ($($e:ty, $m:ident => $f16:ident, $f32:ident, $floop:ident, $b16:ident, $bloop:ident,
+        $bfused:ident;)*) => {$(
         /// RMSNorm forward, 16 elements per thread; see the module docs.
         ///
         /// # Safety
@@ -833,7 +834,17 @@ macro_rules! norm_entries {
         /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $b16(p: RmsNormBwdParams) {
-            unsafe { bwd_regs::<$e, { Path::$m }>(&p) }
+            unsafe { bwd_regs::<$e, { Path::$m }, true>(&p) }
+        }
+
+        /// RMSNorm backward in one launch, 16 elements per thread: `dx` of each row, and
+        /// `dw` summed by the blocks after the rows'.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bfused(p: RmsNormBwdParams) {
+            unsafe { bwd_fused::<$e, { Path::$m }>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials, looped over tiles.
@@ -851,17 +862,17 @@ macro_rules! norm_entries {
 
 norm_entries! {
     F32, V16 => rmsnorm_fwd_f32_v16_e16, rmsnorm_fwd_f32_v16_e32, rmsnorm_fwd_f32_v16_loop,
-        rmsnorm_bwd_f32_v16_e16, rmsnorm_bwd_f32_v16_loop;
+        rmsnorm_bwd_f32_v16_e16, rmsnorm_bwd_f32_v16_loop, rmsnorm_bwd_f32_v16_e16_fused;
     F32, Scalar => rmsnorm_fwd_f32_scalar_e16, rmsnorm_fwd_f32_scalar_e32, rmsnorm_fwd_f32_scalar_loop,
-        rmsnorm_bwd_f32_scalar_e16, rmsnorm_bwd_f32_scalar_loop;
+        rmsnorm_bwd_f32_scalar_e16, rmsnorm_bwd_f32_scalar_loop, rmsnorm_bwd_f32_scalar_e16_fused;
     F16, V16 => rmsnorm_fwd_f16_v16_e16, rmsnorm_fwd_f16_v16_e32, rmsnorm_fwd_f16_v16_loop,
-        rmsnorm_bwd_f16_v16_e16, rmsnorm_bwd_f16_v16_loop;
+        rmsnorm_bwd_f16_v16_e16, rmsnorm_bwd_f16_v16_loop, rmsnorm_bwd_f16_v16_e16_fused;
     F16, Scalar => rmsnorm_fwd_f16_scalar_e16, rmsnorm_fwd_f16_scalar_e32, rmsnorm_fwd_f16_scalar_loop,
-        rmsnorm_bwd_f16_scalar_e16, rmsnorm_bwd_f16_scalar_loop;
+        rmsnorm_bwd_f16_scalar_e16, rmsnorm_bwd_f16_scalar_loop, rmsnorm_bwd_f16_scalar_e16_fused;
     Bf16, V16 => rmsnorm_fwd_bf16_v16_e16, rmsnorm_fwd_bf16_v16_e32, rmsnorm_fwd_bf16_v16_loop,
-        rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop;
+        rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop, rmsnorm_bwd_bf16_v16_e16_fused;
     Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
-        rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop;
+        rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop, rmsnorm_bwd_bf16_scalar_e16_fused;
 }
 
 macro_rules! realigned_entries {
