@@ -585,18 +585,22 @@ pub struct NormBwdLayout {
     pub workspace_len: u64,
 }
 
+/// The rows kernel's blocks for `groups` row groups in blocks of `block_threads`: one per
+/// group, at most [`RMSNORM_BWD_GRID_THREADS`] threads in all (at least one block).
+pub const fn rmsnorm_bwd_row_blocks(groups: u64, block_threads: u32) -> u64 {
+    let cap = RMSNORM_BWD_GRID_THREADS / block_threads as u64;
+    let cap = if cap == 0 { 1 } else { cap };
+    if groups < cap { groups } else { cap }
+}
+
 /// See [`NormBwdLayout`].
 pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwdLayout {
     let (variant, geometry) = rmsnorm_bwd_geometry(dtype, hidden);
     let groups = rows.div_ceil(geometry.rows_per_block as u64);
-    let cap = RMSNORM_BWD_GRID_THREADS / geometry.block_threads() as u64;
-    let cap = if cap == 0 { 1 } else { cap };
     let blocks = if hidden == 0 {
         0
-    } else if groups < cap {
-        groups
     } else {
-        cap
+        rmsnorm_bwd_row_blocks(groups, geometry.block_threads())
     };
     let slots = blocks * geometry.rows_per_block as u64;
     let coef = match variant {
@@ -676,10 +680,10 @@ pub struct RmsNormFwdParams {
 /// Launch: the geometry of [`rmsnorm_bwd_geometry`], the blocks of [`rmsnorm_bwd_layout`],
 /// [`rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
 ///
-/// The fused entries (`_e16_fused`, where every block of the layout has one row group) write
-/// no partials: they run [`rmsnorm_bwd_fused_dw_blocks`] more blocks, which sum `dw` (at `dw`,
-/// `[1, hidden]` in the weight's dtype) straight from `h`, `dy` and `rstd` in the order the
-/// two launches sum it, so both give the same bits; `workspace` is then unused.
+/// The fused entries (`_e16_fused`, rows held 16 per thread) write no partials: one block per
+/// row group, then [`rmsnorm_bwd_fused_dw_blocks`] more, which sum `dw` (at `dw`, `[1, hidden]`
+/// in the weight's dtype) straight from `h`, `dy` and `rstd` in the order the two launches of
+/// [`rmsnorm_bwd_layout`] sum it, so both give the same bits; `workspace` is then unused.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RmsNormBwdParams {

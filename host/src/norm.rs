@@ -558,10 +558,12 @@ impl<'a> ForwardOperands<'a> {
 /// Checks every operand as [`plan_rmsnorm_forward`] does; `dw` has the weight's dtype; the
 /// workspace is f32 with at least [`rmsnorm_backward_workspace_len`] elements; aliasing: `dx`
 /// may be exactly `dy` or exactly `dres`, nothing else overlaps `dx`, `dw` or the workspace.
-/// Most rows a fused (one-launch) backward takes: its `dw` blocks read `h` and `dy` a second
-/// time, which costs less than the partials' round trip through the workspace and the second
-/// launch only while the rows are few.
-const RMSNORM_BWD_FUSED_MAX_ROWS: usize = 4096;
+/// Rows off the 16-byte grid (16-bit) run one launch past one row group per block while
+/// `rows x hidden` is at most this: the `dw` blocks' second read of `h` and `dy` costs less
+/// than the scalar rows kernel's partials and the second launch up to about this size (see
+/// bench/TUNING.md). On the vector path the two launches are faster as soon as the blocks take
+/// several row groups.
+const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 
 pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
     plan_rmsnorm_backward_with(t, opts, true)
@@ -660,20 +662,28 @@ pub fn plan_rmsnorm_backward_with(
     // shared memory is sized from the same test, not from `dres.is_some()`.
     let dres_addr = dres.map_or(0, |m| m.addr);
     let block = geometry.block_threads();
-    let rows_smem = rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres_addr != 0, blocks);
     let groups = (rows as u64).div_ceil(geometry.rows_per_block as u64);
-    // One launch where every block has one row group (the fused kernel's `dw` order is the two
-    // launches' only then) and the `dw` blocks' second read of `h` and `dy` is cheap: few rows.
+    // One launch while the `dw` blocks' second read of `h` and `dy` is cheap (few rows), and
+    // only while dy is kept: the `dw` blocks read it, in any order with the rows' dx stores.
+    // Its rows take a block per row group whatever their number (it has no partials to bound).
+    let cheap = groups == blocks
+        || (mode == VecMode::Scalar
+            && dtype.size_bytes() == 2
+            && rows.saturating_mul(hidden) <= RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS);
     let fused = fused_allowed
         && variant == NormBwdVariant::E16
         && rows > 0
-        && groups == blocks
-        && rows <= RMSNORM_BWD_FUSED_MAX_ROWS;
+        && hidden > 0
+        && !t.dx.overlaps(dy)
+        && cheap;
+    let row_blocks = if fused { groups } else { blocks };
+    let rows_smem =
+        rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres_addr != 0, row_blocks);
     let (kernel, grid, shared_mem_bytes) = if fused {
         let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block);
         (
             KernelId::RmsNormBwdFused(dtype, mode),
-            blocks + dw_blocks,
+            groups + dw_blocks,
             rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
         )
     } else {

@@ -40,7 +40,7 @@ use ferrofuse::{
     DType, Element, Error, GradPlacement, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics,
     NormPath, Placement, RmsNormOptions, SavedForward, VecMode,
 };
-use ferrofuse_common::{rmsnorm_realigned_fits, rmsnorm_split_smem_bytes};
+use ferrofuse_common::{rmsnorm_bwd_layout, rmsnorm_realigned_fits, rmsnorm_split_smem_bytes};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -1931,8 +1931,8 @@ fn backward_every_dtype_size_placement_and_option() {
 
 /// The one-launch backward against the two launches, bit for bit (`dx` and `dw`), and against
 /// the reference: every dtype, rows on the vector grid and off it (odd lengths, padded rows,
-/// offsets), one row group per block from 1 row to the most a grid of one group per block
-/// holds, every placement, Gemma and an f32 weight in turn. The two-launch run must write
+/// offsets), from one row to more than the two launches' grid holds (their row slots then sum
+/// several rows), every placement that keeps `dy`, Gemma and an f32 weight in turn. The two-launch run must write
 /// the workspace and the fused one must not (so the switch is seen to work).
 #[test]
 fn backward_fused_matches_two_launches_bitwise() {
@@ -1947,6 +1947,8 @@ fn backward_fused_matches_two_launches_bitwise() {
             (300, 1000),
             (1, 8191),
             (33, 5125),
+            (600, 4093),
+            (600, 8192),
         ]
     } else {
         &[
@@ -1962,9 +1964,16 @@ fn backward_fused_matches_two_launches_bitwise() {
             (1, 8191),
             (33, 5125),
             (200, 3),
+            (600, 8192),
+            (1024, 4093),
+            (3000, 896),
+            (2000, 2047),
+            (700, 5125),
+            (2000, 8191),
         ]
     };
     let mut seen = BTreeSet::new();
+    let mut several_rows_per_slot = 0;
     let mut i = 0usize;
     for dtype in DType::ALL {
         if dtype == DType::F8E4M3 {
@@ -1975,22 +1984,33 @@ fn backward_fused_matches_two_launches_bitwise() {
             let c = Bwd {
                 rows,
                 hidden,
-                placement: BWD_PLACEMENTS[i % BWD_PLACEMENTS.len()],
+                placement: KEEP_DY[i % KEEP_DY.len()],
                 layout: BWD_LAYOUTS[i % BWD_LAYOUTS.len()],
                 gemma: i % 2 == 1,
                 w_f32: dtype != DType::F32 && (i / 2) % 2 == 1,
             };
+            // One launch where the two launches' blocks take one row group each, and for
+            // 16-bit rows off the grid up to 2^22 elements (then their slots hold several rows).
+            let slots = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).slots as usize;
+            let lanes = dtype.lanes_per_16b();
+            let off_grid_16 = dtype.size_bytes() == 2 && !c.layout.on_grid(hidden, lanes);
+            let fused = slots >= rows || (off_grid_16 && rows * hidden <= 1 << 22);
+            several_rows_per_slot += (fused && slots < rows) as usize;
             let kernels = match (dtype, c.w_f32) {
-                (DType::F32, _) => fused_vs_two::<f32, f32>(&k, &s, &c),
-                (DType::F16, false) => fused_vs_two::<f16, f16>(&k, &s, &c),
-                (DType::F16, true) => fused_vs_two::<f16, f32>(&k, &s, &c),
-                (DType::BF16, false) => fused_vs_two::<bf16, bf16>(&k, &s, &c),
-                (DType::BF16, true) => fused_vs_two::<bf16, f32>(&k, &s, &c),
+                (DType::F32, _) => fused_vs_two::<f32, f32>(&k, &s, &c, fused),
+                (DType::F16, false) => fused_vs_two::<f16, f16>(&k, &s, &c, fused),
+                (DType::F16, true) => fused_vs_two::<f16, f32>(&k, &s, &c, fused),
+                (DType::BF16, false) => fused_vs_two::<bf16, bf16>(&k, &s, &c, fused),
+                (DType::BF16, true) => fused_vs_two::<bf16, f32>(&k, &s, &c, fused),
                 (DType::F8E4M3, _) => unreachable!(),
             };
             seen.extend(kernels.map(|k| k.name().to_string()));
         }
     }
+    assert!(
+        several_rows_per_slot > 0,
+        "no one-launch case whose slots hold several rows"
+    );
     assert_covered("backward_fused_matches_two_launches_bitwise", &seen, |k| {
         matches!(
             k,
@@ -1999,11 +2019,22 @@ fn backward_fused_matches_two_launches_bitwise() {
     });
 }
 
-/// One case of [`backward_fused_matches_two_launches_bitwise`]; the kernels of both runs.
+/// The placements that keep `dy` (the one launch reads it beside the `dx` stores, so a call
+/// writing `dx` over `dy` runs two launches; `backward_every_dtype_size_placement_and_option`
+/// runs those).
+const KEEP_DY: [BwdPlace; 3] = [
+    BwdPlace::Separate,
+    BwdPlace::SeparateDres,
+    BwdPlace::Accumulate,
+];
+
+/// One case of [`backward_fused_matches_two_launches_bitwise`], planned as one launch when
+/// `fused` (else two launches either way); the kernels of both runs.
 fn fused_vs_two<T: Element, W: Element>(
     k: &Kernels,
     s: &Arc<CudaStream>,
     c: &Bwd,
+    fused_planned: bool,
 ) -> [KernelId; 2] {
     let seed = fresh_seed();
     let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
@@ -2016,6 +2047,14 @@ fn fused_vs_two<T: Element, W: Element>(
     }));
     k.set_fused_backward(true);
     let (two, two_ws) = two.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    if !fused_planned {
+        assert!(
+            matches!(fused.kernels, (KernelId::RmsNormBwd(..), Some(_))),
+            "{what}: planned {:?} where two launches were due",
+            fused.kernels
+        );
+        return [fused.kernels.0, two.kernels.0];
+    }
     assert!(
         matches!(fused.kernels, (KernelId::RmsNormBwdFused(..), None)),
         "{what}: planned {:?}",

@@ -28,7 +28,8 @@ use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_bwd_fused_dw_blocks,
-    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_layout, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -676,15 +677,23 @@ fn backward_geometry_and_workspace() {
             for rows in [0usize, 1, 7, 1000, 100_000] {
                 let t = bwd_descs(dtype, rows, hidden, false);
                 let plan = bwd(&t).unwrap();
-                let blocks = row_blocks(&plan, hidden);
+                let blocks = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).blocks;
                 let slots = blocks as usize * g.rows_per_block as usize;
-                // One launch exactly where every block has one row group, up to the row limit.
+                // One launch for rows held 16 per thread, with a block per row group: where
+                // the two launches have one row group per block, and for 16-bit rows off the
+                // grid up to 2^22 elements.
                 let groups = rows.div_ceil(g.rows_per_block as usize);
+                let scalar_16 = mode_of(&plan) == VecMode::Scalar && dtype.size_bytes() == 2;
                 let fused = variant == NormBwdVariant::E16
                     && rows > 0
-                    && rows <= 4096
-                    && groups == blocks as usize;
+                    && hidden > 0
+                    && (groups == blocks as usize || (scalar_16 && rows * hidden <= 1 << 22));
                 assert_eq!(plan.dw.is_none(), fused, "{dtype:?} {rows} x {hidden}");
+                if fused {
+                    assert_eq!(row_blocks(&plan, hidden) as usize, groups);
+                } else {
+                    assert_eq!(row_blocks(&plan, hidden), blocks);
+                }
                 if let Some(dw) = plan.dw {
                     assert_eq!(dw.params.slots as usize, slots);
                     assert_eq!(dw.grid as usize, hidden.div_ceil(32));
@@ -898,6 +907,24 @@ fn params_carry_the_operands_and_flags() {
             addr(7)
         )
     );
+}
+
+/// A backward writing `dx` over `dy` runs two launches (the one-launch form's `dw` blocks read
+/// `dy`); over `dres`, or separate, one where the rows are few.
+#[test]
+fn backward_over_dy_runs_two_launches() {
+    let t = bwd_descs(DType::BF16, 16, 4096, true);
+    assert!(bwd(&t).unwrap().dw.is_none());
+    let over_dres = RmsNormBwdDescs {
+        dx: t.dres.unwrap(),
+        ..t
+    };
+    assert!(bwd(&over_dres).unwrap().dw.is_none());
+    let over_dy = RmsNormBwdDescs { dx: t.dy, ..t };
+    let plan = bwd(&over_dy).unwrap();
+    let two = KernelId::RmsNormBwd(DType::BF16, VecMode::V16, NormBwdVariant::E16);
+    assert_eq!(plan.rows.kernel, two);
+    assert!(plan.dw.is_some());
 }
 
 #[test]

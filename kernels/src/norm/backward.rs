@@ -8,7 +8,7 @@ use core::num::NonZeroU64;
 use ferrofuse_common::{
     RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_staged_buffers,
+    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_row_blocks, rmsnorm_bwd_staged_buffers,
 };
 
 use super::realign::{self, Shifted, window};
@@ -880,10 +880,8 @@ unsafe fn column_total(sums: *const f32, c: u64) -> f32 {
     t
 }
 
-/// The backward in one launch, for calls where every block of the rows kernel has one row
-/// group (`ceil(rows / rows_per_block)` blocks at most the cap of
-/// [`ferrofuse_common::rmsnorm_bwd_layout`]): the first `ceil(rows / rows_per_block)` blocks
-/// compute `dx` as [`bwd_regs`] does, without partials; the blocks after them compute `dw`
+/// The backward in one launch: the first `ceil(rows / rows_per_block)` blocks compute `dx` as
+/// [`bwd_regs`] does, one row group each, without partials; the blocks after them compute `dw`
 /// straight from `h`, `dy` and `rstd` ([`dw_columns`]). Nothing waits on anything: `dw` does
 /// not depend on the rows' reductions.
 ///
@@ -910,11 +908,11 @@ pub(super) unsafe fn bwd_fused<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
 /// `dw` of the fused backward, block `b` of the blocks after the rows': column groups of 32,
 /// [`rmsnorm_bwd_fused_dw_groups`] of them per block, each on 256 virtual threads that are
 /// [`dw_reduce`]'s threads (a real thread runs those at its index plus multiples of the block
-/// size, which keeps lanes and warps). A virtual thread's slice of slots is `dw_reduce`'s, and
-/// slot `s` holds row `s` alone (rows past the last are empty), so what it adds, in slot order,
-/// is each row's `fma(dy, h * rstd, 0)`: bit for bit the partial the row kernel would have
-/// written. The slices are then combined as `dw_reduce` combines them: the same `dw` as the two
-/// launches.
+/// size, which keeps lanes and warps). A virtual thread's slice of slots is `dw_reduce`'s for
+/// the two-launch layout of the call; it forms each slot's partial as the rows kernel would
+/// (from 0, `fma(dy, h * rstd, partial)` over the slot's rows `s, s + slots, ...`) and adds it
+/// to its sum as `dw_reduce` adds what it reads, and the slices are combined as `dw_reduce`
+/// combines them: the same `dw` as the two launches.
 ///
 /// # Safety
 /// As for [`bwd_fused`]; shared memory of `rmsnorm_bwd_fused_dw_groups * 1 KiB` at least.
@@ -925,8 +923,8 @@ unsafe fn dw_columns<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
     let per_group = RMSNORM_DW_THREADS as u64;
     let cols = RMSNORM_DW_COLS as u64;
     let rpb = p.rows_per_block as u64;
-    // The slots of the two-launch plan for the same call: one row group per block.
-    let slots = p.rows.div_ceil(rpb) * rpb;
+    // The slots of the two-launch layout of the same call.
+    let slots = rmsnorm_bwd_row_blocks(p.rows.div_ceil(rpb), threads as u32) * rpb;
     let slices = RMSNORM_DW_SLICES as u64;
     let tid = grid::thread_x();
     let smem = smem_f32();
@@ -940,33 +938,80 @@ unsafe fn dw_columns<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
         let col0 = (b * groups + g) * cols + (v % DW_GROUPS) * 4;
         let q = v / DW_GROUPS;
         let lo = q * slots / slices;
-        let hi = ((q + 1) * slots / slices).min(p.rows);
+        let hi = (q + 1) * slots / slices;
         let mut s = [0.0f32; 4];
         if col0 < p.hidden {
             let left = p.hidden - col0;
-            let mut r = lo;
-            while r < hi {
+            // h, dy (four columns from col0) and rstd of DW_ROWS rows, loaded together.
+            let load = |at: &[u64; DW_ROWS], ok: &[bool; DW_ROWS]| {
                 let mut h = [[0.0f32; 4]; DW_ROWS];
                 let mut dy = [[0.0f32; 4]; DW_ROWS];
                 let mut rstd = [0.0f32; DW_ROWS];
                 unroll!(i < DW_ROWS => {
-                    let row = r + i as u64;
-                    let ok = row < hi;
-                    // SAFETY: when ok, row < rows and columns col0.. (the first `left` < hidden)
+                    let r = at[i];
+                    // SAFETY: when ok, r < rows and columns col0.. (the first `left` < hidden)
                     // are inside h, dy and rstd (host-checked); on the vector path col0 is a
                     // multiple of 4 of 16-byte aligned rows.
                     unsafe {
-                        h[i] = load_quad::<E, M>(p.h + (row * p.h_stride + col0) * E::BYTES, ok, left);
-                        dy[i] = load_quad::<E, M>(p.dy + (row * p.dy_stride + col0) * E::BYTES, ok, left);
-                        rstd[i] = ld_f32_if(p.rstd + row * p.rstd_stride * 4, ok);
+                        h[i] = load_quad::<E, M>(p.h + (r * p.h_stride + col0) * E::BYTES, ok[i], left);
+                        dy[i] = load_quad::<E, M>(p.dy + (r * p.dy_stride + col0) * E::BYTES, ok[i], left);
+                        rstd[i] = ld_f32_if(p.rstd + r * p.rstd_stride * 4, ok[i]);
                     }
                 });
-                unroll!(i < DW_ROWS => {
-                    if r + (i as u64) < hi {
-                        unroll!(l < 4 => { s[l] += fmaf32(dy[i][l], h[i][l] * rstd[i], 0.0); });
-                    }
-                });
-                r += DW_ROWS as u64;
+                (h, dy, rstd)
+            };
+            if slots >= p.rows {
+                // A row per slot (a slot past the rows has none): each slot's partial is its
+                // row's fma(dy, h * rstd, 0).
+                let hi = hi.min(p.rows);
+                let mut r = lo;
+                while r < hi {
+                    let at: [u64; DW_ROWS] = core::array::from_fn(|i| r + i as u64);
+                    let ok = at.map(|row| row < hi);
+                    let (h, dy, rstd) = load(&at, &ok);
+                    unroll!(i < DW_ROWS => {
+                        if ok[i] {
+                            unroll!(l < 4 => { s[l] += fmaf32(dy[i][l], h[i][l] * rstd[i], 0.0); });
+                        }
+                    });
+                    r += DW_ROWS as u64;
+                }
+            } else {
+                // The slice's rows in the two launches' order: slot by slot, each slot's rows
+                // `slot, slot + slots, ...` (its block's row groups in turn). A slot's first
+                // row is the slot itself.
+                let (mut slot, mut row) = (lo, lo);
+                let mut partial = [0.0f32; 4];
+                while slot < hi && row < p.rows {
+                    let mut at = [0u64; DW_ROWS];
+                    let mut ok = [false; DW_ROWS];
+                    let mut first = [false; DW_ROWS];
+                    unroll!(i < DW_ROWS => {
+                        at[i] = row;
+                        ok[i] = slot < hi && row < p.rows;
+                        first[i] = row == slot;
+                        row += slots;
+                        if row >= p.rows {
+                            slot += 1;
+                            row = slot;
+                        }
+                    });
+                    let (h, dy, rstd) = load(&at, &ok);
+                    // The rows kernel's partial of each slot (from 0, its rows in turn), added
+                    // to the running sum when the slot ends, as the dw kernel adds what it read.
+                    unroll!(i < DW_ROWS => {
+                        if ok[i] {
+                            if first[i] {
+                                unroll!(l < 4 => {
+                                    s[l] += partial[l];
+                                    partial[l] = 0.0;
+                                });
+                            }
+                            unroll!(l < 4 => { partial[l] = fmaf32(dy[i][l], h[i][l] * rstd[i], partial[l]); });
+                        }
+                    });
+                }
+                unroll!(l < 4 => { s[l] += partial[l]; });
             }
         }
         // SAFETY: the whole warp runs this iteration (see the bound); group g's 8 * 32 f32s
