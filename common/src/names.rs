@@ -78,8 +78,8 @@ pub enum KernelId {
     RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
-    /// RMSNorm backward in one launch, for calls whose row groups fit one per block: `dx`, and
-    /// `dw` summed by blocks of its own, with the bits of the two launches
+    /// RMSNorm backward in one launch, for calls of few rows: `dx`, and `dw` summed by blocks
+    /// of its own, with the bits of the two launches
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_e16_fused`; see `crate::RmsNormBwdParams`).
     RmsNormBwdFused(DType, VecMode),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).

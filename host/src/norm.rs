@@ -80,7 +80,9 @@
 //! the residual stream; and `dw = sum over rows of dy * h * rstd`. The backward is the f32
 //! derivative whatever the forward's numerics mode. `dw` takes two launches: per-slot partial
 //! sums into a caller-provided f32 workspace ([`rmsnorm_backward_workspace_len`] elements),
-//! then a fixed-order column sum.
+//! then a fixed-order column sum; a call of few rows that keeps `dy` takes one, whose extra
+//! blocks sum `dw` from `h`, `dy` and `rstd` in the same order (the same bits; the workspace
+//! is then unused).
 //!
 //! Every call validates everything before launching (a rejected call writes nothing);
 //! launches allocate nothing and never synchronise, so they can be captured in CUDA graphs.
@@ -172,9 +174,9 @@ pub struct RmsNormBwdDescs {
     pub workspace: MatDesc,
 }
 
-/// The launches of a backward call, in stream order: one where every block of the rows
-/// kernel has one row group (the fused kernel, which sums `dw` in blocks of its own), else
-/// two. Both forms compute the same bits.
+/// The launches of a backward call, in stream order: one (the fused kernel, which sums `dw`
+/// in blocks of its own) where the rows are few enough and `dx` is not written over `dy`,
+/// else two. Both forms compute the same bits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsNormBwdPlan {
     /// `dx` per row, and the `dw` partials into the workspace; or, fused, `dx` and `dw`.
@@ -552,12 +554,6 @@ impl<'a> ForwardOperands<'a> {
     }
 }
 
-/// Validates a backward call and decides its two launches; needs no GPU. The storage dtype is
-/// `dy`'s; of `opts` only `gemma` is used.
-///
-/// Checks every operand as [`plan_rmsnorm_forward`] does; `dw` has the weight's dtype; the
-/// workspace is f32 with at least [`rmsnorm_backward_workspace_len`] elements; aliasing: `dx`
-/// may be exactly `dy` or exactly `dres`, nothing else overlaps `dx`, `dw` or the workspace.
 /// Rows off the 16-byte grid (16-bit) run one launch past one row group per block while
 /// `rows x hidden` is at most this: the `dw` blocks' second read of `h` and `dy` costs less
 /// than the scalar rows kernel's partials and the second launch up to about this size (see
@@ -565,6 +561,12 @@ impl<'a> ForwardOperands<'a> {
 /// several row groups.
 const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 
+/// Validates a backward call and decides its launches (one or two, see [`RmsNormBwdPlan`]);
+/// needs no GPU. The storage dtype is `dy`'s; of `opts` only `gemma` is used.
+///
+/// Checks every operand as [`plan_rmsnorm_forward`] does; `dw` has the weight's dtype; the
+/// workspace is f32 with at least [`rmsnorm_backward_workspace_len`] elements; aliasing: `dx`
+/// may be exactly `dy` or exactly `dres`, nothing else overlaps `dx`, `dw` or the workspace.
 pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
     plan_rmsnorm_backward_with(t, opts, true)
 }
@@ -1173,7 +1175,7 @@ impl Kernels {
         t: &RmsNormBwdDescs,
         opts: &RmsNormOptions,
     ) -> Result<()> {
-        // Both launches are planned (validated) before either runs.
+        // Every launch is planned (validated) before the first runs.
         let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward())?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing. The
         // dw launch reads the partials the rows launch wrote: same stream, in order.
