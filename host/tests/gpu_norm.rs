@@ -1932,8 +1932,9 @@ fn backward_every_dtype_size_placement_and_option() {
 /// The one-launch backward against the two launches, bit for bit (`dx` and `dw`), and against
 /// the reference: every dtype, rows on the vector grid and off it (odd lengths, padded rows,
 /// offsets), from one row to more than the two launches' grid holds (their row slots then sum
-/// several rows), every placement that keeps `dy`, Gemma and an f32 weight in turn. The two-launch run must write
-/// the workspace and the fused one must not (so the switch is seen to work).
+/// several rows), every placement that keeps `dy`, Gemma and an f32 weight in turn. The
+/// two-launch run must write the workspace and the fused one must not (so the switch is seen
+/// to work); shapes past the one-launch rule must run two launches either way.
 #[test]
 fn backward_fused_matches_two_launches_bitwise() {
     let Some((k, s)) = gpu("backward_fused_matches_two_launches_bitwise") else {
@@ -2028,8 +2029,8 @@ const KEEP_DY: [BwdPlace; 3] = [
     BwdPlace::Accumulate,
 ];
 
-/// One case of [`backward_fused_matches_two_launches_bitwise`], planned as one launch when
-/// `fused` (else two launches either way); the kernels of both runs.
+/// One case of [`backward_fused_matches_two_launches_bitwise`], due to run one launch when
+/// `fused_planned` (else two launches either way); the kernels of both runs.
 fn fused_vs_two<T: Element, W: Element>(
     k: &Kernels,
     s: &Arc<CudaStream>,
