@@ -574,9 +574,9 @@ pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant,
 pub struct NormBwdLayout {
     pub variant: NormBwdVariant,
     pub geometry: NormGeometry,
-    /// Blocks of the row kernel: one per row group, capped so the grid has at most
-    /// [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups); none when
-    /// `hidden == 0`.
+    /// Blocks of the row kernel: one per row group, capped at a power of two of blocks with
+    /// at most [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups; see
+    /// [`rmsnorm_bwd_row_blocks`]); none when `hidden == 0`.
     pub blocks: u64,
     /// Partial `dw` rows, one per row slot (`blocks * rows_per_block`).
     pub slots: u64,
@@ -586,10 +586,25 @@ pub struct NormBwdLayout {
 }
 
 /// The rows kernel's blocks for `groups` row groups in blocks of `block_threads`: one per
-/// group, at most [`RMSNORM_BWD_GRID_THREADS`] threads in all (at least one block).
+/// group, at most the largest power of two of blocks whose threads fit
+/// [`RMSNORM_BWD_GRID_THREADS`] (at least one block).
+///
+/// Why a power of two: the capped grid's blocks each loop over an equal share of the row
+/// groups, so a grid just over a whole number of waves (blocks the GPU holds at once) leaves
+/// most multiprocessors idle through its last wave: 409 blocks of 320 threads, one per SM on
+/// 132 SMs, take four waves for the work of 3.1. The grid may not depend on the device (the
+/// slots fix `dw`'s bits), so it cannot be sized to the GPU. The GPUs this is tuned for (H100
+/// and H200 SXM) have 132 SMs, just above a power of two: a power-of-two grid is then one or
+/// two whole waves, or less than one, for the vector kernels' block sizes but one (160
+/// threads at 128 registers, three blocks per SM: 512 blocks are 1.3 waves).
 pub const fn rmsnorm_bwd_row_blocks(groups: u64, block_threads: u32) -> u64 {
-    let cap = RMSNORM_BWD_GRID_THREADS / block_threads as u64;
-    let cap = if cap == 0 { 1 } else { cap };
+    let most = RMSNORM_BWD_GRID_THREADS / block_threads as u64;
+    // The largest power of two not above `most` (1 when `most` is 0 or 1).
+    let cap = if most <= 1 {
+        1
+    } else {
+        1 << (63 - most.leading_zeros())
+    };
     if groups < cap { groups } else { cap }
 }
 

@@ -89,10 +89,10 @@
 
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use ferrofuse_common::{
-    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES,
-    RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
-    RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_fused_dw_blocks,
+    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS, RMSNORM_DW_COLS,
+    RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
+    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_fused_dw_blocks,
     rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
     rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
     rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
@@ -554,11 +554,11 @@ impl<'a> ForwardOperands<'a> {
     }
 }
 
-/// Rows off the 16-byte grid (16-bit) run one launch past one row group per block while
-/// `rows x hidden` is at most this: the `dw` blocks' second read of `h` and `dy` costs less
-/// than the scalar rows kernel's partials and the second launch up to about this size (see
-/// bench/TUNING.md). On the vector path the two launches are faster as soon as the blocks take
-/// several row groups.
+/// Rows off the 16-byte grid (16-bit) run one launch past a row group per block within
+/// [`RMSNORM_BWD_GRID_THREADS`] threads while `rows x hidden` is at most this: the `dw`
+/// blocks' second read of `h` and `dy` costs less than the scalar rows kernel's partials and
+/// the second launch up to about this size (see bench/TUNING.md). On the vector path the two
+/// launches are faster as soon as the blocks take several row groups.
 const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 
 /// Validates a backward call and decides its launches (one or two, see [`RmsNormBwdPlan`]);
@@ -665,10 +665,11 @@ pub fn plan_rmsnorm_backward_with(
     let dres_addr = dres.map_or(0, |m| m.addr);
     let block = geometry.block_threads();
     let groups = (rows as u64).div_ceil(geometry.rows_per_block as u64);
-    // One launch while the `dw` blocks' second read of `h` and `dy` is cheap (few rows), and
-    // only while dy is kept: the `dw` blocks read it, in any order with the rows' dx stores.
-    // Its rows take a block per row group whatever their number (it has no partials to bound).
-    let cheap = groups == blocks
+    // One launch while the `dw` blocks' second read of `h` and `dy` is cheap (few rows: a
+    // row group per block within the two launches' thread budget), and only while dy is
+    // kept: the `dw` blocks read it, in any order with the rows' dx stores. Its rows take a
+    // block per row group whatever their number (it has no partials to bound).
+    let cheap = groups <= RMSNORM_BWD_GRID_THREADS / block as u64
         || (mode == VecMode::Scalar
             && dtype.size_bytes() == 2
             && rows.saturating_mul(hidden) <= RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS);

@@ -1932,7 +1932,8 @@ fn backward_every_dtype_size_placement_and_option() {
 /// The one-launch backward against the two launches, bit for bit (`dx` and `dw`), and against
 /// the reference: every dtype, rows on the vector grid and off it (odd lengths, padded rows,
 /// offsets), from one row to more than the two launches' grid holds (their row slots then sum
-/// several rows), every placement that keeps `dy`, Gemma and an f32 weight in turn. The
+/// several rows, on and off the grid), every placement that keeps `dy`, Gemma and an f32
+/// weight in turn. The
 /// two-launch run must write the workspace and the fused one must not (so the switch is seen
 /// to work); shapes past the one-launch rule must run two launches either way.
 #[test]
@@ -1950,6 +1951,10 @@ fn backward_fused_matches_two_launches_bitwise() {
             (33, 5125),
             (600, 4093),
             (600, 8192),
+            (300, 5120),
+            (600, 3072),
+            (280, 7168),
+            (1000, 2560),
         ]
     } else {
         &[
@@ -1971,10 +1976,14 @@ fn backward_fused_matches_two_launches_bitwise() {
             (2000, 2047),
             (700, 5125),
             (2000, 8191),
+            (600, 3072),
+            (300, 5120),
+            (280, 7168),
+            (1000, 2560),
         ]
     };
     let mut seen = BTreeSet::new();
-    let mut several_rows_per_slot = 0;
+    let mut several_rows_per_slot = [0usize; 2];
     let mut i = 0usize;
     for dtype in DType::ALL {
         if dtype == DType::F8E4M3 {
@@ -1990,13 +1999,19 @@ fn backward_fused_matches_two_launches_bitwise() {
                 gemma: i % 2 == 1,
                 w_f32: dtype != DType::F32 && (i / 2) % 2 == 1,
             };
-            // One launch where the two launches' blocks take one row group each, and for
-            // 16-bit rows off the grid up to 2^22 elements (then their slots hold several rows).
-            let slots = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).slots as usize;
+            // One launch where a block per row group fits the two launches' thread budget,
+            // and for 16-bit rows off the grid up to 2^22 elements; the two launches' slots
+            // (a power of two of blocks) then hold several rows where there are more groups.
+            let layout = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64);
+            let g = layout.geometry;
+            let fits =
+                rows.div_ceil(g.rows_per_block as usize) * g.block_threads() as usize <= 131_072;
             let lanes = dtype.lanes_per_16b();
-            let off_grid_16 = dtype.size_bytes() == 2 && !c.layout.on_grid(hidden, lanes);
-            let fused = slots >= rows || (off_grid_16 && rows * hidden <= 1 << 22);
-            several_rows_per_slot += (fused && slots < rows) as usize;
+            let on_grid = c.layout.on_grid(hidden, lanes);
+            let off_grid_16 = dtype.size_bytes() == 2 && !on_grid;
+            let fused = fits || (off_grid_16 && rows * hidden <= 1 << 22);
+            several_rows_per_slot[on_grid as usize] +=
+                (fused && (layout.slots as usize) < rows) as usize;
             let kernels = match (dtype, c.w_f32) {
                 (DType::F32, _) => fused_vs_two::<f32, f32>(&k, &s, &c, fused),
                 (DType::F16, false) => fused_vs_two::<f16, f16>(&k, &s, &c, fused),
@@ -2009,8 +2024,8 @@ fn backward_fused_matches_two_launches_bitwise() {
         }
     }
     assert!(
-        several_rows_per_slot > 0,
-        "no one-launch case whose slots hold several rows"
+        several_rows_per_slot.iter().all(|&n| n > 0),
+        "one-launch cases whose slots hold several rows, off and on the grid: {several_rows_per_slot:?}"
     );
     assert_covered("backward_fused_matches_two_launches_bitwise", &seen, |k| {
         matches!(

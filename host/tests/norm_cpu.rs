@@ -674,20 +674,21 @@ fn backward_geometry_and_workspace() {
                     "{dtype:?} {hidden}: {want} bytes of shared memory"
                 );
             }
-            for rows in [0usize, 1, 7, 1000, 100_000] {
+            for rows in [0usize, 1, 7, 300, 600, 1000, 100_000] {
                 let t = bwd_descs(dtype, rows, hidden, false);
                 let plan = bwd(&t).unwrap();
                 let blocks = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).blocks;
                 let slots = blocks as usize * g.rows_per_block as usize;
                 // One launch for rows held 16 per thread, with a block per row group: where
-                // the two launches have one row group per block, and for 16-bit rows off the
-                // grid up to 2^22 elements.
+                // a block per row group fits the two launches' thread budget, and for 16-bit
+                // rows off the grid up to 2^22 elements.
                 let groups = rows.div_ceil(g.rows_per_block as usize);
                 let scalar_16 = mode_of(&plan) == VecMode::Scalar && dtype.size_bytes() == 2;
+                let fits = groups * g.block_threads() as usize <= 131_072;
                 let fused = variant == NormBwdVariant::E16
                     && rows > 0
                     && hidden > 0
-                    && (groups == blocks as usize || (scalar_16 && rows * hidden <= 1 << 22));
+                    && (fits || (scalar_16 && rows * hidden <= 1 << 22));
                 assert_eq!(plan.dw.is_none(), fused, "{dtype:?} {rows} x {hidden}");
                 if fused {
                     assert_eq!(row_blocks(&plan, hidden) as usize, groups);
@@ -717,6 +718,14 @@ fn backward_geometry_and_workspace() {
                 );
                 assert!(blocks as usize <= groups);
                 assert!(blocks * plan.rows.block as u64 <= 131_072);
+                // A capped grid is the largest power of two of blocks within that.
+                if (blocks as usize) < groups {
+                    assert!(
+                        blocks.is_power_of_two() && 2 * blocks * plan.rows.block as u64 > 131_072,
+                        "{dtype:?} {rows} x {hidden}: {blocks} blocks of {}",
+                        plan.rows.block
+                    );
+                }
                 if rows == 0 {
                     assert_eq!(plan.rows.grid, 0, "no rows: nothing to do but write dw = 0");
                 }

@@ -2343,8 +2343,13 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     if p.flags != flags {
         v.add(format!("flags {:#x}, expected {flags:#x}", p.flags));
     }
-    // Two launches cap the grid (the partials are `slots x hidden`); the fused kernel has none.
+    // Two launches cap the grid (the partials are `slots x hidden`) at a power of two of
+    // blocks; the fused kernel has none.
+    let capped = !fused && hidden > 0 && row_blocks < groups;
     if (!fused && row_blocks * rl.block as u64 > RMSNORM_BWD_GRID_THREADS)
+        || (capped
+            && (!row_blocks.is_power_of_two()
+                || 2 * row_blocks * rl.block as u64 <= RMSNORM_BWD_GRID_THREADS))
         || (rl.grid > 0 && rl.block != p.threads_per_row * p.rows_per_block)
     {
         v.add(format!("{} blocks of {}", rl.grid, rl.block));
