@@ -554,11 +554,10 @@ impl<'a> ForwardOperands<'a> {
     }
 }
 
-/// Rows off the 16-byte grid (16-bit) run one launch past a row group per block within
-/// [`RMSNORM_BWD_GRID_THREADS`] threads while `rows x hidden` is at most this: the `dw`
-/// blocks' second read of `h` and `dy` costs less than the scalar rows kernel's partials and
-/// the second launch up to about this size (see bench/TUNING.md). On the vector path the two
-/// launches are faster as soon as the blocks take several row groups.
+/// Rows off the 16-byte grid (16-bit) run one launch past the two launches' grid while
+/// `rows x hidden` is at most this: the `dw` blocks' second read of `h` and `dy` costs less
+/// than the scalar rows kernel's partials and the second launch up to about this size (see
+/// bench/TUNING.md). On the vector path the two launches win from fewer rows.
 const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 
 /// Validates a backward call and decides its launches (one or two, see [`RmsNormBwdPlan`]);
@@ -665,13 +664,17 @@ pub fn plan_rmsnorm_backward_with(
     let dres_addr = dres.map_or(0, |m| m.addr);
     let block = geometry.block_threads();
     let groups = (rows as u64).div_ceil(geometry.rows_per_block as u64);
-    // One launch while the `dw` blocks' second read of `h` and `dy` is cheap (few rows: a
-    // row group per block within the two launches' thread budget), and only while dy is
-    // kept: the `dw` blocks read it, in any order with the rows' dx stores. Its rows take a
-    // block per row group whatever their number (it has no partials to bound).
-    let cheap = groups <= RMSNORM_BWD_GRID_THREADS / block as u64
+    // One launch while the `dw` blocks' second read of `h` and `dy` is cheap (few rows), and
+    // only while dy is kept: the `dw` blocks read it, in any order with the rows' dx stores.
+    // Few rows: the two launches' grid has a block per row group; for 16-bit blocks of 256
+    // threads or more, also while a block per row group fits that grid's thread budget (its
+    // slots then hold two rows; for f32 and smaller blocks the two launches were faster).
+    // Its rows take a block per row group whatever their number (it has no partials to bound).
+    let sixteen_bit = dtype.size_bytes() == 2;
+    let cheap = groups == blocks
+        || (sixteen_bit && block >= 256 && groups <= RMSNORM_BWD_GRID_THREADS / block as u64)
         || (mode == VecMode::Scalar
-            && dtype.size_bytes() == 2
+            && sixteen_bit
             && rows.saturating_mul(hidden) <= RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS);
     let fused = fused_allowed
         && variant == NormBwdVariant::E16

@@ -1999,17 +1999,23 @@ fn backward_fused_matches_two_launches_bitwise() {
                 gemma: i % 2 == 1,
                 w_f32: dtype != DType::F32 && (i / 2) % 2 == 1,
             };
-            // One launch where a block per row group fits the two launches' thread budget,
-            // and for 16-bit rows off the grid up to 2^22 elements; the two launches' slots
-            // (a power of two of blocks) then hold several rows where there are more groups.
+            // One launch where the two launches have a block per row group; for 16-bit
+            // blocks of 256 threads or more while a block per row group fits their thread
+            // budget; for 16-bit rows off the grid up to 2^22 elements. The two launches'
+            // slots then hold several rows.
             let layout = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64);
             let g = layout.geometry;
-            let fits =
-                rows.div_ceil(g.rows_per_block as usize) * g.block_threads() as usize <= 131_072;
+            let groups = rows.div_ceil(g.rows_per_block as usize);
+            let sixteen_bit = dtype.size_bytes() == 2;
+            let wide_16 = sixteen_bit
+                && g.block_threads() >= 256
+                && groups * g.block_threads() as usize <= 131_072;
             let lanes = dtype.lanes_per_16b();
             let on_grid = c.layout.on_grid(hidden, lanes);
-            let off_grid_16 = dtype.size_bytes() == 2 && !on_grid;
-            let fused = fits || (off_grid_16 && rows * hidden <= 1 << 22);
+            let off_grid_16 = sixteen_bit && !on_grid;
+            let fused = groups == layout.blocks as usize
+                || wide_16
+                || (off_grid_16 && rows * hidden <= 1 << 22);
             several_rows_per_slot[on_grid as usize] +=
                 (fused && (layout.slots as usize) < rows) as usize;
             let kernels = match (dtype, c.w_f32) {

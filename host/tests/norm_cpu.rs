@@ -680,15 +680,21 @@ fn backward_geometry_and_workspace() {
                 let blocks = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).blocks;
                 let slots = blocks as usize * g.rows_per_block as usize;
                 // One launch for rows held 16 per thread, with a block per row group: where
-                // a block per row group fits the two launches' thread budget, and for 16-bit
-                // rows off the grid up to 2^22 elements.
+                // the two launches have a block per row group; for 16-bit blocks of 256
+                // threads or more while a block per row group fits their thread budget; for
+                // 16-bit rows off the grid up to 2^22 elements.
                 let groups = rows.div_ceil(g.rows_per_block as usize);
-                let scalar_16 = mode_of(&plan) == VecMode::Scalar && dtype.size_bytes() == 2;
-                let fits = groups * g.block_threads() as usize <= 131_072;
+                let sixteen_bit = dtype.size_bytes() == 2;
+                let scalar_16 = mode_of(&plan) == VecMode::Scalar && sixteen_bit;
+                let wide_16 = sixteen_bit
+                    && g.block_threads() >= 256
+                    && groups * g.block_threads() as usize <= 131_072;
                 let fused = variant == NormBwdVariant::E16
                     && rows > 0
                     && hidden > 0
-                    && (fits || (scalar_16 && rows * hidden <= 1 << 22));
+                    && (groups == blocks as usize
+                        || wide_16
+                        || (scalar_16 && rows * hidden <= 1 << 22));
                 assert_eq!(plan.dw.is_none(), fused, "{dtype:?} {rows} x {hidden}");
                 if fused {
                     assert_eq!(row_blocks(&plan, hidden) as usize, groups);
