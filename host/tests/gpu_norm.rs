@@ -1933,9 +1933,9 @@ fn backward_every_dtype_size_placement_and_option() {
 /// the reference: every dtype, rows on the vector grid and off it (odd lengths, padded rows,
 /// offsets), from one row to more than the two launches' grid holds (their row slots then sum
 /// several rows, on and off the grid), every placement that keeps `dy`, Gemma and an f32
-/// weight in turn. The
-/// two-launch run must write the workspace and the fused one must not (so the switch is seen
-/// to work); shapes past the one-launch rule must run two launches either way.
+/// weight in turn. The two-launch run must write the workspace and the fused one must not (so
+/// the switch is seen to work); shapes past the one-launch rule must run two launches either
+/// way.
 #[test]
 fn backward_fused_matches_two_launches_bitwise() {
     let Some((k, s)) = gpu("backward_fused_matches_two_launches_bitwise") else {
