@@ -11,7 +11,7 @@ use crate::{
     NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
     RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, ZERO_FILL_THREADS,
-    rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged,
+    rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged, rmsnorm_bwd_vector_min_blocks,
 };
 use VecMode::{Scalar, V16};
 
@@ -487,14 +487,16 @@ impl KernelId {
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
             // The staged backward of 16-bit rows: two 512-thread rows per SM (64 registers),
             // one row's reduction and stores while the other's copies land.
-            KernelId::RmsNormBwd(DType::BF16 | DType::F16, VecMode::V16, NormBwdVariant::E16) => {
-                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 2))
-            }
+            KernelId::RmsNormBwd(d @ (BF16 | F16), VecMode::V16, NormBwdVariant::E16) => Some((
+                RMSNORM_BWD_MAX_THREADS_PER_ROW,
+                rmsnorm_bwd_vector_min_blocks(d),
+            )),
             // f32 rows: its 512-thread blocks must launch (128 registers: at 64 it spilled 400
             // bytes), which leaves two 256-thread blocks per SM for rows up to 4096.
-            KernelId::RmsNormBwd(DType::F32, VecMode::V16, NormBwdVariant::E16) => {
-                Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1))
-            }
+            KernelId::RmsNormBwd(F32, VecMode::V16, NormBwdVariant::E16) => Some((
+                RMSNORM_BWD_MAX_THREADS_PER_ROW,
+                rmsnorm_bwd_vector_min_blocks(F32),
+            )),
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
             // registers; unbounded it took up to 149).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {

@@ -574,8 +574,8 @@ pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant,
 pub struct NormBwdLayout {
     pub variant: NormBwdVariant,
     pub geometry: NormGeometry,
-    /// Blocks of the row kernel: one per row group, capped at a power of two of blocks with
-    /// at most [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups; see
+    /// Blocks of the row kernel: one per row group, capped within
+    /// [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups; see
     /// [`rmsnorm_bwd_row_blocks`]); none when `hidden == 0`.
     pub blocks: u64,
     /// Partial `dw` rows, one per row slot (`blocks * rows_per_block`).
@@ -585,27 +585,72 @@ pub struct NormBwdLayout {
     pub workspace_len: u64,
 }
 
-/// The rows kernel's blocks for `groups` row groups in blocks of `block_threads`: one per
-/// group, at most the largest power of two of blocks whose threads fit
-/// [`RMSNORM_BWD_GRID_THREADS`] (at least one block).
+/// The rows kernel's blocks for `groups` row groups of geometry `g` and `dtype`: one per
+/// group up to the largest power of two of blocks whose threads fit
+/// [`RMSNORM_BWD_GRID_THREADS`]; from four times the *occupancy grid* on, that grid:
+/// `per_sm * 2^k` blocks, the most of that form within the same threads, where `per_sm` is
+/// [`rmsnorm_bwd_blocks_per_sm`] (the two are the same grid where `per_sm` is 1).
 ///
-/// Why a power of two: the capped grid's blocks each loop over an equal share of the row
-/// groups, so a grid just over a whole number of waves (blocks the GPU holds at once) leaves
-/// most multiprocessors idle through its last wave: 409 blocks of 320 threads, one per SM on
-/// 132 SMs, take four waves for the work of 3.1. The grid may not depend on the device (the
-/// slots fix `dw`'s bits), so it cannot be sized to the GPU. The GPUs this is tuned for (H100
-/// and H200 SXM) have 132 SMs, just above a power of two: a power-of-two grid is then one or
-/// two whole waves, or less than one, for the vector kernels' block sizes but one (160
-/// threads at 128 registers, three blocks per SM: 512 blocks are 1.3 waves).
-pub const fn rmsnorm_bwd_row_blocks(groups: u64, block_threads: u32) -> u64 {
-    let most = RMSNORM_BWD_GRID_THREADS / block_threads as u64;
-    // The largest power of two not above `most` (1 when `most` is 0 or 1).
-    let cap = if most <= 1 {
+/// Why these forms: the capped grid's blocks each loop over an equal share of the row groups,
+/// so a grid just over a whole number of waves (blocks the GPU holds at once) leaves most
+/// multiprocessors idle through its last wave: 409 blocks of 320 threads, one per SM on 132
+/// SMs, take four waves for the work of 3.1. The grid may not depend on the device (the slots
+/// fix `dw`'s bits), so it cannot be sized to the GPU. The GPUs this is tuned for (H100 and
+/// H200 SXM) have 132 SMs, just above a power of two, so a power of two of blocks, or of
+/// multiprocessors' worth of blocks, is one or two whole waves, or a little less than one.
+/// The occupancy grid fills the multiprocessors that hold several blocks, but each of its
+/// slots is a row of partials that the `dw` sum reads: below four row groups per block those
+/// cost more than the fuller waves save, and the smaller power-of-two grid is kept.
+pub const fn rmsnorm_bwd_row_blocks(dtype: DType, g: &NormGeometry, groups: u64) -> u64 {
+    let block = g.block_threads() as u64;
+    let per_sm = rmsnorm_bwd_blocks_per_sm(dtype, g);
+    let occupancy = largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, block * per_sm) * per_sm;
+    if groups >= 4 * occupancy {
+        return occupancy;
+    }
+    let cap = largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, block);
+    if groups < cap { groups } else { cap }
+}
+
+/// The largest power of two `n` with `n * size <= total` (1 when there is none).
+const fn largest_power_of_two_within(total: u64, size: u64) -> u64 {
+    let most = match total.checked_div(size) {
+        Some(most) => most,
+        None => 0,
+    };
+    if most <= 1 {
         1
     } else {
         1 << (63 - most.leading_zeros())
-    };
-    if groups < cap { groups } else { cap }
+    }
+}
+
+/// Blocks of the backward's rows kernel that the grid cap ([`rmsnorm_bwd_row_blocks`]) counts
+/// per multiprocessor: for one-row blocks of the 16-per-thread layout as many as the registers
+/// of the vector entry's launch bounds allow ([`rmsnorm_bwd_vector_min_blocks`]: 1024 threads
+/// of 16-bit rows at 64 registers, 512 of f32 rows at 128); 1 otherwise.
+///
+/// Blocks of several rows are left at one: each row keeps its own `dw` partial, so a larger
+/// grid adds `rows_per_block` partial rows per block for the `dw` sum to read, which cost more
+/// than the shorter loop saved (16-bit rows of 96 threads). The looped variant has no register
+/// bound to count by.
+pub const fn rmsnorm_bwd_blocks_per_sm(dtype: DType, g: &NormGeometry) -> u64 {
+    if g.looped || g.rows_per_block != 1 || g.block_threads() == 0 {
+        return 1;
+    }
+    let sm_threads = RMSNORM_BWD_MAX_THREADS_PER_ROW * rmsnorm_bwd_vector_min_blocks(dtype);
+    let blocks = (sm_threads / g.block_threads()) as u64;
+    if blocks == 0 { 1 } else { blocks }
+}
+
+/// Blocks of [`RMSNORM_BWD_MAX_THREADS_PER_ROW`] threads per multiprocessor that the launch
+/// bounds of the 16-per-thread vector rows kernel budget registers for
+/// (`KernelId::launch_bounds`): two for 16-bit rows (64 registers), one for f32 rows (128).
+pub const fn rmsnorm_bwd_vector_min_blocks(dtype: DType) -> u32 {
+    match dtype {
+        DType::BF16 | DType::F16 => 2,
+        _ => 1,
+    }
 }
 
 /// See [`NormBwdLayout`].
@@ -615,7 +660,7 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
     let blocks = if hidden == 0 {
         0
     } else {
-        rmsnorm_bwd_row_blocks(groups, geometry.block_threads())
+        rmsnorm_bwd_row_blocks(dtype, &geometry, groups)
     };
     let slots = blocks * geometry.rows_per_block as u64;
     let coef = match variant {
@@ -720,7 +765,9 @@ pub struct RmsNormBwdParams {
     pub flags: u32,
     pub threads_per_row: u32,
     pub rows_per_block: u32,
-    pub _pad: u32,
+    /// The fused entries: the slots of the two-launch layout of the same call
+    /// ([`rmsnorm_bwd_layout`]), whose order their `dw` blocks follow (0 for the others).
+    pub dw_slots: u32,
     /// `dw`, for the fused entries only (0 for the others).
     pub dw: u64,
 }

@@ -722,7 +722,8 @@ pub fn plan_rmsnorm_backward_with(
             flags,
             threads_per_row: geometry.threads_per_row,
             rows_per_block: geometry.rows_per_block,
-            _pad: 0,
+            // At most 131072 / 32 slots (blocks within 131072 threads of 32 or more per row).
+            dw_slots: if fused { slots as u32 } else { 0 },
             dw: if fused { t.dw.addr } else { 0 },
         },
     };

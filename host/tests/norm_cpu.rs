@@ -674,7 +674,7 @@ fn backward_geometry_and_workspace() {
                     "{dtype:?} {hidden}: {want} bytes of shared memory"
                 );
             }
-            for rows in [0usize, 1, 7, 300, 600, 1000, 100_000] {
+            for rows in [0usize, 1, 7, 300, 600, 1000, 2000, 100_000] {
                 let t = bwd_descs(dtype, rows, hidden, false);
                 let plan = bwd(&t).unwrap();
                 let blocks = rmsnorm_bwd_layout(dtype, rows as u64, hidden as u64).blocks;
@@ -706,12 +706,15 @@ fn backward_geometry_and_workspace() {
                     assert_eq!(dw.grid as usize, hidden.div_ceil(32));
                     assert_eq!(dw.kernel, KernelId::RmsNormDw(dtype));
                     assert_eq!(plan.rows.params.dw, 0);
+                    assert_eq!(plan.rows.params.dw_slots, 0);
                 } else {
                     assert_eq!(
                         plan.rows.kernel,
                         KernelId::RmsNormBwdFused(dtype, mode_of(&plan))
                     );
                     assert_eq!(plan.rows.params.dw, t.dw.addr);
+                    // Its dw blocks follow the two launches' slots.
+                    assert_eq!(plan.rows.params.dw_slots as usize, slots);
                 }
                 let coef = if variant == NormBwdVariant::Loop {
                     rows
@@ -724,12 +727,35 @@ fn backward_geometry_and_workspace() {
                 );
                 assert!(blocks as usize <= groups);
                 assert!(blocks * plan.rows.block as u64 <= 131_072);
-                // A capped grid is the largest power of two of blocks within that.
-                if (blocks as usize) < groups {
-                    assert!(
-                        blocks.is_power_of_two() && 2 * blocks * plan.rows.block as u64 > 131_072,
-                        "{dtype:?} {rows} x {hidden}: {blocks} blocks of {}",
-                        plan.rows.block
+                // The grid: a block per row group up to the largest power of two of blocks
+                // within that; from four times the occupancy grid on, that grid, a power of two
+                // of multiprocessors' worth of blocks (for one-row blocks of 16 per thread as
+                // many as the vector entry's registers allow, 1024 threads of 16-bit rows and
+                // 512 of f32, else one).
+                if hidden > 0 {
+                    let block = plan.rows.block as u64;
+                    let per_sm = match (variant, g.rows_per_block, sixteen_bit) {
+                        (NormBwdVariant::E16, 1, true) => 1024 / block,
+                        (NormBwdVariant::E16, 1, false) => 512 / block,
+                        _ => 1,
+                    };
+                    let power_of_two_within = |size: u64| {
+                        let mut n = 1;
+                        while 2 * n * size <= 131_072 {
+                            n *= 2;
+                        }
+                        n
+                    };
+                    let occupancy = power_of_two_within(block * per_sm) * per_sm;
+                    let groups = groups as u64;
+                    let want = if groups >= 4 * occupancy {
+                        occupancy
+                    } else {
+                        groups.min(power_of_two_within(block))
+                    };
+                    assert_eq!(
+                        blocks, want,
+                        "{dtype:?} {rows} x {hidden}: blocks of {block}"
                     );
                 }
                 if rows == 0 {

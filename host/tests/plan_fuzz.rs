@@ -2343,13 +2343,32 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     if p.flags != flags {
         v.add(format!("flags {:#x}, expected {flags:#x}", p.flags));
     }
-    // Two launches cap the grid (the partials are `slots x hidden`) at a power of two of
-    // blocks; the fused kernel has none.
-    let capped = !fused && hidden > 0 && row_blocks < groups;
-    if (!fused && row_blocks * rl.block as u64 > RMSNORM_BWD_GRID_THREADS)
-        || (capped
-            && (!row_blocks.is_power_of_two()
-                || 2 * row_blocks * rl.block as u64 <= RMSNORM_BWD_GRID_THREADS))
+    // Two launches cap the grid (the partials are `slots x hidden`): a block per row group up
+    // to the largest power of two of blocks within the thread budget; from four times the
+    // occupancy grid on, that grid, a power of two of multiprocessors' worth of blocks (for
+    // one-row blocks of 16 per thread as many as the vector entry's registers allow: 1024
+    // threads of 16-bit rows, 512 of f32; else one). The fused kernel has none.
+    let block = rl.block.max(1) as u64;
+    let per_sm = match (looped, p.rows_per_block, dtype.size_bytes()) {
+        (false, 1, 2) => 1024 / block,
+        (false, 1, _) => 512 / block,
+        _ => 1,
+    }
+    .max(1);
+    let power_of_two_within = |size: u64| {
+        let mut n = 1;
+        while 2 * n * size <= RMSNORM_BWD_GRID_THREADS {
+            n *= 2;
+        }
+        n
+    };
+    let occupancy = power_of_two_within(block * per_sm) * per_sm;
+    let want_blocks = if groups >= 4 * occupancy {
+        occupancy
+    } else {
+        groups.min(power_of_two_within(block))
+    };
+    if (!fused && hidden > 0 && row_blocks != want_blocks)
         || (rl.grid > 0 && rl.block != p.threads_per_row * p.rows_per_block)
     {
         v.add(format!("{} blocks of {}", rl.grid, rl.block));
@@ -2405,6 +2424,15 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         ));
     } else if p.dw != 0 {
         v.add("dw written by the rows kernel of two launches".into());
+    }
+    // The fused kernel's dw blocks follow the two launches' slots.
+    let dw_slots = if fused {
+        want_blocks * p.rows_per_block as u64
+    } else {
+        0
+    };
+    if p.dw_slots as u64 != dw_slots {
+        v.add(format!("{} dw slots, expected {dw_slots}", p.dw_slots));
     }
 
     // The dw launch: the fixed-order sum of the slots' partials into dw.

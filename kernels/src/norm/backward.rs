@@ -8,7 +8,7 @@ use core::num::NonZeroU64;
 use ferrofuse_common::{
     RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_row_blocks, rmsnorm_bwd_staged_buffers,
+    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_staged_buffers,
 };
 
 use super::realign::{self, Shifted, window};
@@ -922,9 +922,8 @@ unsafe fn dw_columns<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
     let groups = rmsnorm_bwd_fused_dw_groups(threads as u32) as u64;
     let per_group = RMSNORM_DW_THREADS as u64;
     let cols = RMSNORM_DW_COLS as u64;
-    let rpb = p.rows_per_block as u64;
     // The slots of the two-launch layout of the same call.
-    let slots = rmsnorm_bwd_row_blocks(p.rows.div_ceil(rpb), threads as u32) * rpb;
+    let slots = p.dw_slots as u64;
     let slices = RMSNORM_DW_SLICES as u64;
     let tid = grid::thread_x();
     let smem = smem_f32();
