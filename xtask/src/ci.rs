@@ -141,8 +141,12 @@ impl Stable {
             std::env::split_paths(&path).filter(|p| !p.to_string_lossy().contains("nightly")),
         )
         .map_err(|e| e.to_string())?;
+        // Without debug info: these builds only have to compile (and the downstream crate
+        // run once), and they share the CI machine's disk with everything else.
         cmd.args(args)
             .env("RUSTUP_TOOLCHAIN", &self.toolchain)
+            .env("CARGO_PROFILE_DEV_DEBUG", "false")
+            .env("CARGO_INCREMENTAL", "0")
             .env("CARGO_TARGET_DIR", target_dir)
             .env("PATH", path)
             .current_dir(dir);
@@ -196,7 +200,9 @@ impl Stable {
             &root.join("target/ci-stable/packages"),
             &["build", "--all-targets", "--config", &patch],
         )?;
-        std::fs::remove_dir_all(&self.scratch).map_err(|e| e.to_string())
+        // The stable builds are not reused: their gigabytes go before the candle build.
+        std::fs::remove_dir_all(&self.scratch).map_err(|e| e.to_string())?;
+        std::fs::remove_dir_all(root.join("target/ci-stable")).map_err(|e| e.to_string())
     }
 }
 

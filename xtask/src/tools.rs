@@ -62,7 +62,8 @@ pub fn ptxas() -> Result<PathBuf, String> {
 }
 
 /// `pip install --no-deps --target dir wheels...`: the wheels' files only, outside any Python
-/// environment, so nothing else on the machine changes.
+/// environment, so nothing else on the machine changes (no pip cache either: the CUDA wheels
+/// would take their gigabyte twice).
 fn pip_install(dir: &Path, wheels: &[&str], what: &str) -> Result<(), String> {
     run(Command::new(python())
         .args([
@@ -71,6 +72,7 @@ fn pip_install(dir: &Path, wheels: &[&str], what: &str) -> Result<(), String> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            "--no-cache-dir",
             "--no-deps",
             "--target",
         ])
