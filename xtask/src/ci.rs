@@ -62,8 +62,30 @@ pub fn run() -> Result<(), String> {
             "--allow-dirty",
         ],
     )?;
+    check_crate_sizes(&root)?;
     stable.build_packages(&root)?;
     candle(&cargo, &root)
+}
+
+/// crates.io refuses a `.crate` file over 10 MiB, and `ferrofuse` carries the PTX of every
+/// arch: a kernel change that grows it past the limit must fail here, not at publishing.
+fn check_crate_sizes(root: &Path) -> Result<(), String> {
+    const LIMIT: u64 = 10 << 20;
+    let version = workspace_value(root, "version")?;
+    for name in ["ferrofuse-common", "ferrofuse"] {
+        let krate = root.join(format!("target/package/{name}-{version}.crate"));
+        let bytes = std::fs::metadata(&krate)
+            .map_err(|e| format!("{}: {e}", krate.display()))?
+            .len();
+        eprintln!("{name}-{version}.crate: {bytes} bytes (crates.io takes up to {LIMIT})");
+        if bytes > LIMIT {
+            return Err(format!(
+                "{}: {bytes} bytes, over crates.io's limit of {LIMIT}",
+                krate.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// ferrofuse-candle with candle's CUDA build: clippy (warnings denied) on every target, then
