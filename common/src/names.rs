@@ -485,17 +485,13 @@ impl KernelId {
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
-            // The staged backward of 16-bit rows: two 512-thread rows per SM (64 registers),
-            // one row's reduction and stores while the other's copies land.
-            KernelId::RmsNormBwd(d @ (BF16 | F16), VecMode::V16, NormBwdVariant::E16) => Some((
+            // The staged backward: 16-bit rows two 512-thread rows per SM (64 registers), one
+            // row's reduction and stores while the other's copies land; f32 rows one (128
+            // registers: at 64 they spilled 400 bytes), which leaves two 256-thread blocks per
+            // SM for rows up to 4096.
+            KernelId::RmsNormBwd(d, VecMode::V16, NormBwdVariant::E16) => Some((
                 RMSNORM_BWD_MAX_THREADS_PER_ROW,
                 rmsnorm_bwd_vector_min_blocks(d),
-            )),
-            // f32 rows: its 512-thread blocks must launch (128 registers: at 64 it spilled 400
-            // bytes), which leaves two 256-thread blocks per SM for rows up to 4096.
-            KernelId::RmsNormBwd(F32, VecMode::V16, NormBwdVariant::E16) => Some((
-                RMSNORM_BWD_MAX_THREADS_PER_ROW,
-                rmsnorm_bwd_vector_min_blocks(F32),
             )),
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
             // registers; unbounded it took up to 149).
