@@ -9,6 +9,7 @@ use crate::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use crate::{
     DType, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES, GATED_THREADS, NormBwdVariant,
     NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
+    RMSNORM_BWD_NARROW_MAX_THREADS, RMSNORM_BWD_NARROW_REGISTERS,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
     RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, ZERO_FILL_THREADS,
     rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged, rmsnorm_bwd_vector_min_blocks,
@@ -78,6 +79,10 @@ pub enum KernelId {
     RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
+    /// The 16-per-thread vector form of [`KernelId::RmsNormBwd`] compiled to fewer registers,
+    /// for blocks of at most `crate::RMSNORM_BWD_NARROW_MAX_THREADS` (f32 only,
+    /// `rmsnorm_bwd_{dtype}_v16_e16_narrow`; see `crate::rmsnorm_bwd_narrow`).
+    RmsNormBwdNarrow(DType),
     /// RMSNorm backward in one launch, for calls of few rows: `dx`, and `dw` summed by blocks
     /// of its own, with the bits of the two launches
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_e16_fused`; see `crate::RmsNormBwdParams`).
@@ -235,6 +240,7 @@ kernel_table! {
     rmsnorm_fwd_bf16_scalar_loop = RmsNormFwd(BF16, Scalar, Fwd::Loop),
     rmsnorm_bwd_f32_v16_e16 = RmsNormBwd(F32, V16, Bwd::E16),
     rmsnorm_bwd_f32_v16_loop = RmsNormBwd(F32, V16, Bwd::Loop),
+    rmsnorm_bwd_f32_v16_e16_narrow = RmsNormBwdNarrow(F32),
     rmsnorm_bwd_f32_scalar_e16 = RmsNormBwd(F32, Scalar, Bwd::E16),
     rmsnorm_bwd_f32_scalar_loop = RmsNormBwd(F32, Scalar, Bwd::Loop),
     rmsnorm_bwd_f16_v16_e16 = RmsNormBwd(F16, V16, Bwd::E16),
@@ -407,6 +413,7 @@ impl KernelId {
                 | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormFwdSplit(..)
                 | KernelId::RmsNormBwd(..)
+                | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
                 | KernelId::RmsNormDw(..)
         )
@@ -437,6 +444,7 @@ impl KernelId {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
+            KernelId::RmsNormBwdNarrow(_) => RMSNORM_BWD_NARROW_MAX_THREADS,
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
@@ -488,11 +496,14 @@ impl KernelId {
             // The staged backward: 16-bit rows two 512-thread rows per SM (64 registers), one
             // row's reduction and stores while the other's copies land; f32 rows one (128
             // registers: at 64 they spilled 400 bytes), which leaves two 256-thread blocks per
-            // SM for rows up to 4096.
+            // SM for rows up to 4096 (the narrow entry takes the block sizes where fewer
+            // registers fit more blocks).
             KernelId::RmsNormBwd(d, VecMode::V16, NormBwdVariant::E16) => Some((
                 RMSNORM_BWD_MAX_THREADS_PER_ROW,
                 rmsnorm_bwd_vector_min_blocks(d),
             )),
+            // Its register budget is `max_registers`.
+            KernelId::RmsNormBwdNarrow(_) => Some((RMSNORM_BWD_NARROW_MAX_THREADS, 0)),
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
             // registers; unbounded it took up to 149).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
@@ -519,14 +530,17 @@ impl KernelId {
 
     /// A `.maxnreg` that `cargo xtask ptx` writes into the entry instead of `.minnctapersm`
     /// (with the same `.maxntid`), where the launch bounds' register budget is more than the
-    /// kernel should take: the whole-row realigned kernels. At 16 per thread the 16-bit entry
-    /// holds the bodies specialised on a row's offset, which took 64 registers under the
-    /// bounds and cost rows of 160-192 threads a block per multiprocessor on the form that
-    /// does not use them; the others took 61-64 once the weight's ragged vector was loaded
-    /// after the row's copies (`realign::stage_weight_tail`), a block per multiprocessor
-    /// fewer for rows of 288-320 threads at 32 per thread. At 56 none spills.
+    /// kernel should take: the narrow backward and the whole-row realigned kernels.
+    ///
+    /// Realigned: at 16 per thread the 16-bit entry holds the bodies specialised on a row's
+    /// offset, which took 64 registers under the bounds and cost rows of 160-192 threads a
+    /// block per multiprocessor on the form that does not use them; the others took 61-64 once
+    /// the weight's ragged vector was loaded after the row's copies
+    /// (`realign::stage_weight_tail`), a block per multiprocessor fewer for rows of 288-320
+    /// threads at 32 per thread. At 56 none spills.
     pub const fn max_registers(self) -> Option<u32> {
         match self {
+            KernelId::RmsNormBwdNarrow(_) => Some(RMSNORM_BWD_NARROW_REGISTERS),
             KernelId::RmsNormFwdRealigned(_, NormFwdVariant::E16 | NormFwdVariant::E32) => Some(56),
             _ => None,
         }
@@ -546,6 +560,7 @@ impl KernelId {
             KernelId::RmsNormBwd(_, mode, variant) if rmsnorm_bwd_staged(mode, variant) => {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
+            KernelId::RmsNormBwdNarrow(_) => Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES),
             KernelId::GatedFp8RowStream(..) => Some(GATED_FP8_STREAM_SMEM_BYTES),
             KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
                 Some(RMSNORM_STREAM_SMEM_BYTES)

@@ -580,6 +580,9 @@ pub struct NormBwdLayout {
     pub blocks: u64,
     /// Partial `dw` rows, one per row slot (`blocks * rows_per_block`).
     pub slots: u64,
+    /// Whether the two launches' rows kernel is the narrow entry on the vector path
+    /// ([`rmsnorm_bwd_narrow`], where the grid is the occupancy grid).
+    pub narrow: bool,
     /// f32 elements of the workspace: the partial `dw` rows, plus, for the looped variant,
     /// one coefficient per row.
     pub workspace_len: u64,
@@ -602,14 +605,24 @@ pub struct NormBwdLayout {
 /// slots is a row of partials that the `dw` sum reads: below four row groups per block those
 /// cost more than the fuller waves save, and the smaller power-of-two grid is kept.
 pub const fn rmsnorm_bwd_row_blocks(dtype: DType, g: &NormGeometry, groups: u64) -> u64 {
-    let block = g.block_threads() as u64;
-    let per_sm = rmsnorm_bwd_blocks_per_sm(dtype, g);
-    let occupancy = largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, block * per_sm) * per_sm;
-    if groups >= 4 * occupancy {
-        return occupancy;
+    if rmsnorm_bwd_on_occupancy_grid(dtype, g, groups) {
+        return rmsnorm_bwd_occupancy_grid(dtype, g);
     }
-    let cap = largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, block);
+    let cap = largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, g.block_threads() as u64);
     if groups < cap { groups } else { cap }
+}
+
+/// The occupancy grid of [`rmsnorm_bwd_row_blocks`].
+const fn rmsnorm_bwd_occupancy_grid(dtype: DType, g: &NormGeometry) -> u64 {
+    let per_sm = rmsnorm_bwd_blocks_per_sm(dtype, g);
+    let sm_threads = g.block_threads() as u64 * per_sm;
+    largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, sm_threads) * per_sm
+}
+
+/// Whether `groups` row groups of geometry `g` run on the occupancy grid: four or more per
+/// block.
+const fn rmsnorm_bwd_on_occupancy_grid(dtype: DType, g: &NormGeometry, groups: u64) -> bool {
+    groups >= 4 * rmsnorm_bwd_occupancy_grid(dtype, g)
 }
 
 /// The largest power of two `n` with `n * size <= total` (1 when there is none).
@@ -626,9 +639,9 @@ const fn largest_power_of_two_within(total: u64, size: u64) -> u64 {
 }
 
 /// Blocks of the backward's rows kernel that the grid cap ([`rmsnorm_bwd_row_blocks`]) counts
-/// per multiprocessor: for one-row blocks of the 16-per-thread layout as many as the registers
-/// of the vector entry's launch bounds allow ([`rmsnorm_bwd_vector_min_blocks`]: 1024 threads
-/// of 16-bit rows at 64 registers, 512 of f32 rows at 128); 1 otherwise.
+/// per multiprocessor: for one-row blocks of the 16-per-thread layout as many as the vector
+/// entry the geometry runs on fits by its register budget ([`rmsnorm_bwd_vector_registers`])
+/// and its shared memory (with `dres` staged, the larger); 1 otherwise.
 ///
 /// Blocks of several rows are left at one: each row keeps its own `dw` partial, so a larger
 /// grid adds `rows_per_block` partial rows per block for the `dw` sum to read, which cost more
@@ -638,18 +651,111 @@ pub const fn rmsnorm_bwd_blocks_per_sm(dtype: DType, g: &NormGeometry) -> u64 {
     if g.looped || g.rows_per_block != 1 || g.block_threads() == 0 {
         return 1;
     }
-    let sm_threads = RMSNORM_BWD_MAX_THREADS_PER_ROW * rmsnorm_bwd_vector_min_blocks(dtype);
-    let blocks = (sm_threads / g.block_threads()) as u64;
-    if blocks == 0 { 1 } else { blocks }
+    let blocks = rmsnorm_bwd_vector_blocks_per_sm(dtype, g, rmsnorm_bwd_vector_registers(dtype, g));
+    if blocks == 0 { 1 } else { blocks as u64 }
+}
+
+/// One-row blocks of geometry `g` that a multiprocessor holds at `registers` per thread,
+/// staged with `dres` (see [`rmsnorm_bwd_smem_bytes`]).
+const fn rmsnorm_bwd_vector_blocks_per_sm(dtype: DType, g: &NormGeometry, registers: u32) -> u32 {
+    let smem = rmsnorm_bwd_smem_bytes(dtype, VecMode::V16, NormBwdVariant::E16, g, true, u64::MAX);
+    blocks_per_sm(registers, g.block_threads(), smem)
+}
+
+/// Registers per thread of the 16-per-thread vector rows kernel that runs geometry `g` (its
+/// launch bounds, `KernelId::launch_bounds` and `KernelId::max_registers`): 64 for 16-bit
+/// rows, two 512-thread blocks per multiprocessor; 128 for f32 rows, one, or
+/// [`RMSNORM_BWD_NARROW_REGISTERS`] where [`rmsnorm_bwd_narrow`] picks that entry.
+pub const fn rmsnorm_bwd_vector_registers(dtype: DType, g: &NormGeometry) -> u32 {
+    if rmsnorm_bwd_narrow(dtype, g) {
+        RMSNORM_BWD_NARROW_REGISTERS
+    } else {
+        rmsnorm_bwd_bounded_registers(dtype)
+    }
+}
+
+/// Registers per thread that the launch bounds of the 16-per-thread vector rows kernel leave:
+/// [`rmsnorm_bwd_vector_min_blocks`] blocks of [`RMSNORM_BWD_MAX_THREADS_PER_ROW`] threads.
+const fn rmsnorm_bwd_bounded_registers(dtype: DType) -> u32 {
+    SM_REGISTERS / (RMSNORM_BWD_MAX_THREADS_PER_ROW * rmsnorm_bwd_vector_min_blocks(dtype))
 }
 
 /// Blocks of [`RMSNORM_BWD_MAX_THREADS_PER_ROW`] threads per multiprocessor that the launch
 /// bounds of the 16-per-thread vector rows kernel budget registers for
-/// (`KernelId::launch_bounds`): two for 16-bit rows (64 registers), one for f32 rows (128).
+/// (`KernelId::launch_bounds`): two for 16-bit rows (64 registers), one for f32 rows (128:
+/// at 64 the f32 kernel spilled 400 bytes).
 pub const fn rmsnorm_bwd_vector_min_blocks(dtype: DType) -> u32 {
     match dtype {
         DType::BF16 | DType::F16 => 2,
         _ => 1,
+    }
+}
+
+/// Registers per thread of the narrow f32 vector rows kernel of the backward
+/// (`rmsnorm_bwd_f32_v16_e16_narrow`).
+pub const RMSNORM_BWD_NARROW_REGISTERS: u32 = 96;
+/// The narrow kernel's largest block: above it a multiprocessor holds one block at 96
+/// registers as at 128.
+pub const RMSNORM_BWD_NARROW_MAX_THREADS: u32 = 320;
+
+/// Whether f32 rows of geometry `g` have a narrow vector rows kernel: the same code as
+/// `rmsnorm_bwd_f32_v16_e16`, so the same bits, held to [`RMSNORM_BWD_NARROW_REGISTERS`]
+/// instead of 128, where that fits more blocks on a multiprocessor (two of 288 or 320 threads
+/// instead of one, three of 192 instead of two). The occupancy grid counts those blocks
+/// ([`rmsnorm_bwd_row_blocks`]), and calls on it run the narrow kernel
+/// ([`NormBwdLayout::narrow`]); on the power-of-two grid the 128-register kernel runs: at 96
+/// registers it spills about 120 bytes (L1 hits), which costs where the extra blocks do not
+/// save a wave (600 x 3072 in graph replay: 512 blocks, two waves either way, 19% slower).
+pub const fn rmsnorm_bwd_narrow(dtype: DType, g: &NormGeometry) -> bool {
+    let wide = rmsnorm_bwd_bounded_registers(dtype);
+    matches!(dtype, DType::F32)
+        && !g.looped
+        && g.rows_per_block == 1
+        && g.block_threads() <= RMSNORM_BWD_NARROW_MAX_THREADS
+        && rmsnorm_bwd_vector_blocks_per_sm(dtype, g, RMSNORM_BWD_NARROW_REGISTERS)
+            > rmsnorm_bwd_vector_blocks_per_sm(dtype, g, wide)
+}
+
+/// Registers of one multiprocessor (sm_80 and sm_90), and the most one block may hold.
+pub const SM_REGISTERS: u32 = 65536;
+/// Shared memory of one sm_90 multiprocessor (H100, H200).
+pub const SM_SMEM_BYTES: u32 = 228 * 1024;
+/// Shared memory the system takes per resident block, beyond the block's own.
+pub const SM_BLOCK_RESERVED_SMEM_BYTES: u32 = 1024;
+/// Resident warps of one sm_90 multiprocessor.
+pub const SM_MAX_WARPS: u32 = 64;
+/// Resident blocks of one sm_90 multiprocessor.
+pub const SM_MAX_BLOCKS: u32 = 32;
+
+/// Registers a block of `threads` takes at `per_thread` registers: allocated per warp, in
+/// units of 256.
+pub const fn block_registers(per_thread: u32, threads: u32) -> u32 {
+    let per_warp = (per_thread * 32).div_ceil(256) * 256;
+    threads.div_ceil(32) * per_warp
+}
+
+/// Blocks of `threads` threads at `registers` per thread and `smem_bytes` of dynamic shared
+/// memory that an sm_90 multiprocessor holds at once, as the occupancy calculator counts them:
+/// registers go to warps in units of 256, warps in groups of four (one per scheduler).
+pub const fn blocks_per_sm(registers: u32, threads: u32, smem_bytes: u32) -> u32 {
+    let per_warp = (registers * 32).div_ceil(256) * 256;
+    let warps = SM_REGISTERS / per_warp / 4 * 4;
+    let warps = if warps < SM_MAX_WARPS {
+        warps
+    } else {
+        SM_MAX_WARPS
+    };
+    let by_registers = warps / threads.div_ceil(32);
+    let by_smem = SM_SMEM_BYTES / (smem_bytes + SM_BLOCK_RESERVED_SMEM_BYTES);
+    let blocks = if by_registers < by_smem {
+        by_registers
+    } else {
+        by_smem
+    };
+    if blocks < SM_MAX_BLOCKS {
+        blocks
+    } else {
+        SM_MAX_BLOCKS
     }
 }
 
@@ -672,6 +778,8 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
         geometry,
         blocks,
         slots,
+        narrow: rmsnorm_bwd_narrow(dtype, &geometry)
+            && rmsnorm_bwd_on_occupancy_grid(dtype, &geometry, groups),
         // Saturating: a shape no buffer could hold asks for more than any buffer has (the
         // planner's size check then rejects it) rather than overflowing.
         workspace_len: slots.saturating_mul(hidden).saturating_add(coef),

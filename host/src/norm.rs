@@ -650,6 +650,7 @@ pub fn plan_rmsnorm_backward_with(
         geometry,
         blocks,
         slots,
+        narrow,
         ..
     } = layout;
     // The weight and the workspace are one-row operands here (shapes checked above).
@@ -693,11 +694,13 @@ pub fn plan_rmsnorm_backward_with(
             rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
         )
     } else {
-        (
-            KernelId::RmsNormBwd(dtype, mode, variant),
-            blocks,
-            rows_smem,
-        )
+        // The narrow entry runs the same code, so it computes the same bits.
+        let kernel = if narrow && mode == VecMode::V16 {
+            KernelId::RmsNormBwdNarrow(dtype)
+        } else {
+            KernelId::RmsNormBwd(dtype, mode, variant)
+        };
+        (kernel, blocks, rows_smem)
     };
     let rows_launch = Launch {
         kernel,

@@ -1825,9 +1825,10 @@ fn backward_case<T: Element, W: Element>(
     } else {
         VecMode::Scalar
     };
-    let (KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode)) = out.kernels.0
-    else {
-        panic!("{what}: planned {:?}", out.kernels.0)
+    let mode = match out.kernels.0 {
+        KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
+        KernelId::RmsNormBwdNarrow(_) => VecMode::V16,
+        k => panic!("{what}: planned {k:?}"),
     };
     assert_eq!(mode, want_mode, "{what}: vector path choice");
     (
@@ -1915,7 +1916,8 @@ fn backward_every_dtype_size_placement_and_option() {
     let mut all = seen.into_inner().unwrap();
     all.extend(kernels);
     // Rows held 16 per thread run two launches only past the fused kernel's rows (the quick
-    // matrix has none); `backward_fused_matches_two_launches_bitwise` runs both forms.
+    // matrix has none), and the narrow rows kernel only past 2^22 elements;
+    // `backward_fused_matches_two_launches_bitwise` runs all of them.
     assert_covered(
         "backward_every_dtype_size_placement_and_option",
         &all,
@@ -1935,7 +1937,7 @@ fn backward_every_dtype_size_placement_and_option() {
 /// several rows, on and off the grid), every placement that keeps `dy`, Gemma and an f32
 /// weight in turn. The two-launch run must write the workspace and the fused one must not (so
 /// the switch is seen to work); shapes past the one-launch rule must run two launches either
-/// way.
+/// way (the narrow rows kernel among them), checked against the reference.
 #[test]
 fn backward_fused_matches_two_launches_bitwise() {
     let Some((k, s)) = gpu("backward_fused_matches_two_launches_bitwise") else {
@@ -1955,6 +1957,7 @@ fn backward_fused_matches_two_launches_bitwise() {
             (600, 3072),
             (280, 7168),
             (1000, 2560),
+            (1024, 4608),
         ]
     } else {
         &[
@@ -1980,6 +1983,8 @@ fn backward_fused_matches_two_launches_bitwise() {
             (300, 5120),
             (280, 7168),
             (1000, 2560),
+            (1024, 4608),
+            (2000, 3072),
         ]
     };
     let mut seen = BTreeSet::new();
@@ -2036,7 +2041,9 @@ fn backward_fused_matches_two_launches_bitwise() {
     assert_covered("backward_fused_matches_two_launches_bitwise", &seen, |k| {
         matches!(
             k,
-            KernelId::RmsNormBwdFused(..) | KernelId::RmsNormBwd(_, _, NormBwdVariant::E16)
+            KernelId::RmsNormBwdFused(..)
+                | KernelId::RmsNormBwd(_, _, NormBwdVariant::E16)
+                | KernelId::RmsNormBwdNarrow(_)
         )
     });
 }
@@ -2071,10 +2078,18 @@ fn fused_vs_two<T: Element, W: Element>(
     let (two, two_ws) = two.unwrap_or_else(|e| std::panic::resume_unwind(e));
     if !fused_planned {
         assert!(
-            matches!(fused.kernels, (KernelId::RmsNormBwd(..), Some(_))),
+            matches!(
+                fused.kernels,
+                (
+                    KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdNarrow(_),
+                    Some(_)
+                )
+            ),
             "{what}: planned {:?} where two launches were due",
             fused.kernels
         );
+        // The narrow rows kernel runs only here (calls of many rows): checked as well.
+        check_backward(c, &inp, &fused, &what);
         return [fused.kernels.0, two.kernels.0];
     }
     assert!(
@@ -2083,7 +2098,13 @@ fn fused_vs_two<T: Element, W: Element>(
         fused.kernels
     );
     assert!(
-        matches!(two.kernels, (KernelId::RmsNormBwd(..), Some(_))),
+        matches!(
+            two.kernels,
+            (
+                KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdNarrow(_),
+                Some(_)
+            )
+        ),
         "{what}: planned {:?} with the fused form off",
         two.kernels
     );
@@ -2156,7 +2177,8 @@ fn backward_is_deterministic_bitwise() {
         deterministic_case::<f16>(&k, &s, rows, hidden, with_dres);
         deterministic_case::<f32>(&k, &s, rows, hidden, with_dres);
     }
-    let rows = if quick() { 600 } else { 3000 };
+    // f32 rows of 5120 from 1024 on: the narrow rows kernel.
+    let rows = if quick() { 1024 } else { 3000 };
     deterministic_case::<f32>(&k, &s, rows, 5120, BwdPlace::Separate);
 }
 

@@ -27,7 +27,7 @@ use ferrofuse::{
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, rmsnorm_bwd_fused_dw_blocks,
+    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, blocks_per_sm, rmsnorm_bwd_fused_dw_blocks,
     rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_layout, rmsnorm_realigned_fits,
     rmsnorm_realigned_smem_bytes,
 };
@@ -110,6 +110,7 @@ fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
 fn mode_of(plan: &ferrofuse::norm::RmsNormBwdPlan) -> VecMode {
     match plan.rows.kernel {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
+        KernelId::RmsNormBwdNarrow(_) => VecMode::V16,
         k => panic!("{k:?}"),
     }
 }
@@ -632,11 +633,7 @@ fn backward_geometry_and_workspace() {
             for (dres, rows) in [false, true].into_iter().flat_map(|d| [(d, 16), (d, 1000)]) {
                 let plan = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap();
                 let l = plan.rows;
-                let (KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode)) =
-                    l.kernel
-                else {
-                    panic!("{:?}", l.kernel)
-                };
+                let mode = mode_of(&plan);
                 let staged = mode == VecMode::V16 && variant == NormBwdVariant::E16;
                 let want = if staged && row_blocks(&plan, hidden) <= RMSNORM_BWD_SPREAD_BLOCKS {
                     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES
@@ -731,12 +728,17 @@ fn backward_geometry_and_workspace() {
                 // within that; from four times the occupancy grid on, that grid, a power of two
                 // of multiprocessors' worth of blocks (for one-row blocks of 16 per thread as
                 // many as the vector entry's registers allow, 1024 threads of 16-bit rows and
-                // 512 of f32, else one).
+                // 512 of f32, but three f32 blocks of 192 threads and two of 288 or 320 on the
+                // narrow entry; else one).
                 if hidden > 0 {
                     let block = plan.rows.block as u64;
                     let per_sm = match (variant, g.rows_per_block, sixteen_bit) {
                         (NormBwdVariant::E16, 1, true) => 1024 / block,
-                        (NormBwdVariant::E16, 1, false) => 512 / block,
+                        (NormBwdVariant::E16, 1, false) => match block {
+                            192 => 3,
+                            288 | 320 => 2,
+                            _ => 512 / block,
+                        },
                         _ => 1,
                     };
                     let power_of_two_within = |size: u64| {
@@ -1772,4 +1774,79 @@ fn null_operands_are_rejected() {
         ..fwd_case
     })
     .unwrap();
+}
+
+/// The occupancy the backward's grid is sized by, as CUDA's occupancy calculator counts it for
+/// sm_90: registers per warp in units of 256, warps in groups of four, 1 KiB of shared memory
+/// reserved per block.
+#[test]
+fn blocks_per_multiprocessor_as_the_occupancy_calculator() {
+    // (registers, threads, shared memory) -> blocks
+    for (registers, threads, smem, blocks) in [
+        (128, 512, 0, 1),
+        (128, 256, 0, 2),
+        (128, 288, 0, 1),
+        // 18 warps' registers, but warps go in fours: 16, one block of 9 warps.
+        (112, 288, 0, 1),
+        (96, 288, 0, 2),
+        (96, 320, 0, 2),
+        (96, 352, 0, 1),
+        (64, 160, 0, 6),
+        (64, 32, 0, 32),
+        (32, 32, 0, 32),
+        (255, 32, 0, 8),
+        (32, 32, 100 * 1024, 2),
+        (96, 160, 61_696, 3),
+    ] {
+        assert_eq!(
+            blocks_per_sm(registers, threads, smem),
+            blocks,
+            "{registers} registers x {threads} threads, {smem} bytes"
+        );
+    }
+}
+
+/// f32 rows of 2561-3072 and 4097-5120 elements run the backward on the narrow entry (the same
+/// code at 96 registers: three blocks of 192 threads, two of 288 or 320, per SM), on the vector
+/// path in two launches on the occupancy grid (four row groups per block or more); every other
+/// call on the others.
+#[test]
+fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for hidden in (4..=8192).step_by(4) {
+            let plan = bwd(&bwd_descs(dtype, 100_000, hidden, true)).unwrap();
+            let want = dtype == DType::F32
+                && ((2561..=3072).contains(&hidden) || (4097..=5120).contains(&hidden));
+            assert_eq!(
+                plan.rows.kernel == KernelId::RmsNormBwdNarrow(dtype),
+                want,
+                "{dtype:?} x {hidden}: {:?}",
+                plan.rows.kernel
+            );
+        }
+    }
+    // Off the 16-byte grid and in one launch: the entries of 128 registers.
+    let off = bwd(&bwd_descs(DType::F32, 100_000, 4607, false)).unwrap();
+    assert_eq!(
+        off.rows.kernel,
+        KernelId::RmsNormBwd(DType::F32, VecMode::Scalar, NormBwdVariant::E16)
+    );
+    let few = bwd(&bwd_descs(DType::F32, 7, 4608, false)).unwrap();
+    assert_eq!(
+        few.rows.kernel,
+        KernelId::RmsNormBwdFused(DType::F32, VecMode::V16)
+    );
+    // The occupancy grid: 128 x 3 blocks of 192 threads from 1536 row groups on, 128 x 2 of
+    // 288 from 1024; below, the power-of-two grid on the 128-register kernel.
+    let wide = KernelId::RmsNormBwd(DType::F32, VecMode::V16, NormBwdVariant::E16);
+    for (rows, hidden, kernel, blocks) in [
+        (1535, 3072, wide, 512),
+        (1536, 3072, KernelId::RmsNormBwdNarrow(DType::F32), 384),
+        (1023, 4608, wide, 256),
+        (1024, 4608, KernelId::RmsNormBwdNarrow(DType::F32), 256),
+    ] {
+        let plan = bwd(&bwd_descs(DType::F32, rows, hidden, false)).unwrap();
+        assert_eq!(plan.rows.kernel, kernel, "{rows} x {hidden}");
+        assert_eq!(plan.rows.grid, blocks, "{rows} x {hidden}");
+    }
 }

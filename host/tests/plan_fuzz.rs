@@ -2270,6 +2270,17 @@ fn plan_norm_backward_case(c: &NormBwdCase) -> Result<RmsNormBwdPlan, Error> {
     plan_rmsnorm_backward(&norm_backward_descs(c), &c.opts)
 }
 
+/// The f32 backward's one-row blocks that the narrow entry (96 registers) fits more of per
+/// multiprocessor than the 128-register one: three of 192 threads, two of 288 or 320 (160
+/// threads: four by registers, but three by shared memory with `dres` staged, as at 128).
+fn narrow_backward_blocks_per_sm(block: u32) -> Option<u64> {
+    match block {
+        192 => Some(3),
+        288 | 320 => Some(2),
+        _ => None,
+    }
+}
+
 fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     let mut v = Violations::default();
     let t = norm_backward_descs(c);
@@ -2303,6 +2314,8 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         KernelId::RmsNormBwd(d, mode, variant) if d == dtype => {
             (mode, variant == NormBwdVariant::Loop, false)
         }
+        // The narrow entry: f32 vector rows (checked with the grid below).
+        KernelId::RmsNormBwdNarrow(d) if d == dtype => (VecMode::V16, false, false),
         // One launch: dx, and dw summed by blocks after the rows' (no partials).
         KernelId::RmsNormBwdFused(d, mode) if d == dtype => (mode, false, true),
         k => {
@@ -2347,11 +2360,12 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     // to the largest power of two of blocks within the thread budget; from four times the
     // occupancy grid on, that grid, a power of two of multiprocessors' worth of blocks (for
     // one-row blocks of 16 per thread as many as the vector entry's registers allow: 1024
-    // threads of 16-bit rows, 512 of f32; else one). The fused kernel has none.
+    // threads of 16-bit rows, 512 of f32 but for the narrow entry's blocks; else one). The
+    // fused kernel has none.
     let block = rl.block.max(1) as u64;
     let per_sm = match (looped, p.rows_per_block, dtype.size_bytes()) {
         (false, 1, 2) => 1024 / block,
-        (false, 1, _) => 512 / block,
+        (false, 1, _) => narrow_backward_blocks_per_sm(block as u32).unwrap_or(512 / block),
         _ => 1,
     }
     .max(1);
@@ -2363,11 +2377,26 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         n
     };
     let occupancy = power_of_two_within(block * per_sm) * per_sm;
-    let want_blocks = if groups >= 4 * occupancy {
+    let on_occupancy_grid = groups >= 4 * occupancy;
+    let want_blocks = if on_occupancy_grid {
         occupancy
     } else {
         groups.min(power_of_two_within(block))
     };
+    // The narrow entry runs f32 vector rows of its block sizes on the occupancy grid.
+    let want_narrow = !fused
+        && on_occupancy_grid
+        && !looped
+        && mode == VecMode::V16
+        && dtype == DType::F32
+        && p.rows_per_block == 1
+        && narrow_backward_blocks_per_sm(rl.block).is_some();
+    if want_narrow != matches!(rl.kernel, KernelId::RmsNormBwdNarrow(_)) {
+        v.add(format!(
+            "{:?} for {groups} row groups in blocks of {}",
+            rl.kernel, rl.block
+        ));
+    }
     if (!fused && hidden > 0 && row_blocks != want_blocks)
         || (rl.grid > 0 && rl.block != p.threads_per_row * p.rows_per_block)
     {

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ferrofuse_common::{KernelId, NormBwdVariant, NormFwdVariant, VecMode};
+use ferrofuse_common::{
+    KernelId, NormBwdVariant, NormFwdVariant, SM_REGISTERS, VecMode, block_registers,
+};
 use serde::Serialize;
 
 use crate::build_ptx::{self, SUPPORTED_ARCHS};
@@ -95,7 +97,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         .iter()
         .filter_map(|k| {
             let threads = kernel_id(&k.kernel)?.max_block_threads();
-            (block_registers(k.registers, threads) > REGISTERS_PER_BLOCK).then(|| {
+            (block_registers(k.registers, threads) > SM_REGISTERS).then(|| {
                 format!(
                     "{} ({}): {} registers x {threads} threads",
                     k.kernel, k.arch, k.registers
@@ -105,7 +107,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         .collect();
     if !too_many.is_empty() {
         return Err(format!(
-            "kernels need more than {REGISTERS_PER_BLOCK} registers for their largest block \
+            "kernels need more than {SM_REGISTERS} registers for their largest block \
              (the launch would fail with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES): {}",
             too_many.join(", ")
         ));
@@ -191,14 +193,14 @@ fn check_load_batching(ptx: &str) -> Result<(), String> {
             KernelId::RmsNormBwd(d, VecMode::V16, v) => {
                 (d, if v == NormBwdVariant::E16 { 3 } else { 2 }, 16)
             }
+            KernelId::RmsNormBwdNarrow(d) => (d, 3, 16),
             _ => continue,
         };
         let want = operands * elems / dtype.lanes_per_16b();
         let load = match id {
             KernelId::RmsNormFwdRealigned(..)
-            | KernelId::RmsNormBwd(_, VecMode::V16, NormBwdVariant::E16) => {
-                "cp.async.cg.shared.global"
-            }
+            | KernelId::RmsNormBwd(_, VecMode::V16, NormBwdVariant::E16)
+            | KernelId::RmsNormBwdNarrow(_) => "cp.async.cg.shared.global",
             _ => "ld.global.v4",
         };
         let got = leading_vector_loads(ptx, id.name(), load);
@@ -245,7 +247,11 @@ const ALLOWED_SPILLS: &[(&str, u32, &str)] = &[
     ("rmsnorm_bwd_f16_v16_e16", 56, STAGED_BWD_SPILLS),
     ("rmsnorm_bwd_bf16_v16_e16_fused", 8, FUSED_BWD_SPILLS),
     ("rmsnorm_bwd_f16_v16_e16_fused", 8, FUSED_BWD_SPILLS),
+    ("rmsnorm_bwd_f32_v16_e16_narrow", 128, NARROW_BWD_SPILLS),
 ];
+const NARROW_BWD_SPILLS: &str = "the narrow f32 backward is held to 96 registers (two blocks \
+     of up to 320 threads per SM, where 128 fit one); about 30 of its values live in local \
+     memory (L1 hits)";
 const FUSED_BWD_SPILLS: &str = "the one-launch 16-bit backward is held to the staged kernel's \
      64 registers; with the `dw` blocks' walk over slots of several rows beside the rows' body \
      it keeps one 8-byte stack slot (the build measured in bench/TUNING.md, \
@@ -254,15 +260,6 @@ const STAGED_BWD_SPILLS: &str = "the staged 16-bit backward is held to 64 regist
      512-thread blocks per SM); its form for blocks of several rows, whose \
      row addresses are per thread, keeps about ten loop-invariant values in local memory (L1 \
      hits, a few loads per row)";
-
-/// Registers one block may hold (sm_80 and sm_90).
-const REGISTERS_PER_BLOCK: u32 = 65536;
-
-/// Registers a block of `threads` takes: allocated per warp, in units of 256.
-fn block_registers(per_thread: u32, threads: u32) -> u32 {
-    let per_warp = (per_thread * 32).div_ceil(256) * 256;
-    threads.div_ceil(32) * per_warp
-}
 
 /// ptxas's report of every kernel in the committed PTX of `arch` (what the host crate runs).
 pub fn committed_resources(arch: &str) -> Result<Vec<KernelResources>, String> {
@@ -386,7 +383,7 @@ mod tests {
         assert_eq!(block_registers(128, 512), 65536);
         assert_eq!(block_registers(130, 512), 136 * 512);
         assert_eq!(block_registers(33, 32), 40 * 32);
-        assert!(block_registers(130, 512) > REGISTERS_PER_BLOCK);
+        assert!(block_registers(130, 512) > SM_REGISTERS);
     }
 
     #[test]
