@@ -640,8 +640,9 @@ const fn largest_power_of_two_within(total: u64, size: u64) -> u64 {
 
 /// Blocks of the backward's rows kernel that the grid cap ([`rmsnorm_bwd_row_blocks`]) counts
 /// per multiprocessor: for one-row blocks of the 16-per-thread layout as many as the vector
-/// entry the geometry runs on fits by its register budget ([`rmsnorm_bwd_vector_registers`])
-/// and its shared memory (with `dres` staged, the larger); 1 otherwise.
+/// entry that runs the geometry on the occupancy grid fits by its register budget
+/// ([`rmsnorm_bwd_vector_registers`]) and its shared memory (with `dres` staged, the larger);
+/// 1 otherwise.
 ///
 /// Blocks of several rows are left at one: each row keeps its own `dw` partial, so a larger
 /// grid adds `rows_per_block` partial rows per block for the `dw` sum to read, which cost more
@@ -662,10 +663,11 @@ const fn rmsnorm_bwd_vector_blocks_per_sm(dtype: DType, g: &NormGeometry, regist
     blocks_per_sm(registers, g.block_threads(), smem)
 }
 
-/// Registers per thread of the 16-per-thread vector rows kernel that runs geometry `g` (its
-/// launch bounds, `KernelId::launch_bounds` and `KernelId::max_registers`): 64 for 16-bit
-/// rows, two 512-thread blocks per multiprocessor; 128 for f32 rows, one, or
-/// [`RMSNORM_BWD_NARROW_REGISTERS`] where [`rmsnorm_bwd_narrow`] picks that entry.
+/// Registers per thread of the 16-per-thread vector rows kernel that runs geometry `g` on the
+/// occupancy grid (its launch bounds, `KernelId::launch_bounds` and
+/// `KernelId::max_registers`): 64 for 16-bit rows, two 512-thread blocks per multiprocessor;
+/// 128 for f32 rows, one, or [`RMSNORM_BWD_NARROW_REGISTERS`] where [`rmsnorm_bwd_narrow`]
+/// has that entry.
 pub const fn rmsnorm_bwd_vector_registers(dtype: DType, g: &NormGeometry) -> u32 {
     if rmsnorm_bwd_narrow(dtype, g) {
         RMSNORM_BWD_NARROW_REGISTERS
