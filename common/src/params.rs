@@ -740,8 +740,7 @@ pub const fn block_registers(per_thread: u32, threads: u32) -> u32 {
 /// memory that an sm_90 multiprocessor holds at once, as the occupancy calculator counts them:
 /// registers go to warps in units of 256, warps in groups of four (one per scheduler).
 pub const fn blocks_per_sm(registers: u32, threads: u32, smem_bytes: u32) -> u32 {
-    let per_warp = (registers * 32).div_ceil(256) * 256;
-    let warps = SM_REGISTERS / per_warp / 4 * 4;
+    let warps = SM_REGISTERS / block_registers(registers, 32) / 4 * 4;
     let warps = if warps < SM_MAX_WARPS {
         warps
     } else {
