@@ -7,9 +7,8 @@ use crate::NormBwdVariant as Bwd;
 use crate::NormFwdVariant as Fwd;
 use crate::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use crate::{
-    DType, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES, GATED_THREADS, NormBwdVariant,
-    NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
-    RMSNORM_BWD_NARROW_MAX_THREADS, RMSNORM_BWD_NARROW_REGISTERS,
+    BwdNarrow, DType, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES, GATED_THREADS,
+    NormBwdVariant, NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
     RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, ZERO_FILL_THREADS,
     rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged, rmsnorm_bwd_vector_min_blocks,
@@ -79,10 +78,10 @@ pub enum KernelId {
     RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
-    /// The 16-per-thread vector form of [`KernelId::RmsNormBwd`] compiled to fewer registers,
-    /// for blocks of at most `crate::RMSNORM_BWD_NARROW_MAX_THREADS` (f32 only,
-    /// `rmsnorm_bwd_{dtype}_v16_e16_narrow`; see `crate::rmsnorm_bwd_narrow`).
-    RmsNormBwdNarrow(DType),
+    /// The 16-per-thread vector form of [`KernelId::RmsNormBwd`] compiled to the register
+    /// budget of a [`BwdNarrow`], for blocks of at most its `max_threads` (f32 only,
+    /// `rmsnorm_bwd_{dtype}_v16_e16_r{96|80}`; see `crate::rmsnorm_bwd_narrow`).
+    RmsNormBwdNarrow(DType, BwdNarrow),
     /// RMSNorm backward in one launch, for calls of few rows: `dx`, and `dw` summed by blocks
     /// of its own, with the bits of the two launches
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_e16_fused`; see `crate::RmsNormBwdParams`).
@@ -240,7 +239,8 @@ kernel_table! {
     rmsnorm_fwd_bf16_scalar_loop = RmsNormFwd(BF16, Scalar, Fwd::Loop),
     rmsnorm_bwd_f32_v16_e16 = RmsNormBwd(F32, V16, Bwd::E16),
     rmsnorm_bwd_f32_v16_loop = RmsNormBwd(F32, V16, Bwd::Loop),
-    rmsnorm_bwd_f32_v16_e16_narrow = RmsNormBwdNarrow(F32),
+    rmsnorm_bwd_f32_v16_e16_r96 = RmsNormBwdNarrow(F32, BwdNarrow::R96),
+    rmsnorm_bwd_f32_v16_e16_r80 = RmsNormBwdNarrow(F32, BwdNarrow::R80),
     rmsnorm_bwd_f32_scalar_e16 = RmsNormBwd(F32, Scalar, Bwd::E16),
     rmsnorm_bwd_f32_scalar_loop = RmsNormBwd(F32, Scalar, Bwd::Loop),
     rmsnorm_bwd_f16_v16_e16 = RmsNormBwd(F16, V16, Bwd::E16),
@@ -444,7 +444,7 @@ impl KernelId {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
-            KernelId::RmsNormBwdNarrow(_) => RMSNORM_BWD_NARROW_MAX_THREADS,
+            KernelId::RmsNormBwdNarrow(_, budget) => budget.max_threads(),
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
@@ -503,7 +503,7 @@ impl KernelId {
                 rmsnorm_bwd_vector_min_blocks(d),
             )),
             // Its register budget is `max_registers`.
-            KernelId::RmsNormBwdNarrow(_) => Some((RMSNORM_BWD_NARROW_MAX_THREADS, 0)),
+            KernelId::RmsNormBwdNarrow(_, budget) => Some((budget.max_threads(), 0)),
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
             // registers; unbounded it took up to 149).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
@@ -540,7 +540,7 @@ impl KernelId {
     /// threads at 32 per thread. At 56 none spills.
     pub const fn max_registers(self) -> Option<u32> {
         match self {
-            KernelId::RmsNormBwdNarrow(_) => Some(RMSNORM_BWD_NARROW_REGISTERS),
+            KernelId::RmsNormBwdNarrow(_, budget) => Some(budget.registers()),
             KernelId::RmsNormFwdRealigned(_, NormFwdVariant::E16 | NormFwdVariant::E32) => Some(56),
             _ => None,
         }
@@ -560,7 +560,7 @@ impl KernelId {
             KernelId::RmsNormBwd(_, mode, variant) if rmsnorm_bwd_staged(mode, variant) => {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
-            KernelId::RmsNormBwdNarrow(_) => Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES),
+            KernelId::RmsNormBwdNarrow(..) => Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES),
             KernelId::GatedFp8RowStream(..) => Some(GATED_FP8_STREAM_SMEM_BYTES),
             KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
                 Some(RMSNORM_STREAM_SMEM_BYTES)

@@ -580,9 +580,9 @@ pub struct NormBwdLayout {
     pub blocks: u64,
     /// Partial `dw` rows, one per row slot (`blocks * rows_per_block`).
     pub slots: u64,
-    /// Whether the two launches' rows kernel is the narrow entry on the vector path
+    /// The narrow entry that runs the two launches' rows kernel on the vector path
     /// ([`rmsnorm_bwd_narrow`], where the grid is the occupancy grid).
-    pub narrow: bool,
+    pub narrow: Option<BwdNarrow>,
     /// f32 elements of the workspace: the partial `dw` rows, plus, for the looped variant,
     /// one coefficient per row.
     pub workspace_len: u64,
@@ -590,7 +590,8 @@ pub struct NormBwdLayout {
 
 /// The rows kernel's blocks for `groups` row groups of geometry `g` and `dtype`: one per
 /// group up to the largest power of two of blocks whose threads fit
-/// [`RMSNORM_BWD_GRID_THREADS`]; from four times the *occupancy grid* on, that grid:
+/// [`RMSNORM_BWD_GRID_THREADS`]; from four times the *occupancy grid* on (eight times for the
+/// 80-register narrow entry, [`BwdNarrow::min_groups_per_block`]), that grid:
 /// `per_sm * 2^k` blocks, the most of that form within the same threads, where `per_sm` is
 /// [`rmsnorm_bwd_blocks_per_sm`] (the two are the same grid where `per_sm` is 1).
 ///
@@ -620,9 +621,13 @@ const fn rmsnorm_bwd_occupancy_grid(dtype: DType, g: &NormGeometry) -> u64 {
 }
 
 /// Whether `groups` row groups of geometry `g` run on the occupancy grid: four or more per
-/// block.
+/// block, or the narrow entry's [`BwdNarrow::min_groups_per_block`].
 const fn rmsnorm_bwd_on_occupancy_grid(dtype: DType, g: &NormGeometry, groups: u64) -> bool {
-    groups >= 4 * rmsnorm_bwd_occupancy_grid(dtype, g)
+    let per_block = match rmsnorm_bwd_narrow(dtype, g) {
+        Some(budget) => budget.min_groups_per_block(),
+        None => 4,
+    };
+    groups >= per_block * rmsnorm_bwd_occupancy_grid(dtype, g)
 }
 
 /// The largest power of two `n` with `n * size <= total` (1 when there is none).
@@ -666,13 +671,11 @@ const fn rmsnorm_bwd_vector_blocks_per_sm(dtype: DType, g: &NormGeometry, regist
 /// Registers per thread of the 16-per-thread vector rows kernel that runs geometry `g` on the
 /// occupancy grid (its launch bounds, `KernelId::launch_bounds` and
 /// `KernelId::max_registers`): 64 for 16-bit rows, two 512-thread blocks per multiprocessor;
-/// 128 for f32 rows, one, or [`RMSNORM_BWD_NARROW_REGISTERS`] where [`rmsnorm_bwd_narrow`]
-/// has that entry.
+/// 128 for f32 rows, one, or fewer where [`rmsnorm_bwd_narrow`] has a narrow entry.
 pub const fn rmsnorm_bwd_vector_registers(dtype: DType, g: &NormGeometry) -> u32 {
-    if rmsnorm_bwd_narrow(dtype, g) {
-        RMSNORM_BWD_NARROW_REGISTERS
-    } else {
-        rmsnorm_bwd_bounded_registers(dtype)
+    match rmsnorm_bwd_narrow(dtype, g) {
+        Some(budget) => budget.registers(),
+        None => rmsnorm_bwd_bounded_registers(dtype),
     }
 }
 
@@ -693,29 +696,82 @@ pub const fn rmsnorm_bwd_vector_min_blocks(dtype: DType) -> u32 {
     }
 }
 
-/// Registers per thread of the narrow f32 vector rows kernel of the backward
-/// (`rmsnorm_bwd_f32_v16_e16_narrow`).
-pub const RMSNORM_BWD_NARROW_REGISTERS: u32 = 96;
-/// The narrow kernel's largest block: above it a multiprocessor holds one block at 96
-/// registers as at 128.
-pub const RMSNORM_BWD_NARROW_MAX_THREADS: u32 = 320;
+/// A register budget of the narrow f32 vector rows kernels of the backward
+/// (`rmsnorm_bwd_f32_v16_e16_r{96|80}`): the code of `rmsnorm_bwd_f32_v16_e16` compiled to
+/// fewer registers per thread than its 128, so the same bits, for the blocks that then fit
+/// more per multiprocessor. Fewer registers spill more (ptxas: 124 and 248 bytes, L1 hits), so
+/// a block takes the largest budget that fits more of it ([`rmsnorm_bwd_narrow`]), and only
+/// where each block has rows enough to gain more than the spills cost
+/// ([`BwdNarrow::min_groups_per_block`]).
+///
+/// Blocks of 416-512 threads (f32 rows of 6145-8192) have none: at 64 registers two fit per
+/// multiprocessor, but the kernel spills 412 bytes and ran 1-12% slower than one block at 128
+/// (28% in graph replay at 1024 rows of 8192).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BwdNarrow {
+    /// 96 registers: two blocks of 288-320 threads instead of one, three of 192 instead of
+    /// two.
+    R96,
+    /// 80 registers: two blocks of 352-384 threads instead of one.
+    R80,
+}
 
-/// Whether f32 rows of geometry `g` have a narrow vector rows kernel: the same code as
-/// `rmsnorm_bwd_f32_v16_e16`, so the same bits, held to [`RMSNORM_BWD_NARROW_REGISTERS`]
-/// instead of 128, where that fits more blocks on a multiprocessor (two of 288 or 320 threads
-/// instead of one, three of 192 instead of two). The occupancy grid counts those blocks
-/// ([`rmsnorm_bwd_row_blocks`]), and calls on it run the narrow kernel
-/// ([`NormBwdLayout::narrow`]); on the power-of-two grid the 128-register kernel runs: at 96
-/// registers it spills about 120 bytes (L1 hits), which costs where the extra blocks do not
-/// save a wave (600 x 3072 in graph replay: 512 blocks, two waves either way, 19% slower).
-pub const fn rmsnorm_bwd_narrow(dtype: DType, g: &NormGeometry) -> bool {
-    let wide = rmsnorm_bwd_bounded_registers(dtype);
-    matches!(dtype, DType::F32)
-        && !g.looped
-        && g.rows_per_block == 1
-        && g.block_threads() <= RMSNORM_BWD_NARROW_MAX_THREADS
-        && rmsnorm_bwd_vector_blocks_per_sm(dtype, g, RMSNORM_BWD_NARROW_REGISTERS)
-            > rmsnorm_bwd_vector_blocks_per_sm(dtype, g, wide)
+impl BwdNarrow {
+    /// From the most registers to the fewest: the order [`rmsnorm_bwd_narrow`] tries them in.
+    pub const ALL: [BwdNarrow; 2] = [BwdNarrow::R96, BwdNarrow::R80];
+
+    /// Registers per thread (the entry's `.maxnreg`).
+    pub const fn registers(self) -> u32 {
+        match self {
+            BwdNarrow::R96 => 96,
+            BwdNarrow::R80 => 80,
+        }
+    }
+
+    /// The largest block the entry is compiled for (its `.maxntid`): above it a
+    /// multiprocessor holds no more blocks at this budget than at the next larger one.
+    pub const fn max_threads(self) -> u32 {
+        match self {
+            BwdNarrow::R96 => 320,
+            BwdNarrow::R80 => 384,
+        }
+    }
+
+    /// Row groups per block of the occupancy grid from which calls run this entry (and that
+    /// grid): four at 96 registers; eight at 80, whose spills cost more per row than the
+    /// second block saved at four (1024 x 6144: 1.3% slower per call, 5% in graph replay;
+    /// 2048 x 6144 2% faster).
+    pub const fn min_groups_per_block(self) -> u64 {
+        match self {
+            BwdNarrow::R96 => 4,
+            BwdNarrow::R80 => 8,
+        }
+    }
+}
+
+/// The narrow entry that runs f32 rows of geometry `g` on the occupancy grid, if any: the
+/// first [`BwdNarrow`] (most registers first) whose entry takes the block and fits more blocks
+/// of it per multiprocessor than the 128-register `rmsnorm_bwd_f32_v16_e16`. The occupancy
+/// grid counts those blocks ([`rmsnorm_bwd_row_blocks`]), and calls on it run the narrow
+/// kernel ([`NormBwdLayout::narrow`]); on the power-of-two grid the 128-register kernel runs:
+/// the spills cost where the extra blocks do not save a wave (600 x 3072 in graph replay at
+/// 96 registers: 512 blocks, two waves either way, 19% slower).
+pub const fn rmsnorm_bwd_narrow(dtype: DType, g: &NormGeometry) -> Option<BwdNarrow> {
+    if !matches!(dtype, DType::F32) || g.looped || g.rows_per_block != 1 {
+        return None;
+    }
+    let wide = rmsnorm_bwd_vector_blocks_per_sm(dtype, g, rmsnorm_bwd_bounded_registers(dtype));
+    let mut i = 0;
+    while i < BwdNarrow::ALL.len() {
+        let budget = BwdNarrow::ALL[i];
+        if g.block_threads() <= budget.max_threads()
+            && rmsnorm_bwd_vector_blocks_per_sm(dtype, g, budget.registers()) > wide
+        {
+            return Some(budget);
+        }
+        i += 1;
+    }
+    None
 }
 
 /// Registers of one multiprocessor (sm_80 and sm_90), and the most one block may hold.
@@ -779,8 +835,11 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
         geometry,
         blocks,
         slots,
-        narrow: rmsnorm_bwd_narrow(dtype, &geometry)
-            && rmsnorm_bwd_on_occupancy_grid(dtype, &geometry, groups),
+        narrow: if rmsnorm_bwd_on_occupancy_grid(dtype, &geometry, groups) {
+            rmsnorm_bwd_narrow(dtype, &geometry)
+        } else {
+            None
+        },
         // Saturating: a shape no buffer could hold asks for more than any buffer has (the
         // planner's size check then rejects it) rather than overflowing.
         workspace_len: slots.saturating_mul(hidden).saturating_add(coef),

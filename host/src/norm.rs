@@ -88,6 +88,7 @@
 //! launches allocate nothing and never synchronise, so they can be captured in CUDA graphs.
 
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
+pub use ferrofuse_common::{BwdNarrow, NormBwdVariant, NormFwdVariant, NormGeometry};
 use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS, RMSNORM_DW_COLS,
     RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
@@ -97,7 +98,6 @@ use ferrofuse_common::{
     rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
     rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
-pub use ferrofuse_common::{NormBwdVariant, NormFwdVariant, NormGeometry};
 
 use crate::error::{Error, Result};
 
@@ -695,10 +695,9 @@ pub fn plan_rmsnorm_backward_with(
         )
     } else {
         // The narrow entry runs the same code, so it computes the same bits.
-        let kernel = if narrow && mode == VecMode::V16 {
-            KernelId::RmsNormBwdNarrow(dtype)
-        } else {
-            KernelId::RmsNormBwd(dtype, mode, variant)
+        let kernel = match narrow {
+            Some(budget) if mode == VecMode::V16 => KernelId::RmsNormBwdNarrow(dtype, budget),
+            _ => KernelId::RmsNormBwd(dtype, mode, variant),
         };
         (kernel, blocks, rows_smem)
     };

@@ -1827,7 +1827,7 @@ fn backward_case<T: Element, W: Element>(
     };
     let mode = match out.kernels.0 {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(_) => VecMode::V16,
+        KernelId::RmsNormBwdNarrow(..) => VecMode::V16,
         k => panic!("{what}: planned {k:?}"),
     };
     assert_eq!(mode, want_mode, "{what}: vector path choice");
@@ -1958,6 +1958,12 @@ fn backward_fused_matches_two_launches_bitwise() {
             (280, 7168),
             (1000, 2560),
             (1024, 4608),
+            // Cases 14-17: the narrow kernel of 80 registers on dense and padded rows (the
+            // layout goes by the case number), odd rows between.
+            (5, 6150),
+            (40, 1030),
+            (2048, 5632),
+            (2048, 6144),
         ]
     } else {
         &[
@@ -1985,6 +1991,11 @@ fn backward_fused_matches_two_launches_bitwise() {
             (1000, 2560),
             (1024, 4608),
             (2000, 3072),
+            // Cases 25-28 as cases 14-17 of the quick list.
+            (2048, 6144),
+            (5, 6150),
+            (40, 1030),
+            (3000, 5632),
         ]
     };
     let mut seen = BTreeSet::new();
@@ -2043,7 +2054,7 @@ fn backward_fused_matches_two_launches_bitwise() {
             k,
             KernelId::RmsNormBwdFused(..)
                 | KernelId::RmsNormBwd(_, _, NormBwdVariant::E16)
-                | KernelId::RmsNormBwdNarrow(_)
+                | KernelId::RmsNormBwdNarrow(..)
         )
     });
 }
@@ -2081,7 +2092,7 @@ fn fused_vs_two<T: Element, W: Element>(
             matches!(
                 fused.kernels,
                 (
-                    KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdNarrow(_),
+                    KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdNarrow(..),
                     Some(_)
                 )
             ),
@@ -2101,7 +2112,7 @@ fn fused_vs_two<T: Element, W: Element>(
         matches!(
             two.kernels,
             (
-                KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdNarrow(_),
+                KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdNarrow(..),
                 Some(_)
             )
         ),
@@ -2177,9 +2188,11 @@ fn backward_is_deterministic_bitwise() {
         deterministic_case::<f16>(&k, &s, rows, hidden, with_dres);
         deterministic_case::<f32>(&k, &s, rows, hidden, with_dres);
     }
-    // f32 rows of 5120 from 1024 on: the narrow rows kernel.
-    let rows = if quick() { 1024 } else { 3000 };
-    deterministic_case::<f32>(&k, &s, rows, 5120, BwdPlace::Separate);
+    // f32 rows of 5120 from 1024 on, of 6144 from 2048: the narrow rows kernels.
+    let rows = if quick() { 2048 } else { 3000 };
+    for hidden in [5120, 6144] {
+        deterministic_case::<f32>(&k, &s, rows, hidden, BwdPlace::Separate);
+    }
 }
 
 /// One shape and placement of [`backward_is_deterministic_bitwise`], without and with Gemma.

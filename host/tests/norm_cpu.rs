@@ -12,9 +12,9 @@ mod common;
 use common::assert_matches;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
-    NormBwdVariant, NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs, plan_rmsnorm_backward,
-    plan_rmsnorm_forward, rmsnorm_backward_geometry, rmsnorm_backward_workspace_len,
-    rmsnorm_forward_geometry,
+    BwdNarrow, NormBwdVariant, NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs,
+    plan_rmsnorm_backward, plan_rmsnorm_forward, rmsnorm_backward_geometry,
+    rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
 };
 use ferrofuse::reference::{
     RmsNormRef, rmsnorm_add, rmsnorm_backward, rmsnorm_exact, rmsnorm_forward_row, rmsnorm_rstd,
@@ -110,7 +110,7 @@ fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
 fn mode_of(plan: &ferrofuse::norm::RmsNormBwdPlan) -> VecMode {
     match plan.rows.kernel {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(_) => VecMode::V16,
+        KernelId::RmsNormBwdNarrow(..) => VecMode::V16,
         k => panic!("{k:?}"),
     }
 }
@@ -725,18 +725,19 @@ fn backward_geometry_and_workspace() {
                 assert!(blocks as usize <= groups);
                 assert!(blocks * plan.rows.block as u64 <= 131_072);
                 // The grid: a block per row group up to the largest power of two of blocks
-                // within that; from four times the occupancy grid on, that grid, a power of two
-                // of multiprocessors' worth of blocks (for one-row blocks of 16 per thread as
-                // many as the vector entry's registers allow, 1024 threads of 16-bit rows and
-                // 512 of f32, but three f32 blocks of 192 threads and two of 288 or 320 on the
-                // narrow entry; else one).
+                // within that; from four times the occupancy grid on (eight times for blocks of
+                // the 80-register narrow entry), that grid, a power of two of multiprocessors'
+                // worth of blocks (for one-row blocks of 16 per thread as many as the vector
+                // entry's registers allow, 1024 threads of 16-bit rows and 512 of f32, but
+                // three f32 blocks of 192 threads and two of 288-384 on the narrow entries;
+                // else one).
                 if hidden > 0 {
                     let block = plan.rows.block as u64;
                     let per_sm = match (variant, g.rows_per_block, sixteen_bit) {
                         (NormBwdVariant::E16, 1, true) => 1024 / block,
                         (NormBwdVariant::E16, 1, false) => match block {
                             192 => 3,
-                            288 | 320 => 2,
+                            288..=384 => 2,
                             _ => 512 / block,
                         },
                         _ => 1,
@@ -750,7 +751,12 @@ fn backward_geometry_and_workspace() {
                     };
                     let occupancy = power_of_two_within(block * per_sm) * per_sm;
                     let groups = groups as u64;
-                    let want = if groups >= 4 * occupancy {
+                    let narrow_80 = variant == NormBwdVariant::E16
+                        && g.rows_per_block == 1
+                        && !sixteen_bit
+                        && (352..=384).contains(&block);
+                    let per_block = if narrow_80 { 8 } else { 4 };
+                    let want = if groups >= per_block * occupancy {
                         occupancy
                     } else {
                         groups.min(power_of_two_within(block))
@@ -1806,23 +1812,27 @@ fn blocks_per_multiprocessor_as_the_occupancy_calculator() {
     }
 }
 
-/// f32 rows of 2561-3072 and 4097-5120 elements run the backward on the narrow entry (the same
-/// code at 96 registers: three blocks of 192 threads, two of 288 or 320, per SM), on the vector
-/// path in two launches on the occupancy grid (four row groups per block or more); every other
-/// call on the others.
+/// f32 rows of 2561-3072 and 4097-6144 elements run the backward on a narrow entry (the same
+/// code at fewer registers): at 96 registers three blocks of 192 threads and two of 288 or 320
+/// per SM, at 80 two of 352 or 384; on the vector path in two launches on the occupancy grid
+/// (four row groups per block or more, eight at 80 registers); every other call on the
+/// others.
 #[test]
 fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for hidden in (4..=8192).step_by(4) {
             let plan = bwd(&bwd_descs(dtype, 100_000, hidden, true)).unwrap();
-            let want = dtype == DType::F32
-                && ((2561..=3072).contains(&hidden) || (4097..=5120).contains(&hidden));
-            assert_eq!(
-                plan.rows.kernel == KernelId::RmsNormBwdNarrow(dtype),
-                want,
-                "{dtype:?} x {hidden}: {:?}",
-                plan.rows.kernel
-            );
+            let want = match hidden {
+                _ if dtype != DType::F32 => None,
+                2561..=3072 | 4097..=5120 => Some(BwdNarrow::R96),
+                5121..=6144 => Some(BwdNarrow::R80),
+                _ => None,
+            };
+            let got = match plan.rows.kernel {
+                KernelId::RmsNormBwdNarrow(d, budget) if d == dtype => Some(budget),
+                _ => None,
+            };
+            assert_eq!(got, want, "{dtype:?} x {hidden}: {:?}", plan.rows.kernel);
         }
     }
     // Off the 16-byte grid and in one launch: the entries of 128 registers.
@@ -1837,13 +1847,18 @@ fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
         KernelId::RmsNormBwdFused(DType::F32, VecMode::V16)
     );
     // The occupancy grid: 128 x 3 blocks of 192 threads from 1536 row groups on, 128 x 2 of
-    // 288 from 1024; below, the power-of-two grid on the 128-register kernel.
+    // 288 from 1024, 128 x 2 of 384 from 2048; below, the power-of-two grid on the
+    // 128-register kernel (the same 256 blocks of 384 threads).
     let wide = KernelId::RmsNormBwd(DType::F32, VecMode::V16, NormBwdVariant::E16);
+    let narrow = |budget| KernelId::RmsNormBwdNarrow(DType::F32, budget);
     for (rows, hidden, kernel, blocks) in [
         (1535, 3072, wide, 512),
-        (1536, 3072, KernelId::RmsNormBwdNarrow(DType::F32), 384),
+        (1536, 3072, narrow(BwdNarrow::R96), 384),
         (1023, 4608, wide, 256),
-        (1024, 4608, KernelId::RmsNormBwdNarrow(DType::F32), 256),
+        (1024, 4608, narrow(BwdNarrow::R96), 256),
+        (2047, 6144, wide, 256),
+        (2048, 6144, narrow(BwdNarrow::R80), 256),
+        (100_000, 8192, wide, 256),
     ] {
         let plan = bwd(&bwd_descs(DType::F32, rows, hidden, false)).unwrap();
         assert_eq!(plan.rows.kernel, kernel, "{rows} x {hidden}");

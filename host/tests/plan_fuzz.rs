@@ -31,9 +31,9 @@ use ferrofuse::gated::{
     GatedPlan, plan_gated_backward, plan_gated_forward, plan_gated_forward_fp8,
 };
 use ferrofuse::norm::{
-    NormBwdVariant, RMSNORM_FP8_MAX_HIDDEN, RmsNormBwdDescs, RmsNormBwdPlan, RmsNormFp8Descs,
-    RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward, plan_rmsnorm_forward_fp8,
-    rmsnorm_backward_workspace_len,
+    BwdNarrow, NormBwdVariant, RMSNORM_FP8_MAX_HIDDEN, RmsNormBwdDescs, RmsNormBwdPlan,
+    RmsNormFp8Descs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
+    plan_rmsnorm_forward_fp8, rmsnorm_backward_workspace_len,
 };
 use ferrofuse::runtime::KernelParams;
 use ferrofuse::{
@@ -2270,13 +2270,16 @@ fn plan_norm_backward_case(c: &NormBwdCase) -> Result<RmsNormBwdPlan, Error> {
     plan_rmsnorm_backward(&norm_backward_descs(c), &c.opts)
 }
 
-/// The f32 backward's one-row blocks that the narrow entry (96 registers) fits more of per
-/// multiprocessor than the 128-register one: three of 192 threads, two of 288 or 320 (160
-/// threads: four by registers, but three by shared memory with `dres` staged, as at 128).
-fn narrow_backward_blocks_per_sm(block: u32) -> Option<u64> {
+/// The f32 backward's one-row blocks that a narrow entry fits more of per multiprocessor than
+/// the 128-register one, and the row groups per block from which it runs: three of 192
+/// threads, two of 288 or 320 (96 registers, from four), two of 352 or 384 (80, from eight).
+/// 160 threads: four by registers, but three by shared memory with `dres` staged, as at 128;
+/// 224 and 256: three at 80 registers, but two by shared memory.
+fn narrow_backward_blocks_per_sm(block: u32) -> Option<(BwdNarrow, u64, u64)> {
     match block {
-        192 => Some(3),
-        288 | 320 => Some(2),
+        192 => Some((BwdNarrow::R96, 3, 4)),
+        288 | 320 => Some((BwdNarrow::R96, 2, 4)),
+        352 | 384 => Some((BwdNarrow::R80, 2, 8)),
         _ => None,
     }
 }
@@ -2315,7 +2318,7 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
             (mode, variant == NormBwdVariant::Loop, false)
         }
         // The narrow entry: f32 vector rows (checked with the grid below).
-        KernelId::RmsNormBwdNarrow(d) if d == dtype => (VecMode::V16, false, false),
+        KernelId::RmsNormBwdNarrow(d, _) if d == dtype => (VecMode::V16, false, false),
         // One launch: dx, and dw summed by blocks after the rows' (no partials).
         KernelId::RmsNormBwdFused(d, mode) if d == dtype => (mode, false, true),
         k => {
@@ -2358,14 +2361,14 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     }
     // Two launches cap the grid (the partials are `slots x hidden`): a block per row group up
     // to the largest power of two of blocks within the thread budget; from four times the
-    // occupancy grid on, that grid, a power of two of multiprocessors' worth of blocks (for
-    // one-row blocks of 16 per thread as many as the vector entry's registers allow: 1024
-    // threads of 16-bit rows, 512 of f32 but for the narrow entry's blocks; else one). The
-    // fused kernel has none.
+    // occupancy grid on (eight times for the 80-register narrow entry's blocks), that grid, a
+    // power of two of multiprocessors' worth of blocks (for one-row blocks of 16 per thread as
+    // many as the vector entry's registers allow: 1024 threads of 16-bit rows, 512 of f32 but
+    // for the narrow entries' blocks; else one). The fused kernel has none.
     let block = rl.block.max(1) as u64;
     let per_sm = match (looped, p.rows_per_block, dtype.size_bytes()) {
         (false, 1, 2) => 1024 / block,
-        (false, 1, _) => narrow_backward_blocks_per_sm(block as u32).unwrap_or(512 / block),
+        (false, 1, _) => narrow_backward_blocks_per_sm(block as u32).map_or(512 / block, |n| n.1),
         _ => 1,
     }
     .max(1);
@@ -2377,21 +2380,32 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         n
     };
     let occupancy = power_of_two_within(block * per_sm) * per_sm;
-    let on_occupancy_grid = groups >= 4 * occupancy;
+    let per_block = match (looped, p.rows_per_block, dtype) {
+        (false, 1, DType::F32) => narrow_backward_blocks_per_sm(rl.block).map_or(4, |n| n.2),
+        _ => 4,
+    };
+    let on_occupancy_grid = groups >= per_block * occupancy;
     let want_blocks = if on_occupancy_grid {
         occupancy
     } else {
         groups.min(power_of_two_within(block))
     };
-    // The narrow entry runs f32 vector rows of its block sizes on the occupancy grid.
-    let want_narrow = !fused
-        && on_occupancy_grid
-        && !looped
-        && mode == VecMode::V16
-        && dtype == DType::F32
-        && p.rows_per_block == 1
-        && narrow_backward_blocks_per_sm(rl.block).is_some();
-    if want_narrow != matches!(rl.kernel, KernelId::RmsNormBwdNarrow(_)) {
+    // The narrow entries run f32 vector rows of their block sizes on the occupancy grid.
+    let want_narrow = match narrow_backward_blocks_per_sm(rl.block) {
+        Some((budget, ..))
+            if !fused
+                && on_occupancy_grid
+                && !looped
+                && mode == VecMode::V16
+                && dtype == DType::F32
+                && p.rows_per_block == 1 =>
+        {
+            Some(KernelId::RmsNormBwdNarrow(dtype, budget))
+        }
+        _ => None,
+    };
+    let narrow = matches!(rl.kernel, KernelId::RmsNormBwdNarrow(..)).then_some(rl.kernel);
+    if want_narrow != narrow {
         v.add(format!(
             "{:?} for {groups} row groups in blocks of {}",
             rl.kernel, rl.block

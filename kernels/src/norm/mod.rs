@@ -875,17 +875,24 @@ norm_entries! {
         rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop, rmsnorm_bwd_bf16_scalar_e16_fused;
 }
 
-/// RMSNorm backward rows and dw partials, 16 elements per thread, f32 on the vector path: the
-/// body of `rmsnorm_bwd_f32_v16_e16` in a separate entry that `cargo xtask ptx` compiles to
-/// fewer registers, for the block sizes where that fits more blocks per multiprocessor
-/// (`ferrofuse_common::rmsnorm_bwd_narrow`).
-///
-/// # Safety
-/// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn rmsnorm_bwd_f32_v16_e16_narrow(p: RmsNormBwdParams) {
-    unsafe { bwd_regs::<F32, { Path::V16 }, true>(&p) }
+macro_rules! narrow_bwd_entries {
+    ($($name:ident),*) => {$(
+        /// RMSNorm backward rows and dw partials, 16 elements per thread, f32 on the vector
+        /// path: the body of `rmsnorm_bwd_f32_v16_e16` in a separate entry that
+        /// `cargo xtask ptx` compiles to fewer registers (the `r` in the name), for the block
+        /// sizes where that fits more blocks per multiprocessor
+        /// (`ferrofuse_common::rmsnorm_bwd_narrow`).
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormBwdParams) {
+            unsafe { bwd_regs::<F32, { Path::V16 }, true>(&p) }
+        }
+    )*};
 }
+
+narrow_bwd_entries!(rmsnorm_bwd_f32_v16_e16_r96, rmsnorm_bwd_f32_v16_e16_r80);
 
 macro_rules! realigned_entries {
     ($($e:ty, $ept:literal => $name:ident;)*) => {$(
