@@ -86,6 +86,10 @@ pub enum KernelId {
     /// of its own, with the bits of the two launches
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_e16_fused`; see `crate::RmsNormBwdParams`).
     RmsNormBwdFused(DType, VecMode),
+    /// The vector form of [`KernelId::RmsNormBwdFused`] compiled to the register budget of a
+    /// [`BwdNarrow`], for one-launch calls of many rows (f32 only,
+    /// `rmsnorm_bwd_{dtype}_v16_e16_fused_r{96|80}`; see `crate::rmsnorm_bwd_fused_narrow`).
+    RmsNormBwdFusedNarrow(DType, BwdNarrow),
     /// RMSNorm `dw` reduction over the partials; the dtype is the weight's (`rmsnorm_dw_{dtype}`).
     RmsNormDw(DType),
     /// Writes zeros over a buffer; the benchmark flushes the L2 with it (see `zero_fill`).
@@ -241,6 +245,8 @@ kernel_table! {
     rmsnorm_bwd_f32_v16_loop = RmsNormBwd(F32, V16, Bwd::Loop),
     rmsnorm_bwd_f32_v16_e16_r96 = RmsNormBwdNarrow(F32, BwdNarrow::R96),
     rmsnorm_bwd_f32_v16_e16_r80 = RmsNormBwdNarrow(F32, BwdNarrow::R80),
+    rmsnorm_bwd_f32_v16_e16_fused_r96 = RmsNormBwdFusedNarrow(F32, BwdNarrow::R96),
+    rmsnorm_bwd_f32_v16_e16_fused_r80 = RmsNormBwdFusedNarrow(F32, BwdNarrow::R80),
     rmsnorm_bwd_f32_scalar_e16 = RmsNormBwd(F32, Scalar, Bwd::E16),
     rmsnorm_bwd_f32_scalar_loop = RmsNormBwd(F32, Scalar, Bwd::Loop),
     rmsnorm_bwd_f16_v16_e16 = RmsNormBwd(F16, V16, Bwd::E16),
@@ -415,6 +421,7 @@ impl KernelId {
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
+                | KernelId::RmsNormBwdFusedNarrow(..)
                 | KernelId::RmsNormDw(..)
         )
     }
@@ -444,7 +451,9 @@ impl KernelId {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
-            KernelId::RmsNormBwdNarrow(_, budget) => budget.max_threads(),
+            KernelId::RmsNormBwdNarrow(_, budget) | KernelId::RmsNormBwdFusedNarrow(_, budget) => {
+                budget.max_threads()
+            }
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
@@ -503,7 +512,9 @@ impl KernelId {
                 rmsnorm_bwd_vector_min_blocks(d),
             )),
             // Its register budget is `max_registers`.
-            KernelId::RmsNormBwdNarrow(_, budget) => Some((budget.max_threads(), 0)),
+            KernelId::RmsNormBwdNarrow(_, budget) | KernelId::RmsNormBwdFusedNarrow(_, budget) => {
+                Some((budget.max_threads(), 0))
+            }
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
             // registers; unbounded it took up to 149).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
@@ -540,7 +551,9 @@ impl KernelId {
     /// threads at 32 per thread. At 56 none spills.
     pub const fn max_registers(self) -> Option<u32> {
         match self {
-            KernelId::RmsNormBwdNarrow(_, budget) => Some(budget.registers()),
+            KernelId::RmsNormBwdNarrow(_, budget) | KernelId::RmsNormBwdFusedNarrow(_, budget) => {
+                Some(budget.registers())
+            }
             KernelId::RmsNormFwdRealigned(_, NormFwdVariant::E16 | NormFwdVariant::E32) => Some(56),
             _ => None,
         }
@@ -560,7 +573,13 @@ impl KernelId {
             KernelId::RmsNormBwd(_, mode, variant) if rmsnorm_bwd_staged(mode, variant) => {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
-            KernelId::RmsNormBwdNarrow(..) => Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES),
+            // The same code as the 128-register entries, so the same shared memory.
+            KernelId::RmsNormBwdNarrow(d, _) => {
+                KernelId::RmsNormBwd(d, V16, NormBwdVariant::E16).dynamic_smem_opt_in()
+            }
+            KernelId::RmsNormBwdFusedNarrow(d, _) => {
+                KernelId::RmsNormBwdFused(d, V16).dynamic_smem_opt_in()
+            }
             KernelId::GatedFp8RowStream(..) => Some(GATED_FP8_STREAM_SMEM_BYTES),
             KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
                 Some(RMSNORM_STREAM_SMEM_BYTES)

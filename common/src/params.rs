@@ -706,7 +706,9 @@ pub const fn rmsnorm_bwd_vector_min_blocks(dtype: DType) -> u32 {
 ///
 /// Blocks of 416-512 threads (f32 rows of 6145-8192) have none: at 64 registers two fit per
 /// multiprocessor, but the kernel spills 412 bytes and ran 1-12% slower than one block at 128
-/// (28% in graph replay at 1024 rows of 8192).
+/// (28% in graph replay at 1024 rows of 8192). Nor has the scalar rows kernel (rows off the
+/// 16-byte grid): at 96 and 80 registers it spills 184 and 368 bytes and ran 12-42% slower.
+/// The one-launch kernel has both budgets ([`rmsnorm_bwd_fused_narrow`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BwdNarrow {
     /// 96 registers: two blocks of 288-320 threads instead of one, three of 192 instead of
@@ -747,6 +749,16 @@ impl BwdNarrow {
             BwdNarrow::R80 => 8,
         }
     }
+
+    /// Row groups from which a one-launch call runs the fused kernel at this budget: the
+    /// fewest measured to gain (128 x 4608 29% faster in graph replay, 96 x 4608 10% slower;
+    /// at 80 registers 200 x 6144 15% faster, fewer not measured).
+    pub const fn min_fused_groups(self) -> u64 {
+        match self {
+            BwdNarrow::R96 => 128,
+            BwdNarrow::R80 => 200,
+        }
+    }
 }
 
 /// The narrow entry that runs f32 rows of geometry `g` on the occupancy grid, if any: the
@@ -772,6 +784,26 @@ pub const fn rmsnorm_bwd_narrow(dtype: DType, g: &NormGeometry) -> Option<BwdNar
         i += 1;
     }
     None
+}
+
+/// The narrow entry of the one-launch backward for `groups` row groups of geometry `g` on
+/// memory path `mode`, if any: on the vector path the budget of [`rmsnorm_bwd_narrow`], from
+/// its [`BwdNarrow::min_fused_groups`] on. The same code as the fused kernel at 128 registers,
+/// so the same bits, and the same launch: with a wave of row blocks or more, the extra blocks
+/// per multiprocessor shorten it; with fewer, the `dw` blocks wait on the rows' and the spills
+/// only lengthen that wait.
+pub const fn rmsnorm_bwd_fused_narrow(
+    dtype: DType,
+    mode: VecMode,
+    g: &NormGeometry,
+    groups: u64,
+) -> Option<BwdNarrow> {
+    match rmsnorm_bwd_narrow(dtype, g) {
+        Some(budget) if matches!(mode, VecMode::V16) && groups >= budget.min_fused_groups() => {
+            Some(budget)
+        }
+        _ => None,
+    }
 }
 
 /// Registers of one multiprocessor (sm_80 and sm_90), and the most one block may hold.

@@ -94,8 +94,8 @@ use ferrofuse_common::{
     RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
     RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_fused_dw_blocks,
-    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_geometry, rmsnorm_bwd_layout,
-    rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry,
+    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
     rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 
@@ -688,8 +688,13 @@ pub fn plan_rmsnorm_backward_with(
         rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres_addr != 0, row_blocks);
     let (kernel, grid, shared_mem_bytes) = if fused {
         let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block);
+        // The narrow entry runs the same code, so it computes the same bits.
+        let kernel = match rmsnorm_bwd_fused_narrow(dtype, mode, &geometry, groups) {
+            Some(budget) => KernelId::RmsNormBwdFusedNarrow(dtype, budget),
+            None => KernelId::RmsNormBwdFused(dtype, mode),
+        };
         (
-            KernelId::RmsNormBwdFused(dtype, mode),
+            kernel,
             groups + dw_blocks,
             rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
         )

@@ -1827,7 +1827,7 @@ fn backward_case<T: Element, W: Element>(
     };
     let mode = match out.kernels.0 {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(..) => VecMode::V16,
+        KernelId::RmsNormBwdNarrow(..) | KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{what}: planned {k:?}"),
     };
     assert_eq!(mode, want_mode, "{what}: vector path choice");
@@ -1958,12 +1958,17 @@ fn backward_fused_matches_two_launches_bitwise() {
             (280, 7168),
             (1000, 2560),
             (1024, 4608),
-            // Cases 14-17: the narrow kernel of 80 registers on dense and padded rows (the
-            // layout goes by the case number), odd rows between.
-            (5, 6150),
-            (40, 1030),
+            // Cases 14-21 (the layout goes by the case number): the two launches' occupancy
+            // grid off the 16-byte grid (misaligned, staggered: the scalar kernel) and on it
+            // (dense, padded: the narrow kernels), odd rows, the narrow one-launch kernels.
+            (1024, 4608),
+            (2048, 6143),
             (2048, 5632),
             (2048, 6144),
+            (5, 6150),
+            (40, 1030),
+            (256, 4608),
+            (200, 6144),
         ]
     } else {
         &[
@@ -1991,11 +1996,15 @@ fn backward_fused_matches_two_launches_bitwise() {
             (1000, 2560),
             (1024, 4608),
             (2000, 3072),
-            // Cases 25-28 as cases 14-17 of the quick list.
+            // Cases 25-32: the kinds of cases 14-21 of the quick list.
             (2048, 6144),
             (5, 6150),
             (40, 1030),
             (3000, 5632),
+            (256, 4608),
+            (1024, 4608),
+            (2048, 6143),
+            (200, 6144),
         ]
     };
     let mut seen = BTreeSet::new();
@@ -2053,6 +2062,7 @@ fn backward_fused_matches_two_launches_bitwise() {
         matches!(
             k,
             KernelId::RmsNormBwdFused(..)
+                | KernelId::RmsNormBwdFusedNarrow(..)
                 | KernelId::RmsNormBwd(_, _, NormBwdVariant::E16)
                 | KernelId::RmsNormBwdNarrow(..)
         )
@@ -2104,7 +2114,13 @@ fn fused_vs_two<T: Element, W: Element>(
         return [fused.kernels.0, two.kernels.0];
     }
     assert!(
-        matches!(fused.kernels, (KernelId::RmsNormBwdFused(..), None)),
+        matches!(
+            fused.kernels,
+            (
+                KernelId::RmsNormBwdFused(..) | KernelId::RmsNormBwdFusedNarrow(..),
+                None
+            )
+        ),
         "{what}: planned {:?}",
         fused.kernels
     );

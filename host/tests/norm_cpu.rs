@@ -110,7 +110,7 @@ fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
 fn mode_of(plan: &ferrofuse::norm::RmsNormBwdPlan) -> VecMode {
     match plan.rows.kernel {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(..) => VecMode::V16,
+        KernelId::RmsNormBwdNarrow(..) | KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{k:?}"),
     }
 }
@@ -705,9 +705,14 @@ fn backward_geometry_and_workspace() {
                     assert_eq!(plan.rows.params.dw, 0);
                     assert_eq!(plan.rows.params.dw_slots, 0);
                 } else {
-                    assert_eq!(
-                        plan.rows.kernel,
-                        KernelId::RmsNormBwdFused(dtype, mode_of(&plan))
+                    assert!(
+                        matches!(
+                            plan.rows.kernel,
+                            KernelId::RmsNormBwdFused(d, _) | KernelId::RmsNormBwdFusedNarrow(d, _)
+                                if d == dtype
+                        ),
+                        "{dtype:?} {rows} x {hidden}: {:?}",
+                        plan.rows.kernel
                     );
                     assert_eq!(plan.rows.params.dw, t.dw.addr);
                     // Its dw blocks follow the two launches' slots.
@@ -1814,16 +1819,16 @@ fn blocks_per_multiprocessor_as_the_occupancy_calculator() {
 
 /// f32 rows of 2561-3072 and 4097-6144 elements run the backward on a narrow entry (the same
 /// code at fewer registers): at 96 registers three blocks of 192 threads and two of 288 or 320
-/// per SM, at 80 two of 352 or 384; on the vector path in two launches on the occupancy grid
-/// (four row groups per block or more, eight at 80 registers); every other call on the
-/// others.
+/// per SM, at 80 two of 352 or 384; on the vector path, in two launches on the occupancy grid
+/// (four row groups per block or more, eight at 80 registers) and in one launch from 128 row
+/// groups (200 at 80 registers); every other call on the others.
 #[test]
 fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
     for dtype in [DType::F32, DType::BF16, DType::F16] {
-        for hidden in (4..=8192).step_by(4) {
+        for hidden in (1..=8192).step_by(3) {
             let plan = bwd(&bwd_descs(dtype, 100_000, hidden, true)).unwrap();
             let want = match hidden {
-                _ if dtype != DType::F32 => None,
+                _ if dtype != DType::F32 || hidden % 4 != 0 => None,
                 2561..=3072 | 4097..=5120 => Some(BwdNarrow::R96),
                 5121..=6144 => Some(BwdNarrow::R80),
                 _ => None,
@@ -1835,17 +1840,27 @@ fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
             assert_eq!(got, want, "{dtype:?} x {hidden}: {:?}", plan.rows.kernel);
         }
     }
-    // Off the 16-byte grid and in one launch: the entries of 128 registers.
-    let off = bwd(&bwd_descs(DType::F32, 100_000, 4607, false)).unwrap();
-    assert_eq!(
-        off.rows.kernel,
-        KernelId::RmsNormBwd(DType::F32, VecMode::Scalar, NormBwdVariant::E16)
-    );
-    let few = bwd(&bwd_descs(DType::F32, 7, 4608, false)).unwrap();
-    assert_eq!(
-        few.rows.kernel,
-        KernelId::RmsNormBwdFused(DType::F32, VecMode::V16)
-    );
+    // One launch: the 128-register entry below 128 row groups (200 at 80 registers) and off
+    // the 16-byte grid.
+    let fused = |rows, hidden| bwd(&bwd_descs(DType::F32, rows, hidden, false)).unwrap();
+    let wide = KernelId::RmsNormBwdFused(DType::F32, VecMode::V16);
+    let narrow = |budget| KernelId::RmsNormBwdFusedNarrow(DType::F32, budget);
+    for (rows, hidden, kernel) in [
+        (7, 4608, wide),
+        (127, 4608, wide),
+        (128, 4608, narrow(BwdNarrow::R96)),
+        (128, 3072, narrow(BwdNarrow::R96)),
+        (199, 6144, wide),
+        (200, 6144, narrow(BwdNarrow::R80)),
+        (256, 8192, wide),
+        (
+            256,
+            4607,
+            KernelId::RmsNormBwdFused(DType::F32, VecMode::Scalar),
+        ),
+    ] {
+        assert_eq!(fused(rows, hidden).rows.kernel, kernel, "{rows} x {hidden}");
+    }
     // The occupancy grid: 128 x 3 blocks of 192 threads from 1536 row groups on, 128 x 2 of
     // 288 from 1024, 128 x 2 of 384 from 2048; below, the power-of-two grid on the
     // 128-register kernel (the same 256 blocks of 384 threads).

@@ -2271,15 +2271,16 @@ fn plan_norm_backward_case(c: &NormBwdCase) -> Result<RmsNormBwdPlan, Error> {
 }
 
 /// The f32 backward's one-row blocks that a narrow entry fits more of per multiprocessor than
-/// the 128-register one, and the row groups per block from which it runs: three of 192
-/// threads, two of 288 or 320 (96 registers, from four), two of 352 or 384 (80, from eight).
+/// the 128-register one, the row groups per block from which the rows kernel runs it and the
+/// row groups from which the one-launch kernel does: three of 192 threads, two of 288 or 320
+/// (96 registers, from four, from 128), two of 352 or 384 (80, from eight, from 200).
 /// 160 threads: four by registers, but three by shared memory with `dres` staged, as at 128;
 /// 224 and 256: three at 80 registers, but two by shared memory.
-fn narrow_backward_blocks_per_sm(block: u32) -> Option<(BwdNarrow, u64, u64)> {
+fn narrow_backward_blocks_per_sm(block: u32) -> Option<(BwdNarrow, u64, u64, u64)> {
     match block {
-        192 => Some((BwdNarrow::R96, 3, 4)),
-        288 | 320 => Some((BwdNarrow::R96, 2, 4)),
-        352 | 384 => Some((BwdNarrow::R80, 2, 8)),
+        192 => Some((BwdNarrow::R96, 3, 4, 128)),
+        288 | 320 => Some((BwdNarrow::R96, 2, 4, 128)),
+        352 | 384 => Some((BwdNarrow::R80, 2, 8, 200)),
         _ => None,
     }
 }
@@ -2317,10 +2318,11 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         KernelId::RmsNormBwd(d, mode, variant) if d == dtype => {
             (mode, variant == NormBwdVariant::Loop, false)
         }
-        // The narrow entry: f32 vector rows (checked with the grid below).
-        KernelId::RmsNormBwdNarrow(d, _) if d == dtype => (VecMode::V16, false, false),
         // One launch: dx, and dw summed by blocks after the rows' (no partials).
         KernelId::RmsNormBwdFused(d, mode) if d == dtype => (mode, false, true),
+        // The narrow entries: f32 vector rows (checked with the grid below).
+        KernelId::RmsNormBwdNarrow(d, _) if d == dtype => (VecMode::V16, false, false),
+        KernelId::RmsNormBwdFusedNarrow(d, _) if d == dtype => (VecMode::V16, false, true),
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));
             (VecMode::Scalar, false, false)
@@ -2390,21 +2392,27 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     } else {
         groups.min(power_of_two_within(block))
     };
-    // The narrow entries run f32 vector rows of their block sizes on the occupancy grid.
+    // The narrow entries run f32 vector rows of their block sizes on the occupancy grid, and
+    // in one launch from their row groups on.
     let want_narrow = match narrow_backward_blocks_per_sm(rl.block) {
-        Some((budget, ..))
-            if !fused
-                && on_occupancy_grid
-                && !looped
-                && mode == VecMode::V16
-                && dtype == DType::F32
-                && p.rows_per_block == 1 =>
+        Some((budget, _, _, fused_groups))
+            if !looped && mode == VecMode::V16 && dtype == DType::F32 && p.rows_per_block == 1 =>
         {
-            Some(KernelId::RmsNormBwdNarrow(dtype, budget))
+            if !fused && on_occupancy_grid {
+                Some(KernelId::RmsNormBwdNarrow(dtype, budget))
+            } else if fused && groups >= fused_groups {
+                Some(KernelId::RmsNormBwdFusedNarrow(dtype, budget))
+            } else {
+                None
+            }
         }
         _ => None,
     };
-    let narrow = matches!(rl.kernel, KernelId::RmsNormBwdNarrow(..)).then_some(rl.kernel);
+    let narrow = matches!(
+        rl.kernel,
+        KernelId::RmsNormBwdNarrow(..) | KernelId::RmsNormBwdFusedNarrow(..)
+    )
+    .then_some(rl.kernel);
     if want_narrow != narrow {
         v.add(format!(
             "{:?} for {groups} row groups in blocks of {}",

@@ -894,6 +894,26 @@ macro_rules! narrow_bwd_entries {
 
 narrow_bwd_entries!(rmsnorm_bwd_f32_v16_e16_r96, rmsnorm_bwd_f32_v16_e16_r80);
 
+macro_rules! narrow_bwd_fused_entries {
+    ($($name:ident),*) => {$(
+        /// RMSNorm backward in one launch, 16 elements per thread, f32 on the vector path: the
+        /// body of `rmsnorm_bwd_f32_v16_e16_fused` in a separate entry compiled to fewer
+        /// registers, for calls of many rows (`ferrofuse_common::rmsnorm_bwd_fused_narrow`).
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormBwdParams) {
+            unsafe { bwd_fused::<F32, { Path::V16 }>(&p) }
+        }
+    )*};
+}
+
+narrow_bwd_fused_entries!(
+    rmsnorm_bwd_f32_v16_e16_fused_r96,
+    rmsnorm_bwd_f32_v16_e16_fused_r80
+);
+
 macro_rules! realigned_entries {
     ($($e:ty, $ept:literal => $name:ident;)*) => {$(
         /// RMSNorm forward on the realigned path, `$ept` elements per thread; see the module
