@@ -620,12 +620,16 @@ const fn rmsnorm_bwd_occupancy_grid(dtype: DType, g: &NormGeometry) -> u64 {
     largest_power_of_two_within(RMSNORM_BWD_GRID_THREADS, sm_threads) * per_sm
 }
 
+/// Row groups per block from which a call runs on the occupancy grid (see
+/// [`rmsnorm_bwd_row_blocks`]), where no narrow entry asks for more.
+const RMSNORM_BWD_OCCUPANCY_MIN_GROUPS: u64 = 4;
+
 /// Whether `groups` row groups of geometry `g` run on the occupancy grid: four or more per
 /// block, or the narrow entry's [`BwdNarrow::min_groups_per_block`].
 const fn rmsnorm_bwd_on_occupancy_grid(dtype: DType, g: &NormGeometry, groups: u64) -> bool {
     let per_block = match rmsnorm_bwd_narrow(dtype, g) {
         Some(budget) => budget.min_groups_per_block(),
-        None => 4,
+        None => RMSNORM_BWD_OCCUPANCY_MIN_GROUPS,
     };
     groups >= per_block * rmsnorm_bwd_occupancy_grid(dtype, g)
 }
@@ -745,7 +749,7 @@ impl BwdNarrow {
     /// 2048 x 6144 2% faster).
     pub const fn min_groups_per_block(self) -> u64 {
         match self {
-            BwdNarrow::R96 => 4,
+            BwdNarrow::R96 => RMSNORM_BWD_OCCUPANCY_MIN_GROUPS,
             BwdNarrow::R80 => 8,
         }
     }
