@@ -78,10 +78,10 @@ pub enum KernelId {
     RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
-    /// The 16-per-thread vector form of [`KernelId::RmsNormBwd`] compiled to the register
-    /// budget of a [`BwdNarrow`], for blocks of at most its `max_threads` (f32 only,
-    /// `rmsnorm_bwd_{dtype}_v16_e16_r{96|80}`; see `crate::rmsnorm_bwd_narrow`).
-    RmsNormBwdNarrow(DType, BwdNarrow),
+    /// The 16-per-thread form of [`KernelId::RmsNormBwd`] compiled to the register budget of
+    /// a [`BwdNarrow`], for blocks of at most its `max_threads` (f32 only, staged on both
+    /// paths, `rmsnorm_bwd_{dtype}_{v16|scalar}_e16_r{96|80}`; see `crate::rmsnorm_bwd_narrow`).
+    RmsNormBwdNarrow(DType, VecMode, BwdNarrow),
     /// RMSNorm backward in one launch, for calls of few rows: `dx`, and `dw` summed by blocks
     /// of its own, with the bits of the two launches
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_e16_fused`; see `crate::RmsNormBwdParams`).
@@ -243,8 +243,10 @@ kernel_table! {
     rmsnorm_fwd_bf16_scalar_loop = RmsNormFwd(BF16, Scalar, Fwd::Loop),
     rmsnorm_bwd_f32_v16_e16 = RmsNormBwd(F32, V16, Bwd::E16),
     rmsnorm_bwd_f32_v16_loop = RmsNormBwd(F32, V16, Bwd::Loop),
-    rmsnorm_bwd_f32_v16_e16_r96 = RmsNormBwdNarrow(F32, BwdNarrow::R96),
-    rmsnorm_bwd_f32_v16_e16_r80 = RmsNormBwdNarrow(F32, BwdNarrow::R80),
+    rmsnorm_bwd_f32_v16_e16_r96 = RmsNormBwdNarrow(F32, V16, BwdNarrow::R96),
+    rmsnorm_bwd_f32_v16_e16_r80 = RmsNormBwdNarrow(F32, V16, BwdNarrow::R80),
+    rmsnorm_bwd_f32_scalar_e16_r96 = RmsNormBwdNarrow(F32, Scalar, BwdNarrow::R96),
+    rmsnorm_bwd_f32_scalar_e16_r80 = RmsNormBwdNarrow(F32, Scalar, BwdNarrow::R80),
     rmsnorm_bwd_f32_v16_e16_fused_r96 = RmsNormBwdFusedNarrow(F32, BwdNarrow::R96),
     rmsnorm_bwd_f32_v16_e16_fused_r80 = RmsNormBwdFusedNarrow(F32, BwdNarrow::R80),
     rmsnorm_bwd_f32_scalar_e16 = RmsNormBwd(F32, Scalar, Bwd::E16),
@@ -451,9 +453,8 @@ impl KernelId {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
-            KernelId::RmsNormBwdNarrow(_, budget) | KernelId::RmsNormBwdFusedNarrow(_, budget) => {
-                budget.max_threads()
-            }
+            KernelId::RmsNormBwdNarrow(_, _, budget)
+            | KernelId::RmsNormBwdFusedNarrow(_, budget) => budget.max_threads(),
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
             KernelId::ZeroFill => ZERO_FILL_THREADS,
             KernelId::Empty => 32,
@@ -512,9 +513,8 @@ impl KernelId {
                 rmsnorm_bwd_vector_min_blocks(d),
             )),
             // Its register budget is `max_registers`.
-            KernelId::RmsNormBwdNarrow(_, budget) | KernelId::RmsNormBwdFusedNarrow(_, budget) => {
-                Some((budget.max_threads(), 0))
-            }
+            KernelId::RmsNormBwdNarrow(_, _, budget)
+            | KernelId::RmsNormBwdFusedNarrow(_, budget) => Some((budget.max_threads(), 0)),
             // The scalar backward of 16-bit rows: its 512-thread blocks must launch (128
             // registers; unbounded it took up to 149).
             KernelId::RmsNormBwd(DType::BF16 | DType::F16, _, NormBwdVariant::E16) => {
@@ -551,9 +551,8 @@ impl KernelId {
     /// threads at 32 per thread. At 56 none spills.
     pub const fn max_registers(self) -> Option<u32> {
         match self {
-            KernelId::RmsNormBwdNarrow(_, budget) | KernelId::RmsNormBwdFusedNarrow(_, budget) => {
-                Some(budget.registers())
-            }
+            KernelId::RmsNormBwdNarrow(_, _, budget)
+            | KernelId::RmsNormBwdFusedNarrow(_, budget) => Some(budget.registers()),
             KernelId::RmsNormFwdRealigned(_, NormFwdVariant::E16 | NormFwdVariant::E32) => Some(56),
             _ => None,
         }
@@ -563,19 +562,23 @@ impl KernelId {
     /// the host raises the function's limit to it when it loads the module.
     pub const fn dynamic_smem_opt_in(self) -> Option<u32> {
         match self {
-            KernelId::RmsNormBwdFused(d, mode) => {
-                KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).dynamic_smem_opt_in()
+            KernelId::RmsNormBwdFused(d, mode)
+                if rmsnorm_bwd_staged(d, mode, NormBwdVariant::E16, true) =>
+            {
+                Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)
             }
-            KernelId::RmsNormBwd(_, mode, variant) if rmsnorm_bwd_staged(mode, variant) => {
+            KernelId::RmsNormBwd(d, mode, variant)
+                if rmsnorm_bwd_staged(d, mode, variant, false) =>
+            {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             // The same code as the 128-register entries, so the same shared memory.
-            KernelId::RmsNormBwdNarrow(d, _) => {
-                KernelId::RmsNormBwd(d, V16, NormBwdVariant::E16).dynamic_smem_opt_in()
+            KernelId::RmsNormBwdNarrow(d, mode, _) => {
+                KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).dynamic_smem_opt_in()
             }
             KernelId::RmsNormBwdFusedNarrow(d, _) => {
                 KernelId::RmsNormBwdFused(d, V16).dynamic_smem_opt_in()

@@ -156,13 +156,14 @@ pub const RMSNORM_SMEM_BYTES: u32 = 256;
 /// barrier in the first 1024 bytes, then one row of `x`, one of `residual` and the weight,
 /// each in a region of the largest such row (512 threads x 32 elements of 4 bytes).
 pub const RMSNORM_STREAM_SMEM_BYTES: u32 = 1024 + 3 * RMSNORM_MAX_THREADS_PER_ROW * 32 * 4;
-/// Dynamic shared memory of a backward rows launch ([`RmsNormBwdParams`]): on the vector path
-/// rows held 16 per thread (`NormBwdVariant::E16`) are copied into shared memory one row ahead
-/// of their use, so after the reduction buffers come two rows' copies of `h`, `dy` and, when
-/// the call has one, `dres`: per row and operand 16 elements per thread. The scalar path's
-/// rows held 16 per thread keep the weight there instead, widened to f32, once per block:
-/// 16 f32 per thread of a row ([`rmsnorm_bwd_scalar_weight_bytes`]). Looped rows use the
-/// reduction buffers only.
+/// Dynamic shared memory of a backward rows launch ([`RmsNormBwdParams`]; of the one-launch
+/// kernel's rows when `fused`): rows held 16 per thread (`NormBwdVariant::E16`) on the vector
+/// path, and f32 ones off it outside the one-launch kernel, are copied into shared memory one
+/// row ahead of their use ([`rmsnorm_bwd_staged`]), so after the reduction buffers come two
+/// rows' copies of `h`, `dy` and, when the call has one, `dres`: per row and operand 16
+/// elements per thread. The scalar path's other rows held 16 per thread keep the weight there
+/// instead, widened to f32, once per block: 16 f32 per thread of a row
+/// ([`rmsnorm_bwd_scalar_weight_bytes`]). Looped rows use the reduction buffers only.
 ///
 /// A staged launch of at most [`RMSNORM_BWD_SPREAD_BLOCKS`] blocks asks for
 /// [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`] instead, so that at most two of its blocks fit on a
@@ -177,11 +178,12 @@ pub const fn rmsnorm_bwd_smem_bytes(
     g: &NormGeometry,
     has_dres: bool,
     blocks: u64,
+    fused: bool,
 ) -> u32 {
     if matches!(variant, NormBwdVariant::Loop) {
         return RMSNORM_SMEM_BYTES;
     }
-    if !rmsnorm_bwd_staged(mode, variant) {
+    if !rmsnorm_bwd_staged(dtype, mode, variant, fused) {
         return RMSNORM_SMEM_BYTES + rmsnorm_bwd_scalar_weight_bytes(g);
     }
     if blocks <= RMSNORM_BWD_SPREAD_BLOCKS {
@@ -223,10 +225,17 @@ pub const fn rmsnorm_bwd_staged_buffers(elem_bytes: u32, block_threads: u32, ope
 /// fit (at 256 and 512 blocks, two per SM were 2-10% slower than four).
 pub const RMSNORM_BWD_SPREAD_BLOCKS: u64 = 64;
 
-/// Whether a backward rows kernel stages its rows in shared memory (see
-/// [`rmsnorm_bwd_smem_bytes`]).
-pub const fn rmsnorm_bwd_staged(mode: VecMode, variant: NormBwdVariant) -> bool {
-    matches!((mode, variant), (VecMode::V16, NormBwdVariant::E16))
+/// Whether a backward rows kernel (the one-launch kernel when `fused`) stages its rows in
+/// shared memory (see [`rmsnorm_bwd_smem_bytes`]): rows held 16 per thread on the vector path,
+/// and f32 rows off it (copied element by element) in the rows kernel.
+pub const fn rmsnorm_bwd_staged(
+    dtype: DType,
+    mode: VecMode,
+    variant: NormBwdVariant,
+    fused: bool,
+) -> bool {
+    matches!(variant, NormBwdVariant::E16)
+        && (matches!(mode, VecMode::V16) || (matches!(dtype, DType::F32) && !fused))
 }
 
 /// Most dynamic shared memory a staged backward launch asks for (two row groups of 512 16-bit
@@ -668,7 +677,15 @@ pub const fn rmsnorm_bwd_blocks_per_sm(dtype: DType, g: &NormGeometry) -> u64 {
 /// One-row blocks of geometry `g` that a multiprocessor holds at `registers` per thread,
 /// staged with `dres` (see [`rmsnorm_bwd_smem_bytes`]).
 const fn rmsnorm_bwd_vector_blocks_per_sm(dtype: DType, g: &NormGeometry, registers: u32) -> u32 {
-    let smem = rmsnorm_bwd_smem_bytes(dtype, VecMode::V16, NormBwdVariant::E16, g, true, u64::MAX);
+    let smem = rmsnorm_bwd_smem_bytes(
+        dtype,
+        VecMode::V16,
+        NormBwdVariant::E16,
+        g,
+        true,
+        u64::MAX,
+        false,
+    );
     blocks_per_sm(registers, g.block_threads(), smem)
 }
 
@@ -710,9 +727,9 @@ pub const fn rmsnorm_bwd_vector_min_blocks(dtype: DType) -> u32 {
 ///
 /// Blocks of 416-512 threads (f32 rows of 6145-8192) have none: at 64 registers two fit per
 /// multiprocessor, but the kernel spills 412 bytes and ran 1-12% slower than one block at 128
-/// (28% in graph replay at 1024 rows of 8192). Nor has the scalar rows kernel (rows off the
-/// 16-byte grid): at 96 and 80 registers it spills 184 and 368 bytes and ran 12-42% slower.
-/// The one-launch kernel has both budgets ([`rmsnorm_bwd_fused_narrow`]).
+/// (28% in graph replay at 1024 rows of 8192). f32 rows off the 16-byte grid (the staged body
+/// with element copies: few values live, 16 and 92 bytes of spills) have both budgets too. The
+/// one-launch kernel has both budgets on the vector path ([`rmsnorm_bwd_fused_narrow`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BwdNarrow {
     /// 96 registers: two blocks of 288-320 threads instead of one, three of 192 instead of

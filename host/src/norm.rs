@@ -684,8 +684,15 @@ pub fn plan_rmsnorm_backward_with(
         && !t.dx.overlaps(dy)
         && cheap;
     let row_blocks = if fused { groups } else { blocks };
-    let rows_smem =
-        rmsnorm_bwd_smem_bytes(dtype, mode, variant, &geometry, dres_addr != 0, row_blocks);
+    let rows_smem = rmsnorm_bwd_smem_bytes(
+        dtype,
+        mode,
+        variant,
+        &geometry,
+        dres_addr != 0,
+        row_blocks,
+        fused,
+    );
     let (kernel, grid, shared_mem_bytes) = if fused {
         let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block);
         // The narrow entry runs the same code, so it computes the same bits.
@@ -701,8 +708,8 @@ pub fn plan_rmsnorm_backward_with(
     } else {
         // The narrow entry runs the same code, so it computes the same bits.
         let kernel = match narrow {
-            Some(budget) if mode == VecMode::V16 => KernelId::RmsNormBwdNarrow(dtype, budget),
-            _ => KernelId::RmsNormBwd(dtype, mode, variant),
+            Some(budget) => KernelId::RmsNormBwdNarrow(dtype, mode, budget),
+            None => KernelId::RmsNormBwd(dtype, mode, variant),
         };
         (kernel, blocks, rows_smem)
     };

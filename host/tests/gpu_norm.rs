@@ -923,6 +923,11 @@ fn forward_every_placement_option_and_layout() {
                             // kernels run as well as the w-first ones.
                             rows: if h <= 4096 && i % 4 == 3 {
                                 2000
+                            } else if h > 8192 && h <= 16384 && i % 4 == 3 {
+                                // Rows of 32 elements per thread: more rows than the
+                                // device holds such blocks at once, so the streamed kernel
+                                // runs as well.
+                                400
                             } else if h > 16384 && h < 140001 && i % 4 == 3 {
                                 // Looped rows: more rows than multiprocessors, so the
                                 // one-block kernel runs as well as the cluster split
@@ -1827,7 +1832,8 @@ fn backward_case<T: Element, W: Element>(
     };
     let mode = match out.kernels.0 {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(..) | KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
+        KernelId::RmsNormBwdNarrow(_, mode, _) => mode,
+        KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{what}: planned {k:?}"),
     };
     assert_eq!(mode, want_mode, "{what}: vector path choice");
@@ -1958,9 +1964,9 @@ fn backward_fused_matches_two_launches_bitwise() {
             (280, 7168),
             (1000, 2560),
             (1024, 4608),
-            // Cases 14-21 (the layout goes by the case number): the two launches' occupancy
-            // grid off the 16-byte grid (misaligned, staggered: the scalar kernel) and on it
-            // (dense, padded: the narrow kernels), odd rows, the narrow one-launch kernels.
+            // Cases 14-21 (the layout goes by the case number): the narrow kernels of the two
+            // launches off the 16-byte grid (misaligned, staggered) and on it (dense, padded),
+            // odd rows, the narrow one-launch kernels.
             (1024, 4608),
             (2048, 6143),
             (2048, 5632),
@@ -2204,9 +2210,10 @@ fn backward_is_deterministic_bitwise() {
         deterministic_case::<f16>(&k, &s, rows, hidden, with_dres);
         deterministic_case::<f32>(&k, &s, rows, hidden, with_dres);
     }
-    // f32 rows of 5120 from 1024 on, of 6144 from 2048: the narrow rows kernels.
+    // f32 rows of 5120 from 1024 on, of 6144 from 2048, on and off the grid: the narrow rows
+    // kernels.
     let rows = if quick() { 2048 } else { 3000 };
-    for hidden in [5120, 6144] {
+    for hidden in [5120, 6144, 4607, 6143] {
         deterministic_case::<f32>(&k, &s, rows, hidden, BwdPlace::Separate);
     }
 }

@@ -110,7 +110,8 @@ fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
 fn mode_of(plan: &ferrofuse::norm::RmsNormBwdPlan) -> VecMode {
     match plan.rows.kernel {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(..) | KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
+        KernelId::RmsNormBwdNarrow(_, mode, _) => mode,
+        KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{k:?}"),
     }
 }
@@ -624,17 +625,20 @@ fn backward_geometry_and_workspace() {
                 }
                 NormBwdVariant::Loop => assert!(hidden > max_e16 && g.looped),
             }
-            // The vector path of rows held 16 per thread stages two rows' h, dy and dres (when
-            // the call has one) in shared memory, and asks for the most when its grid is small
-            // (spread over the multiprocessors); the scalar path of rows held 16 per thread
-            // keeps the weight there as f32 (16 per thread of a row); looped rows use the
-            // reduction buffers only. Each fits the kernel's limit.
-            // The fused form asks for the larger of that and its `dw` blocks' sums.
+            // The vector path of rows held 16 per thread, and f32 rows off it outside the
+            // one-launch kernel, stage two rows' h, dy and dres (when the call has one) in
+            // shared memory, and ask for the most when the grid is small (spread over the
+            // multiprocessors); the scalar path of rows held 16 per thread keeps the weight
+            // there as f32 (16 per thread of a row); looped rows use the reduction buffers
+            // only. Each fits the kernel's limit. The fused form asks for the larger of that
+            // and its `dw` blocks' sums.
             for (dres, rows) in [false, true].into_iter().flat_map(|d| [(d, 16), (d, 1000)]) {
                 let plan = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap();
                 let l = plan.rows;
                 let mode = mode_of(&plan);
-                let staged = mode == VecMode::V16 && variant == NormBwdVariant::E16;
+                let fused = plan.dw.is_none();
+                let staged = variant == NormBwdVariant::E16
+                    && (mode == VecMode::V16 || (dtype == DType::F32 && !fused));
                 let want = if staged && row_blocks(&plan, hidden) <= RMSNORM_BWD_SPREAD_BLOCKS {
                     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES
                 } else if staged {
@@ -1819,22 +1823,28 @@ fn blocks_per_multiprocessor_as_the_occupancy_calculator() {
 
 /// f32 rows of 2561-3072 and 4097-6144 elements run the backward on a narrow entry (the same
 /// code at fewer registers): at 96 registers three blocks of 192 threads and two of 288 or 320
-/// per SM, at 80 two of 352 or 384; on the vector path, in two launches on the occupancy grid
-/// (four row groups per block or more, eight at 80 registers) and in one launch from 128 row
-/// groups (200 at 80 registers); every other call on the others.
+/// per SM, at 80 two of 352 or 384; in two launches on the occupancy grid (four row groups per
+/// block or more, eight at 80 registers), on and off the 16-byte grid, and in one launch on
+/// the vector path from 128 row groups (200 at 80 registers); every other call on the others.
 #[test]
 fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for hidden in (1..=8192).step_by(3) {
             let plan = bwd(&bwd_descs(dtype, 100_000, hidden, true)).unwrap();
             let want = match hidden {
-                _ if dtype != DType::F32 || hidden % 4 != 0 => None,
+                _ if dtype != DType::F32 => None,
                 2561..=3072 | 4097..=5120 => Some(BwdNarrow::R96),
                 5121..=6144 => Some(BwdNarrow::R80),
                 _ => None,
             };
+            // Rows off the 16-byte grid run the staged scalar body's entries.
+            let mode = if hidden % 4 == 0 {
+                VecMode::V16
+            } else {
+                VecMode::Scalar
+            };
             let got = match plan.rows.kernel {
-                KernelId::RmsNormBwdNarrow(d, budget) if d == dtype => Some(budget),
+                KernelId::RmsNormBwdNarrow(d, m, budget) if d == dtype && m == mode => Some(budget),
                 _ => None,
             };
             assert_eq!(got, want, "{dtype:?} x {hidden}: {:?}", plan.rows.kernel);
@@ -1865,7 +1875,7 @@ fn narrow_backward_entry_for_the_blocks_it_fits_more_of() {
     // 288 from 1024, 128 x 2 of 384 from 2048; below, the power-of-two grid on the
     // 128-register kernel (the same 256 blocks of 384 threads).
     let wide = KernelId::RmsNormBwd(DType::F32, VecMode::V16, NormBwdVariant::E16);
-    let narrow = |budget| KernelId::RmsNormBwdNarrow(DType::F32, budget);
+    let narrow = |budget| KernelId::RmsNormBwdNarrow(DType::F32, VecMode::V16, budget);
     for (rows, hidden, kernel, blocks) in [
         (1535, 3072, wide, 512),
         (1536, 3072, narrow(BwdNarrow::R96), 384),

@@ -2320,8 +2320,8 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         }
         // One launch: dx, and dw summed by blocks after the rows' (no partials).
         KernelId::RmsNormBwdFused(d, mode) if d == dtype => (mode, false, true),
-        // The narrow entries: f32 vector rows (checked with the grid below).
-        KernelId::RmsNormBwdNarrow(d, _) if d == dtype => (VecMode::V16, false, false),
+        // The narrow entries: f32 rows (checked with the grid below).
+        KernelId::RmsNormBwdNarrow(d, mode, _) if d == dtype => (mode, false, false),
         KernelId::RmsNormBwdFusedNarrow(d, _) if d == dtype => (VecMode::V16, false, true),
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));
@@ -2392,15 +2392,15 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     } else {
         groups.min(power_of_two_within(block))
     };
-    // The narrow entries run f32 vector rows of their block sizes on the occupancy grid, and
-    // in one launch from their row groups on.
+    // The narrow entries run f32 rows of their block sizes on the occupancy grid, and in one
+    // launch vector rows from their row groups on.
     let want_narrow = match narrow_backward_blocks_per_sm(rl.block) {
         Some((budget, _, _, fused_groups))
-            if !looped && mode == VecMode::V16 && dtype == DType::F32 && p.rows_per_block == 1 =>
+            if !looped && dtype == DType::F32 && p.rows_per_block == 1 =>
         {
             if !fused && on_occupancy_grid {
-                Some(KernelId::RmsNormBwdNarrow(dtype, budget))
-            } else if fused && groups >= fused_groups {
+                Some(KernelId::RmsNormBwdNarrow(dtype, mode, budget))
+            } else if fused && mode == VecMode::V16 && groups >= fused_groups {
                 Some(KernelId::RmsNormBwdFusedNarrow(dtype, budget))
             } else {
                 None

@@ -182,6 +182,34 @@ pub unsafe fn cp_async_16_shared_if(dst: u32, src: u64, read: bool, pred: bool) 
     }
 }
 
+/// As [`cp_async_16_shared_if`], as four 4-byte copies (through L1: `.cg` copies 16 bytes
+/// only) of the words at `src + 4 * i` to `dst + 4 * i`, the first `read` of them (0-4) read,
+/// the others written as zeros: one address register and one count for the four.
+///
+/// # Safety
+/// When `pred`: `dst` is 16-byte aligned shared memory of this block and, for each
+/// `i < read`, `src + 4 * i` a valid, 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn cp_async_4x4_shared_if(dst: u32, src: u64, read: u32, pred: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!(
+            "{{ .reg .pred go, p; .reg .u32 n;",
+            "setp.ne.u32 go, {2}, 0;",
+            "setp.gt.u32 p, {3}, 0; selp.u32 n, 4, 0, p;",
+            "@go cp.async.ca.shared.global [{0}], [{1}], 4, n;",
+            "setp.gt.u32 p, {3}, 1; selp.u32 n, 4, 0, p;",
+            "@go cp.async.ca.shared.global [{0}+4], [{1}+4], 4, n;",
+            "setp.gt.u32 p, {3}, 2; selp.u32 n, 4, 0, p;",
+            "@go cp.async.ca.shared.global [{0}+8], [{1}+8], 4, n;",
+            "setp.gt.u32 p, {3}, 3; selp.u32 n, 4, 0, p;",
+            "@go cp.async.ca.shared.global [{0}+12], [{1}+12], 4, n; }}",
+            in(reg32) dst, in(reg64) src, in(reg32) pred as u32, in(reg32) read,
+            options(nostack, preserves_flags)
+        );
+    }
+}
+
 /// The 16 bytes of shared memory at the shared-memory address `a` when `pred`, else zeros (one
 /// predicated instruction).
 ///

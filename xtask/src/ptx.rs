@@ -193,14 +193,14 @@ fn check_load_batching(ptx: &str) -> Result<(), String> {
             KernelId::RmsNormBwd(d, VecMode::V16, v) => {
                 (d, if v == NormBwdVariant::E16 { 3 } else { 2 }, 16)
             }
-            KernelId::RmsNormBwdNarrow(d, _) => (d, 3, 16),
+            KernelId::RmsNormBwdNarrow(d, VecMode::V16, _) => (d, 3, 16),
             _ => continue,
         };
         let want = operands * elems / dtype.lanes_per_16b();
         let load = match id {
             KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormBwd(_, VecMode::V16, NormBwdVariant::E16)
-            | KernelId::RmsNormBwdNarrow(..) => "cp.async.cg.shared.global",
+            | KernelId::RmsNormBwdNarrow(_, VecMode::V16, _) => "cp.async.cg.shared.global",
             _ => "ld.global.v4",
         };
         let got = leading_vector_loads(ptx, id.name(), load);
@@ -249,6 +249,8 @@ const ALLOWED_SPILLS: &[(&str, u32, &str)] = &[
     ("rmsnorm_bwd_f16_v16_e16_fused", 8, FUSED_BWD_SPILLS),
     ("rmsnorm_bwd_f32_v16_e16_r96", 128, NARROW_BWD_SPILLS),
     ("rmsnorm_bwd_f32_v16_e16_r80", 256, NARROW_BWD_SPILLS),
+    ("rmsnorm_bwd_f32_scalar_e16_r96", 32, NARROW_BWD_SPILLS),
+    ("rmsnorm_bwd_f32_scalar_e16_r80", 128, NARROW_BWD_SPILLS),
     ("rmsnorm_bwd_f32_v16_e16_fused_r96", 64, NARROW_BWD_SPILLS),
     ("rmsnorm_bwd_f32_v16_e16_fused_r80", 176, NARROW_BWD_SPILLS),
 ];

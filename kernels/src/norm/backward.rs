@@ -16,33 +16,36 @@ use super::{
     MAX_CHUNKS, Me, Path, Row, load_chunk, load_w, prefetch_first, store_chunk, store_f32s,
 };
 use crate::mem::{
-    Elem, F32, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all, cp_async_wait_group,
-    div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v2_if, ld_v4_if, prefetch_l2,
-    shared_addr, st_shared_v4, st_v4_if,
+    Elem, F32, cp_async_4x4_shared_if, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all,
+    cp_async_wait_group, div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v2_if,
+    ld_v4_if, prefetch_l2, shared_addr, st_shared_v4,
 };
 use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
 
 /// Backward, rows of up to 8192 elements: 16 per thread (up to 512 threads per row). Each
 /// block walks the row groups `block, block + grid, ...`; each thread keeps its columns'
 /// share of `dw` in registers and writes it to its row slot of the workspace at the end.
-/// Rows on the 16-byte grid take [`bwd_staged`], the others [`bwd_scalar`]; both assign and
-/// accumulate elements identically.
+/// Rows on the 16-byte grid take [`bwd_staged`] with 16-byte copies, f32 rows off it with
+/// 4-byte ones in the rows kernel (`PARTIALS`), other rows off it [`bwd_scalar`]; all assign
+/// and accumulate elements identically.
 ///
 /// # Safety
 /// As for [`fwd_regs`](super::fwd_regs), with [`RmsNormBwdParams`], the backward geometry and
 /// [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
 #[inline(always)]
 pub(super) unsafe fn bwd_regs<E: Elem, const M: Path, const PARTIALS: bool>(p: &RmsNormBwdParams) {
-    if M == Path::V16 {
+    // The staged f32 rows off the grid only in the rows kernel: in the one-launch kernel they
+    // were slower than the scalar body (256 x 3071 in graph replay: +18%).
+    if M == Path::V16 || (E::BYTES == 4 && PARTIALS) {
         // Rows of more than 128 threads fill a block alone: the row addresses are then
         // uniform (computed once per row for the block, not per thread and chunk), as in the
         // forward.
         if p.rows_per_block == 1 {
             // SAFETY: the caller's contract.
-            unsafe { bwd_staged::<E, true, PARTIALS>(p) }
+            unsafe { bwd_staged::<E, M, true, PARTIALS>(p) }
         } else {
             // SAFETY: the caller's contract.
-            unsafe { bwd_staged::<E, false, PARTIALS>(p) }
+            unsafe { bwd_staged::<E, M, false, PARTIALS>(p) }
         }
     } else {
         // SAFETY: the caller's contract.
@@ -60,6 +63,10 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: Path, const PARTIALS: bool>(p: &
 /// partials, and with two buffers the next group's bytes are in flight during this one's
 /// reduction and stores.
 ///
+/// On the scalar path (f32 only: rows off the 16-byte grid, or operands whose rows start off
+/// it) each element is copied on its own (4-byte `cp.async`, into the same slots), and `dx`,
+/// the weight and the partials are read and written element by element.
+///
 /// The same elements are summed in the same order as in [`bwd_scalar`], so both give the same
 /// bits.
 ///
@@ -67,7 +74,11 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: Path, const PARTIALS: bool>(p: &
 /// As for [`bwd_regs`], with [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared
 /// memory (`dres`'s buffers included when `p.dres != 0`).
 #[inline(always)]
-unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &RmsNormBwdParams) {
+unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS: bool>(
+    p: &RmsNormBwdParams,
+) {
+    // Element copies are 4 bytes: `bwd_regs` runs 16-bit rows off the grid on `bwd_scalar`
+    // (this body is instantiated for them too, never run).
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -121,14 +132,27 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &Rms
         unroll!(j < k => {
             let c = chunk(j);
             let ok = live && c < nchunks;
-            // SAFETY: when ok, row < rows and c < nchunks: a 16-byte aligned chunk inside the
-            // operand (host-checked for the vector path); the slots are this thread's, inside
-            // the staging area the host sized (buffers * operands * k * threads slots of 16 bytes).
-            // Predicated, not branched: the copies issue back to back.
-            unsafe {
-                cp_async_16_shared_if(slot(b, 0, j), chunk_addr(h_row, c), ok, true);
-                cp_async_16_shared_if(slot(b, 1, j), chunk_addr(dy_row, c), ok, true);
-                cp_async_16_shared_if(slot(b, 2, j), chunk_addr(dres_row, c), ok, has_dres);
+            if M == Path::V16 {
+                // SAFETY: when ok, row < rows and c < nchunks: a 16-byte aligned chunk inside
+                // the operand (host-checked for the vector path); the slots are this thread's,
+                // inside the staging area the host sized (buffers * operands * k * threads
+                // slots of 16 bytes). Predicated, not branched: the copies issue back to back.
+                unsafe {
+                    cp_async_16_shared_if(slot(b, 0, j), chunk_addr(h_row, c), ok, true);
+                    cp_async_16_shared_if(slot(b, 1, j), chunk_addr(dy_row, c), ok, true);
+                    cp_async_16_shared_if(slot(b, 2, j), chunk_addr(dres_row, c), ok, has_dres);
+                }
+            } else {
+                // The chunk's elements inside the row (0 for a dead row).
+                let inside = if ok { (hidden - c * lanes).min(lanes) as u32 } else { 0 };
+                // SAFETY: elements c * 4 + l < hidden (l < inside) of row < rows of the
+                // operand (f32: 4-byte aligned); the slots as above. Elements past the row are
+                // written as zeros.
+                unsafe {
+                    cp_async_4x4_shared_if(slot(b, 0, j), chunk_addr(h_row, c), inside, true);
+                    cp_async_4x4_shared_if(slot(b, 1, j), chunk_addr(dy_row, c), inside, true);
+                    cp_async_4x4_shared_if(slot(b, 2, j), chunk_addr(dres_row, c), inside, has_dres);
+                }
             }
         });
         cp_async_commit();
@@ -154,9 +178,7 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &Rms
     // The weight of this thread's chunks, the same for every row: widened (and 1 + w for
     // Gemma) once.
     // SAFETY: the host checked the weight.
-    let w = unsafe {
-        load_w::<E, { Path::V16 }>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true)
-    };
+    let w = unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
     let mut rstd_next = rstd_of(g);
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
     // The row buffer, and the reduction buffer (which alternates from one group to the next
@@ -203,7 +225,7 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &Rms
                 unroll!(l < E::LANES => { dx[l] += dresj[l]; });
             }
             // SAFETY: as for the copies; dx may be dy or dres, whose chunk was copied already.
-            unsafe { st_v4_if(chunk_addr(dx_row, c), E::pack(&dx), live && c < nchunks) };
+            unsafe { store_chunk::<E, M>(dx_row, c, hidden, live && c < nchunks, &dx) };
         });
         // This thread is done with buffer b: the group after next goes there (with one
         // buffer, the next group).
@@ -229,9 +251,10 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &Rms
     let slot_row = grid::block_x() * rpb.get() + r_local as u64;
     unroll!(j < k => {
         let c = (j as u32 * tpr32 + t) as u64;
-        // SAFETY: slot_row < grid * rows_per_block = the workspace's slot rows (host-sized);
-        // row offsets slot_row * hidden * 4 are 16-byte multiples (L divides hidden).
-        unsafe { store_f32s::<{ Path::V16 }>(p.workspace, slot_row * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+        // SAFETY: slot_row < grid * rows_per_block = the workspace's slot rows (host-sized); on
+        // the vector path row offsets slot_row * hidden * 4 are 16-byte multiples (L divides
+        // hidden).
+        unsafe { store_f32s::<M>(p.workspace, slot_row * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
 }
 
@@ -241,8 +264,9 @@ unsafe fn bwd_staged<E: Elem, const ONE_ROW: bool, const PARTIALS: bool>(p: &Rms
 /// together in registers: [`window`]); a chunk that needs a vector straddling an end of the
 /// row is read element by element (at most the first and the last chunks of a row), so
 /// nothing outside the row is read; `dx` is stored by aligned vector
-/// ([`realign::store_chunk`]), and the block's next row is prefetched into L2. f32 rows: one
-/// 4-byte access per element. The weight is staged once per block in shared memory, as f32.
+/// ([`realign::store_chunk`]), and the block's next row is prefetched into L2. f32 rows (in
+/// the one-launch kernel; the rows kernel stages them): one 4-byte access per element. The
+/// weight is staged once per block in shared memory, as f32.
 /// A row's `h` and `dy` stay as loaded (raw storage bits, half the registers of f32 for
 /// 16-bit dtypes) through the reduction and are widened where used, before it for
 /// `sum(h * w * dy)` and `dw`, again after it for `dx`; `dres` is read after the reduction,

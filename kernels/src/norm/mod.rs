@@ -876,23 +876,25 @@ norm_entries! {
 }
 
 macro_rules! narrow_bwd_entries {
-    ($($name:ident),*) => {$(
-        /// RMSNorm backward rows and dw partials, 16 elements per thread, f32 on the vector
-        /// path: the body of `rmsnorm_bwd_f32_v16_e16` in a separate entry that
-        /// `cargo xtask ptx` compiles to fewer registers (the `r` in the name), for the block
-        /// sizes where that fits more blocks per multiprocessor
-        /// (`ferrofuse_common::rmsnorm_bwd_narrow`).
+    ($($m:ident => $($name:ident),*;)*) => {$($(
+        /// RMSNorm backward rows and dw partials, 16 elements per thread, f32: the body of
+        /// `rmsnorm_bwd_f32_{v16|scalar}_e16` in a separate entry that `cargo xtask ptx`
+        /// compiles to fewer registers (the `r` in the name), for the block sizes where that
+        /// fits more blocks per multiprocessor (`ferrofuse_common::rmsnorm_bwd_narrow`).
         ///
         /// # Safety
         /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormBwdParams) {
-            unsafe { bwd_regs::<F32, { Path::V16 }, true>(&p) }
+            unsafe { bwd_regs::<F32, { Path::$m }, true>(&p) }
         }
-    )*};
+    )*)*};
 }
 
-narrow_bwd_entries!(rmsnorm_bwd_f32_v16_e16_r96, rmsnorm_bwd_f32_v16_e16_r80);
+narrow_bwd_entries! {
+    V16 => rmsnorm_bwd_f32_v16_e16_r96, rmsnorm_bwd_f32_v16_e16_r80;
+    Scalar => rmsnorm_bwd_f32_scalar_e16_r96, rmsnorm_bwd_f32_scalar_e16_r80;
+}
 
 macro_rules! narrow_bwd_fused_entries {
     ($($name:ident),*) => {$(
