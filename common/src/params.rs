@@ -483,8 +483,14 @@ pub const RMSNORM_LOOP_RING_TILES: u32 = 16;
 pub const RMSNORM_LOOP_SMEM_BYTES: u32 =
     RMSNORM_LOOP_RING_TILES * (RMSNORM_MAX_THREADS_PER_ROW / 32 + 1) * 4;
 
-/// Most blocks in a cluster of the split forward (the portable cluster size).
+/// Most blocks in a cluster of the split forward on any device with clusters (the portable
+/// cluster size).
 pub const RMSNORM_SPLIT_MAX_CLUSTER: u64 = 8;
+
+/// Most blocks in a cluster of the split forward's one-tile kernels where the device runs
+/// clusters of that size (a non-portable size, which H100 and H200 run; see
+/// [`rmsnorm_split_geometry`]).
+pub const RMSNORM_SPLIT_MAX_WIDE_CLUSTER: u64 = 16;
 
 /// Most tiles one block of the split forward holds in registers.
 pub const RMSNORM_SPLIT_MAX_TILES_PER_BLOCK: u64 = 2;
@@ -503,27 +509,51 @@ const _: () = assert!(
         + RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK)
         * 4
         <= RMSNORM_SPLIT_SMEM_BYTES as u64
+        && RMSNORM_SPLIT_MAX_WIDE_CLUSTER
+            <= RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK
 );
 
 /// The split forward for looped rows (sm_90 thread-block clusters): a row's tiles spread over
 /// the blocks of one cluster, `tiles_per_block` each (blocks of
 /// [`RMSNORM_MAX_THREADS_PER_ROW`] threads, 16 elements per thread per tile, so
-/// `NormFwdVariant::E16` for one tile and `E32` for two), and the cluster's size. The same
-/// element-to-thread map and reduction shape as the looped kernel ([`rmsnorm_fwd_tiles`]), so
-/// the same bits. `None` for rows that are not looped or have more tiles than a cluster
-/// holds.
-pub const fn rmsnorm_split_geometry(dtype: DType, hidden: u64) -> Option<(NormFwdVariant, u32)> {
+/// `NormFwdVariant::E16` for one tile and `E32` for two), and the cluster's size
+/// ([`rmsnorm_split_cluster`]). One tile per block up to [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles,
+/// or [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] where the device runs clusters of that size (`wide`),
+/// two beyond: a block's chain of loads and its registers halve with one tile, and its
+/// multiprocessor holds two blocks instead of one. The same element-to-thread map and
+/// reduction shape as the looped kernel ([`rmsnorm_fwd_tiles`]) in every form, so the same
+/// bits. `None` for rows that are not looped or have more tiles than a cluster holds.
+pub const fn rmsnorm_split_geometry(
+    dtype: DType,
+    hidden: u64,
+    wide: bool,
+) -> Option<(NormFwdVariant, u32)> {
     let (variant, _) = rmsnorm_fwd_geometry(dtype, hidden);
     if !matches!(variant, NormFwdVariant::Loop) {
         return None;
     }
     let tiles = rmsnorm_fwd_tiles(dtype, hidden);
-    if tiles <= RMSNORM_SPLIT_MAX_CLUSTER {
+    let one_tile = if wide {
+        RMSNORM_SPLIT_MAX_WIDE_CLUSTER
+    } else {
+        RMSNORM_SPLIT_MAX_CLUSTER
+    };
+    if tiles <= one_tile {
         Some((NormFwdVariant::E16, tiles as u32))
     } else if tiles <= RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK {
         Some((NormFwdVariant::E32, tiles.div_ceil(2) as u32))
     } else {
         None
+    }
+}
+
+/// Blocks per cluster of the split forward of `variant` (`E16`: one tile per block, `E32`:
+/// two) for rows of `hidden` elements: one per tile, or per two tiles.
+pub const fn rmsnorm_split_cluster(dtype: DType, hidden: u64, variant: NormFwdVariant) -> u32 {
+    let tiles = rmsnorm_fwd_tiles(dtype, hidden);
+    match variant {
+        NormFwdVariant::E32 => tiles.div_ceil(2) as u32,
+        _ => tiles as u32,
     }
 }
 

@@ -406,7 +406,7 @@ fn split_forward(
     hidden: usize,
     limits: &GridLimits,
 ) -> Option<(KernelId, u64, u32)> {
-    let (variant, cluster) = rmsnorm_split_geometry(dtype, hidden as u64)?;
+    let (variant, cluster) = rmsnorm_split_geometry(dtype, hidden as u64, limits.wide_clusters)?;
     let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, variant);
     let (path, smem) = match (mode, realigned) {
         (VecMode::V16, _) => (NormPath::V16, RMSNORM_SPLIT_SMEM_BYTES),

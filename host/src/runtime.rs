@@ -9,9 +9,9 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
-    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFwdParams, KernelId,
-    RMSNORM_STREAM_SMEM_BYTES, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
-    ZERO_FILL_THREADS, rmsnorm_split_geometry,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFwdParams, KernelId, NormFwdVariant,
+    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES,
+    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, ZERO_FILL_THREADS, rmsnorm_split_cluster,
 };
 
 use crate::error::{DriverContext, Error, Result};
@@ -123,11 +123,11 @@ unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {
 unsafe impl KernelParams for ferrofuse_common::RmsNormFp8Params {}
 // SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
 unsafe impl KernelParams for RmsNormFwdParams {
-    /// The split forward runs a row on one cluster of `rmsnorm_split_geometry`'s size.
+    /// The split forward runs a row on one cluster, a block per tile or two.
     fn cluster_blocks(&self, kernel: KernelId) -> u32 {
         match kernel {
-            KernelId::RmsNormFwdSplit(dtype, ..) => {
-                rmsnorm_split_geometry(dtype, self.hidden).map_or(1, |(_, n)| n)
+            KernelId::RmsNormFwdSplit(dtype, _, variant) => {
+                rmsnorm_split_cluster(dtype, self.hidden, variant)
             }
             _ => 1,
         }
@@ -161,6 +161,9 @@ pub struct Kernels {
     /// Plan the cluster-split norm forward where it applies (sm_90+): see
     /// [`Kernels::set_cluster_split`].
     cluster_split: AtomicBool,
+    /// Plan the split forward's clusters of up to 16 blocks where the device runs them: see
+    /// [`Kernels::set_wide_clusters`].
+    wide_clusters: AtomicBool,
     /// Plan the streamed per-token FP8 kernel where it applies (sm_90+): see
     /// [`Kernels::set_row_streaming`].
     row_streaming: AtomicBool,
@@ -180,6 +183,10 @@ pub struct GridLimits {
     /// Whether the module and device run thread-block clusters (sm_90+), so a plan may
     /// choose a kernel launched in clusters.
     pub clusters: bool,
+    /// Whether the device also runs the split forward's one-tile kernels in clusters of
+    /// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks (a non-portable size; see
+    /// `ferrofuse_common::rmsnorm_split_geometry`).
+    pub wide_clusters: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
     /// norm forward's, `RMSNORM_STREAM_SMEM_BYTES`), so a plan may choose them.
@@ -193,6 +200,7 @@ impl GridLimits {
             sm_count,
             blocks_per_sm: [blocks_per_sm; KernelId::COUNT],
             clusters: false,
+            wide_clusters: false,
             streamed_rows: false,
         }
     }
@@ -200,6 +208,13 @@ impl GridLimits {
     /// The same limits, with thread-block clusters available or not.
     pub fn with_clusters(mut self, clusters: bool) -> Self {
         self.clusters = clusters;
+        self
+    }
+
+    /// The same limits, with clusters of [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks available or
+    /// not (on a device with clusters).
+    pub fn with_wide_clusters(mut self, wide: bool) -> Self {
+        self.wide_clusters = wide && self.clusters;
         self
     }
 
@@ -219,6 +234,62 @@ impl GridLimits {
         self.sm_count.clamp(1, MOST_SMS)
             * self.blocks_per_sm[kernel.index()].clamp(1, MOST_BLOCKS_PER_SM)
     }
+}
+
+/// Whether the split forward's one-tile kernels may be launched in clusters of
+/// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks: each is allowed the non-portable size, and the
+/// device holds at least one such cluster of each at the most shared memory it launches with.
+/// False wherever the driver refuses either (a device or driver without them).
+fn wide_clusters_run(functions: &[CudaFunction]) -> bool {
+    KernelId::ALL.iter().zip(functions).all(|(k, f)| {
+        let KernelId::RmsNormFwdSplit(dtype, path, NormFwdVariant::E16) = *k else {
+            return true;
+        };
+        let Some(smem) =
+            ferrofuse_common::rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16)
+        else {
+            return true;
+        };
+        let allowed = f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1,
+        );
+        allowed.is_ok() && max_active_clusters(f, smem).is_some_and(|n| n >= 1)
+    })
+}
+
+/// Clusters of [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks of [`RMSNORM_MAX_THREADS_PER_ROW`]
+/// threads and `smem` bytes of dynamic shared memory that the device holds at once, as the
+/// driver computes it; `None` where it refuses the question.
+fn max_active_clusters(f: &CudaFunction, smem: u32) -> Option<u32> {
+    // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: unsafe { std::mem::zeroed::<sys::CUlaunchAttributeValue>() },
+    };
+    attr.value.clusterDim.x = RMSNORM_SPLIT_MAX_WIDE_CLUSTER as u32;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: RMSNORM_SPLIT_MAX_WIDE_CLUSTER as u32,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: RMSNORM_MAX_THREADS_PER_ROW,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: std::ptr::null_mut(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut clusters = 0i32;
+    // SAFETY: `config` and `attr` outlive the call, which only reads them; the function is
+    // this context's (bound by the caller's module load).
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &config) }
+        .result()
+        .ok()?;
+    u32::try_from(clusters).ok()
 }
 
 /// The block size a kernel's occupancy is read at: its family's, where that is fixed, and the
@@ -312,6 +383,7 @@ impl Kernels {
         // The sm_90 module is the one with cluster code and bulk copies, and runs on sm_90+
         // only.
         limits.clusters = ptx.min_compute_capability >= 90;
+        limits.wide_clusters = limits.clusters && wide_clusters_run(&functions);
         limits.streamed_rows = ptx.min_compute_capability >= 90
             && GATED_FP8_STREAM_SMEM_BYTES.max(RMSNORM_STREAM_SMEM_BYTES) as i32 <= smem_opt_in;
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
@@ -342,6 +414,7 @@ impl Kernels {
             programmatic: AtomicBool::new(programmatic),
             programmatic_supported: programmatic,
             cluster_split: AtomicBool::new(true),
+            wide_clusters: AtomicBool::new(true),
             row_streaming: AtomicBool::new(true),
             fused_backward: AtomicBool::new(true),
             _module: module,
@@ -386,19 +459,30 @@ impl Kernels {
         self.cluster_split.store(on, Ordering::Relaxed);
     }
 
+    /// Turns the split forward's clusters of 16 blocks (one tile per block for rows of 9-16
+    /// tiles, where the device runs such clusters) off or back on (on by default); off, those
+    /// rows take two tiles per block in clusters of at most 8. Every form computes the same
+    /// bits; for measuring and for tests that compare them.
+    pub fn set_wide_clusters(&self, on: bool) {
+        self.wide_clusters.store(on, Ordering::Relaxed);
+    }
+
     /// The limits the norm forward plans with: [`Kernels::limits`], without clusters while
-    /// [`Kernels::set_cluster_split`] has the split off, and without the streamed kernel while
+    /// [`Kernels::set_cluster_split`] has the split off, without clusters of 16 while
+    /// [`Kernels::set_wide_clusters`] has them off, and without the streamed kernel while
     /// [`Kernels::set_row_streaming`] has it off.
     pub(crate) fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
         let split = self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters;
+        let wide = self.wide_clusters.load(Ordering::Relaxed) || !self.limits.wide_clusters;
         let streaming = self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows;
-        if split && streaming {
+        if split && wide && streaming {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
             std::borrow::Cow::Owned(
                 self.limits
                     .clone()
                     .with_clusters(self.limits.clusters && split)
+                    .with_wide_clusters(self.limits.wide_clusters && wide)
                     .with_streamed_rows(self.limits.streamed_rows && streaming),
             )
         }

@@ -40,7 +40,9 @@ use ferrofuse::{
     DType, Element, Error, GradPlacement, KernelId, Kernels, Mat, MatDesc, MatMut, NormNumerics,
     NormPath, Placement, RmsNormOptions, SavedForward, VecMode,
 };
-use ferrofuse_common::{rmsnorm_bwd_layout, rmsnorm_realigned_fits, rmsnorm_split_smem_bytes};
+use ferrofuse_common::{
+    rmsnorm_bwd_layout, rmsnorm_realigned_fits, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -958,11 +960,18 @@ fn forward_every_placement_option_and_layout() {
         kernel
     });
     report("forward_every_placement_option_and_layout", &worst);
-    // The split forward only where the device runs clusters.
-    let clusters = k.limits().clusters;
+    // The split forward only where the device runs clusters, and two tiles per block only
+    // where it does not run clusters of 16 (`forward_split_matches_the_looped_kernel_bitwise`
+    // turns them off).
+    let (clusters, wide) = (k.limits().clusters, k.limits().wide_clusters);
     assert_covered("forward_every_placement_option_and_layout", &seen, |k| {
         k.rmsnorm_forward_form().is_some()
-            && (clusters || !matches!(k, KernelId::RmsNormFwdSplit(..)))
+            && match k {
+                KernelId::RmsNormFwdSplit(_, _, v) => {
+                    clusters && !(wide && *v == NormFwdVariant::E32)
+                }
+                _ => true,
+            }
     });
 }
 
@@ -1219,6 +1228,7 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
     };
     let mut i = 0usize;
     let mut failed = Vec::new();
+    let mut variants = BTreeSet::new();
     for &h in hidden {
         for dtype in DType::ALL {
             for opt in 0..16u32 {
@@ -1226,6 +1236,14 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                     continue;
                 }
                 i += 1;
+                // Where the device runs clusters of 16 blocks, rows of 9-16 tiles take one
+                // tile per block with them and two without: every other case without.
+                let wide = i.is_multiple_of(2);
+                k.set_wide_clusters(wide);
+                let wide = wide && k.limits().wide_clusters;
+                if let Some((v, _)) = rmsnorm_split_geometry(dtype, h as u64, wide) {
+                    variants.insert(format!("{v:?}"));
+                }
                 let c = Fwd {
                     placement: PLACEMENTS[i % PLACEMENTS.len()],
                     gemma: opt & 1 != 0,
@@ -1246,6 +1264,12 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
         }
     }
     k.set_cluster_split(true);
+    k.set_wide_clusters(true);
+    assert_eq!(
+        variants.len(),
+        2,
+        "one and two tiles per block: {variants:?}"
+    );
     assert!(
         failed.is_empty(),
         "{} cases failed: {failed:#?}",

@@ -1579,24 +1579,26 @@ fn split_forward_plan() {
         RMSNORM_SPLIT_SMEM_BYTES, rmsnorm_fwd_tiles, rmsnorm_split_geometry,
         rmsnorm_split_smem_bytes,
     };
-    let cl = limits().with_clusters(true);
     let opts = opts();
-    for dtype in DType::ALL {
+    for (dtype, wide) in DType::ALL.into_iter().flat_map(|d| [(d, false), (d, true)]) {
+        // Clusters of up to 8 blocks, or 16 where the device runs them.
+        let cl = limits().with_clusters(true).with_wide_clusters(wide);
+        let most = if wide { 16 } else { 8 };
         for hidden in [
             16384usize, 16392, 20000, 32768, 65536, 65544, 100000, 131072, 131080, 262144,
         ] {
             let tiles = rmsnorm_fwd_tiles(dtype, hidden as u64);
             let (variant, geometry) = rmsnorm_forward_geometry(dtype, hidden);
-            let geom = rmsnorm_split_geometry(dtype, hidden as u64);
-            let what = format!("{dtype:?} H={hidden}");
+            let geom = rmsnorm_split_geometry(dtype, hidden as u64, wide);
+            let what = format!("{dtype:?} H={hidden} wide {wide}");
             match geom {
                 None => assert!(variant != NormFwdVariant::Loop || tiles > 16, "{what}"),
                 Some((v, n)) => {
                     assert_eq!(variant, NormFwdVariant::Loop, "{what}");
                     let per_block = if v == NormFwdVariant::E16 { 1 } else { 2 };
-                    assert!(n as u64 * per_block >= tiles && n <= 8, "{what}");
+                    assert!(n as u64 * per_block >= tiles && n <= most, "{what}");
                     assert!((n as u64 - 1) * per_block < tiles, "{what}: an empty block");
-                    assert_eq!(per_block == 1, tiles <= 8, "{what}");
+                    assert_eq!(per_block == 1, tiles <= most as u64, "{what}");
                 }
             }
             for rows in [1usize, 2, 7, 32, 33, 34, 64, 132, 133, 1000, 70000] {

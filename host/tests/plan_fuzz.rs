@@ -46,8 +46,8 @@ use ferrofuse_common::{
     GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
-    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
-    rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
+    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
+    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -259,6 +259,7 @@ struct Limits {
     sm_count: u32,
     blocks_per_sm: u32,
     clusters: bool,
+    wide_clusters: bool,
     streamed_rows: bool,
 }
 
@@ -266,6 +267,7 @@ impl Limits {
     fn grid_limits(&self) -> GridLimits {
         GridLimits::uniform(self.sm_count, self.blocks_per_sm)
             .with_clusters(self.clusters)
+            .with_wide_clusters(self.wide_clusters)
             .with_streamed_rows(self.streamed_rows)
     }
 }
@@ -290,6 +292,7 @@ fn limits(rng: &mut StdRng) -> Limits {
         sm_count,
         blocks_per_sm,
         clusters: rng.random_bool(0.5),
+        wide_clusters: rng.random_bool(0.5),
         streamed_rows: rng.random_bool(0.5),
     }
 }
@@ -1959,10 +1962,16 @@ fn check_norm_forward(c: &NormFwdCase, l: &Launch<RmsNormFwdParams>) -> Vec<Stri
         let sizes = (rows, hidden, t.weight.dtype.size_bytes());
         check_streamed_norm(&mut v, &c.limits, shape, sizes, p, dtype);
     } else if let KernelId::RmsNormFwdSplit(..) = l.kernel {
-        // One cluster per row, on a device that has clusters.
+        // One cluster per row, on a device that has clusters (of up to 16 blocks where it
+        // runs them).
         let cluster = p.cluster_blocks(l.kernel);
+        let most = if c.limits.wide_clusters {
+            RMSNORM_SPLIT_MAX_WIDE_CLUSTER
+        } else {
+            RMSNORM_SPLIT_MAX_CLUSTER
+        };
         if !c.limits.clusters
-            || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
+            || cluster as u64 > most
             || l.grid as u64 != rows as u64 * cluster as u64
         {
             v.add(format!(

@@ -149,6 +149,7 @@ pub fn build_and_compare(root: &Path, arch: &str) -> Result<(String, bool), Stri
     let target = root.join("target/xtask-ptx").join(arch);
     let text = build_ptx::build_checked_ptx(root, &target, arch)?;
     check_load_batching(&text).map_err(|e| format!("{arch}: {e}"))?;
+    check_no_functions(&text).map_err(|e| format!("{arch}: {e}"))?;
     let committed = std::fs::read(build_ptx::committed_ptx(root, arch)).unwrap_or_default();
     let fresh = committed == text.as_bytes();
     Ok((text, fresh))
@@ -166,6 +167,31 @@ pub fn stale_message(stale: &[PathBuf]) -> String {
          run `cargo xtask ptx` and commit host/ptx/",
         files.join(", ")
     )
+}
+
+/// Every device function must be inlined into its entry: LLVM leaves a closure it finds too
+/// large to inline (the same closure called from several places) as a `.func`, whose call
+/// passes the captured variables through local memory and makes ptxas spill every register
+/// live across it (a backward body went from 24 to 5,184 bytes of spills that way).
+fn check_no_functions(ptx: &str) -> Result<(), String> {
+    // A declaration and a definition each.
+    let functions: std::collections::BTreeSet<&str> = ptx
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix(".func ")
+                .or(l.strip_prefix(".visible .func "))
+        })
+        .map(|l| l.split('(').next().unwrap_or(l).trim())
+        .collect();
+    if functions.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "device functions not inlined (mark the closure `#[inline(always)]` or make it \
+             smaller): {}",
+            functions.into_iter().collect::<Vec<_>>().join(", ")
+        ))
+    }
 }
 
 /// Registers per thread at which 2048 threads fit on one SM.
@@ -300,12 +326,16 @@ fn number_before(line: &str, suffix: &str) -> Option<u32> {
     line[..end].split_whitespace().last()?.parse().ok()
 }
 
-/// Parses `ptxas -v` output: an "entry function 'name'" line, then its stack/spill line and its
+/// Parses `ptxas -v` output: an "entry function 'name'" line, then its stack/spill line (after
+/// "Function properties for name"; those of a function it calls are not the entry's) and its
 /// "Used N registers" line.
 fn parse_ptxas_log(log: &str, arch: &str) -> Vec<KernelResources> {
     let mut out: Vec<KernelResources> = Vec::new();
+    let mut entry_properties = false;
     for line in log.lines() {
-        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            entry_properties = out.last().is_some_and(|k| rest.trim() == k.kernel);
+        } else if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default();
             out.push(KernelResources {
                 kernel: name.to_string(),
@@ -317,7 +347,7 @@ fn parse_ptxas_log(log: &str, arch: &str) -> Vec<KernelResources> {
                 shared_mem: 0,
             });
         } else if let Some(k) = out.last_mut() {
-            if line.contains("bytes stack frame") {
+            if line.contains("bytes stack frame") && entry_properties {
                 k.stack_frame = number_before(line, "bytes stack frame").unwrap_or(0);
                 k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
                 k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
@@ -392,6 +422,17 @@ mod tests {
     }
 
     #[test]
+    fn finds_device_functions() {
+        let entry = ".visible .entry k(\n\t.param .b64 k_param_0\n)\n{\n\tret;\n}\n";
+        assert!(check_no_functions(entry).is_ok());
+        let with = format!(
+            ".func _Rclosure(\n\t.param .b64 p\n);\n{entry}.func _Rclosure(\n\t.param .b64 p\n)\n{{\n\tret;\n}}\n"
+        );
+        let err = check_no_functions(&with).unwrap_err();
+        assert!(err.ends_with(": _Rclosure"), "{err}");
+    }
+
+    #[test]
     fn parses_ptxas_verbose_output() {
         let log = "ptxas info    : 0 bytes gmem\n\
 ptxas info    : Compiling entry function 'k1' for 'sm_90'\n\
@@ -401,9 +442,19 @@ ptxas info    : Used 40 registers, used 1 barriers, 128 bytes smem\n\
 ptxas info    : Compiling entry function 'k2' for 'sm_90'\n\
 ptxas info    : Function properties for k2\n\
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
-ptxas info    : Used 12 registers, used 0 barriers\n";
+ptxas info    : Used 12 registers, used 0 barriers\n\
+ptxas info    : Compiling entry function 'k3' for 'sm_90'\n\
+ptxas info    : Function properties for k3\n\
+    64 bytes stack frame, 32 bytes spill stores, 24 bytes spill loads\n\
+ptxas info    : Used 64 registers, used 1 barriers\n\
+ptxas info    : Function properties for callee\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
         let r = parse_ptxas_log(log, "sm_90");
-        assert_eq!(r.len(), 2);
+        assert_eq!(r.len(), 3);
+        assert_eq!(
+            (r[2].stack_frame, r[2].spill_stores, r[2].spill_loads),
+            (64, 32, 24)
+        );
         assert_eq!(
             (r[0].kernel.as_str(), r[0].registers, r[0].stack_frame),
             ("k1", 40, 16)
