@@ -387,9 +387,10 @@ pub(crate) fn streamed_forward(
 }
 
 /// The cluster-split forward, its grid (`rows` clusters) and shared memory, where it
-/// applies: looped rows on a device with clusters, on the vector and scalar paths at most a
-/// quarter as many rows as multiprocessors (one block per row would leave most of the GPU
-/// idle; from 64 rows on an H200 the one-block vector kernel was as fast or faster). Off the
+/// applies: looped rows on a device with clusters, on the vector and scalar paths at most
+/// three eighths as many rows as multiprocessors (one block per row would leave most of the
+/// GPU idle; on an H200 the split was 11-42% faster at 34-48 rows, level at 64, and 9-20%
+/// slower from 100 rows, where one block per row fills most of the GPU). Off the
 /// grid it takes the realigned path where the weight is 16-byte aligned and the block's
 /// staging fits, and then up to one row per multiprocessor for 16-bit rows, at any number of
 /// rows for f32 rows and where there is no looped realigned kernel (`realigned_loop` false):
@@ -416,7 +417,7 @@ fn split_forward(
     let sms = limits.sm_count as u64;
     let takes = match path {
         NormPath::Realigned => rows as u64 <= sms || !realigned_loop || dtype == DType::F32,
-        _ => rows as u64 * 4 <= sms,
+        _ => rows as u64 * 8 <= sms * 3,
     };
     if !(limits.clusters && rows > 0 && takes) {
         return None;

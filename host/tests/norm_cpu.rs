@@ -1565,8 +1565,9 @@ fn kernel_table_holds_every_norm_entry() {
     assert_eq!(count, 18 + 12 + 3);
 }
 
-/// With clusters, looped rows at up to a quarter as many rows as multiprocessors take the
-/// split forward: one cluster per row, one tile per block up to 8 tiles, two up to 16, the
+/// With clusters, looped rows at up to three eighths as many rows as multiprocessors (49 of
+/// 132) take the split forward: one cluster per row, one tile per block up to 8 tiles (16
+/// where the device runs clusters of 16), two up to 16, the
 /// same form (memory path, looped) and parameters as the looped kernel, its own shared
 /// memory; on the vector path and, for rows off the 16-byte grid, on the realigned or the
 /// scalar one; on the realigned path up to one row per multiprocessor, and f32 rows at any
@@ -1601,7 +1602,7 @@ fn split_forward_plan() {
                     assert_eq!(per_block == 1, tiles <= most as u64, "{what}");
                 }
             }
-            for rows in [1usize, 2, 7, 32, 33, 34, 64, 132, 133, 1000, 70000] {
+            for rows in [1usize, 2, 7, 32, 33, 34, 49, 50, 64, 132, 133, 1000, 70000] {
                 let t = fwd_descs(dtype, rows, hidden, true);
                 let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
                 let l = plan_rmsnorm_forward(&t, &opts, &cl).unwrap();
@@ -1614,7 +1615,7 @@ fn split_forward_plan() {
                     "{what}"
                 );
                 match geom {
-                    Some((v, n)) if rows <= 33 => {
+                    Some((v, n)) if rows <= 49 => {
                         assert_eq!(
                             l.kernel,
                             KernelId::RmsNormFwdSplit(dtype, NormPath::V16, v),
@@ -1663,7 +1664,7 @@ fn split_forward_plan() {
                     let split_rows = match path {
                         NormPath::Realigned if dtype == DType::F32 => usize::MAX,
                         NormPath::Realigned => 132,
-                        _ => 33,
+                        _ => 49,
                     };
                     match geom {
                         Some((v, n)) if rows <= split_rows => {
@@ -1707,7 +1708,7 @@ fn split_forward_takes_more_rows_of_an_f32_weight() {
                     t.weight.addr += 4;
                 }
                 let l = plan_rmsnorm_forward(&t, &opts(), &cl).unwrap();
-                let want = match (w_aligned, rows <= 33) {
+                let want = match (w_aligned, rows <= 49) {
                     (true, _) => {
                         KernelId::RmsNormFwdSplit(dtype, NormPath::Realigned, NormFwdVariant::E16)
                     }
