@@ -262,15 +262,7 @@ fn wide_clusters_run(functions: &[CudaFunction]) -> bool {
 /// threads and `smem` bytes of dynamic shared memory that the device holds at once, as the
 /// driver computes it; `None` where it refuses the question.
 fn max_active_clusters(f: &CudaFunction, smem: u32) -> Option<u32> {
-    // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value: unsafe { std::mem::zeroed::<sys::CUlaunchAttributeValue>() },
-    };
-    attr.value.clusterDim.x = RMSNORM_SPLIT_MAX_WIDE_CLUSTER as u32;
-    attr.value.clusterDim.y = 1;
-    attr.value.clusterDim.z = 1;
+    let mut attr = cluster_dimension(RMSNORM_SPLIT_MAX_WIDE_CLUSTER as u32);
     let config = sys::CUlaunchConfig {
         gridDimX: RMSNORM_SPLIT_MAX_WIDE_CLUSTER as u32,
         gridDimY: 1,
@@ -290,6 +282,20 @@ fn max_active_clusters(f: &CudaFunction, smem: u32) -> Option<u32> {
         .result()
         .ok()?;
     u32::try_from(clusters).ok()
+}
+
+/// The launch attribute for clusters of `blocks` blocks along x.
+fn cluster_dimension(blocks: u32) -> sys::CUlaunchAttribute {
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
+        value: unsafe { std::mem::zeroed::<sys::CUlaunchAttributeValue>() },
+    };
+    attr.value.clusterDim.x = blocks;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attr
 }
 
 /// The block size a kernel's occupancy is read at: its family's, where that is fixed, and the
@@ -654,24 +660,16 @@ impl Kernels {
             }
             .during("launching a kernel");
         }
-        // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
-        let zero = || unsafe { std::mem::zeroed::<sys::CUlaunchAttributeValue>() };
         let mut attrs = [
             sys::CUlaunchAttribute {
                 id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
                 pad: [0; 4],
-                value: zero(),
+                // SAFETY: an all-zero value is a valid bit pattern of this plain C union.
+                value: unsafe { std::mem::zeroed::<sys::CUlaunchAttributeValue>() },
             },
-            sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-                pad: [0; 4],
-                value: zero(),
-            },
+            cluster_dimension(cluster.max(1)),
         ];
         attrs[0].value.programmaticStreamSerializationAllowed = programmatic as i32;
-        attrs[1].value.clusterDim.x = cluster.max(1);
-        attrs[1].value.clusterDim.y = 1;
-        attrs[1].value.clusterDim.z = 1;
         let config = sys::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,
