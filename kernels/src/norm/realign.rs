@@ -26,8 +26,10 @@
 //! ends element by element). Only the sum of squares follows the chunk map; no thread needs
 //! another's values.
 //!
-//! A split block ([`store_chunk`], for the split's tiles held in registers) uses the mirror
-//! image of the loads: aligned vector `c` is the last `m` lanes of chunk `c - 1` (shuffled
+//! A split block whose operands sit at one offset (dense tensors of one layout) keeps its
+//! staging too and stores by aligned vector ([`fwd_split_by_vector`]). Otherwise
+//! ([`store_chunk`], for the split's tiles held in registers) it uses the mirror image of the
+//! loads: aligned vector `c` is the last `m` lanes of chunk `c - 1` (shuffled
 //! over from the left neighbour) followed by the first `L - m` of chunk `c`, stored by the
 //! owner of chunk `c` as one 16-byte store when the vector is wholly inside the row and the
 //! owner is not the first lane of its warp (whose left neighbour is in another warp). Every
@@ -38,9 +40,10 @@
 //! A cluster-split block holds chunks `first .. first + T * K` of its row (`split`): it
 //! stages their vectors and the one after them (thread 0 copies it when it lies wholly inside
 //! the row; its first `m` elements are the slice's). The row's edge vectors are staged by the
-//! block whose slots they fall in. Stores need nothing more: a slice's first and last chunks
-//! are held by the first and last lanes of warps, which store the elements their vectors
-//! share with a neighbour one by one.
+//! block whose slots they fall in. By chunk, stores need nothing more: a slice's first and
+//! last chunks are held by the first and last lanes of warps, which store the elements their
+//! vectors share with a neighbour one by one. By vector, the block stores the vectors of its
+//! slots, the first of which holds the previous slice's last `m` columns.
 //!
 //! # Tiles of a looped row
 //! A row longer than a block's registers hold ([`fwd_loop`]) is staged a tile at a time, with
@@ -74,11 +77,12 @@ use ferrofuse_common::{
 
 use crate::mem::{
     Elem, F32, cp_async_16_if, cp_async_wait_all, funnel_shift_right, grid, grid_dependency_sync,
-    ld_shared_window, shfl_up_1, st_v4_if,
+    ld_shared_window, ld_v4_if, shfl_up_1, st_v4_if,
 };
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
-use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, rstd_of, split};
+use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, round_to, rstd_of, split};
+use crate::cluster;
 
 /// One operand's row: the 16-byte boundary at or before column 0 and column 0's offset from it.
 #[derive(Clone, Copy)]
@@ -1254,4 +1258,298 @@ unsafe fn fwd_loop_at<E: Elem, const M: u32>(p: &RmsNormFwdParams) {
         sync_block();
         tile += 1;
     }
+}
+
+/// The split forward's block (`split::fwd_split`: `TPC` tiles of row `row`, cluster rank
+/// `rank`, of the row's `tiles`) on the realigned path by output vector
+/// ([`fwd_split_by_vector`]), when every operand of the row sits at the same offset from the
+/// 16-byte grid ([`shared_offset`]: dense 16-bit tensors of one layout, on sm_90) and the
+/// block holds one tile; `false`, having done nothing, otherwise (then `fwd_split`'s form by
+/// chunk, [`store_chunk`]). The same choice for every block of a row: the offsets are the
+/// row's. Blocks of two tiles run only on devices without clusters of 16 blocks and keep the
+/// form by chunk, which is all that was measured there.
+///
+/// # Safety
+/// As for `split::fwd_split` on the realigned path; `me`, `row`, `rank` and `tiles` are the
+/// block's.
+#[inline(always)]
+pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
+    p: &RmsNormFwdParams,
+    me: &Me,
+    (row, rank, tiles): (u64, u32, u64),
+) -> bool {
+    if TPC != 1 {
+        return false;
+    }
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    let Some(m) = shared_offset::<E>(
+        shifted(p.x, p.x_stride),
+        shifted(p.residual, p.residual_stride),
+        shifted(p.h, p.h_stride),
+        shifted(p.y, p.y_stride),
+        p.residual != 0,
+    ) else {
+        return false;
+    };
+    // SAFETY: the caller's contract; `m` is every operand's offset.
+    unsafe { fwd_split_by_vector::<E, TPC>(p, me, (row, rank, tiles), m) };
+    true
+}
+
+/// [`fwd_split_shared`]'s body, every operand of the row at offset `m`: what [`fwd`] does for
+/// a whole row, on the block's slice of it. x and the residual are staged ([`stage_pair`]: the
+/// slice's vectors and the one after them) and stay staged to the end. Each thread sums the
+/// squares of its chunks read back at the offset (the chunk map and order of the other paths,
+/// so the same bits), and forms each output vector of its slots from the staged vectors in
+/// that slot, which hold exactly its columns: no shift, no neighbour's values and, unlike
+/// the form by chunk, no vector split between two threads' stores. Output vector `q` holds
+/// the last `m` columns of chunk `q - 1` (for the slice's first vector, the previous
+/// block's); the block whose slot it is forms them from its own staging (every block has the
+/// row's `rstd`), so each vector of the row is stored once, as one 16-byte store (the row's
+/// two edge vectors element by element). Its weight is the last `m` columns of the weight's
+/// vector `q - 1` and the first `L - m` of vector `q`; a 16-bit weight is loaded first, so
+/// that its loads are in flight with the staging.
+///
+/// One body for every offset: compiled once per offset ([`at_offset`]), the bodies read the
+/// staging with fewer instructions and were faster at 1-7 rows, but slower from 16 rows on
+/// (a third of the warps' stalls were instruction fetches), and made the PTX 3.7 MB larger.
+///
+/// Aliasing: the previous block stages this block's first vector (the one after its slice)
+/// and `h` may be written over x or the residual, so thread 0 stores `h`'s first vector only
+/// after the first cluster barrier, which every block reaches once its staging is complete.
+/// No other block reads a vector this block stores.
+///
+/// # Safety
+/// As for [`fwd_split_shared`]; `m` is the offset of every operand of the row.
+#[inline(always)]
+unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
+    p: &RmsNormFwdParams,
+    me: &Me,
+    (row, rank, tiles): (u64, u32, u64),
+    m: u32,
+) {
+    let k = 16 / E::LANES;
+    // Rows below 2^31 elements (host-checked): indices fit 32 bits.
+    let (t, tpr, hidden) = (me.t as u32, me.tpr as u32, p.hidden as u32);
+    let lanes = E::LANES as u32;
+    let nchunks = hidden.div_ceil(lanes);
+    let per_tile = tpr * k as u32;
+    let slots = TPC as u32 * per_tile;
+    let first = rank * slots;
+    // No block after this one in the row: its vector after the slice is this block's to store.
+    let last_block = first + slots >= nchunks;
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    let (x_row, res_row) = (
+        shifted(p.x, p.x_stride),
+        shifted(p.residual, p.residual_stride),
+    );
+    let (h_row, y_row) = (shifted(p.h, p.h_stride), shifted(p.y, p.y_stride));
+    let stage = Stage::of_split(me.tpr, TPC * k);
+    let mut w_bits = [[0u32; 4]; MAX_CHUNKS];
+    if !w_f32 {
+        unroll!(j < TPC * k => {
+            let q = first + t + j as u32 * tpr;
+            // SAFETY: the host checked the weight (16-byte aligned, `hidden` elements).
+            w_bits[j] = unsafe { weight_window_bits::<E>(p.w, q, hidden, m) };
+        });
+    }
+    // SAFETY: the row is a row of each operand (host-checked); the host sized the shared
+    // memory for the block's staging; every thread of the block calls it.
+    unsafe {
+        stage_pair::<E, true>(
+            (x_row, true),
+            (res_row, has_res),
+            (t, tpr, TPC * k),
+            stage,
+            hidden,
+            first,
+            || {},
+        )
+    };
+    // `h`'s vector in slot `s`, from the staged vectors in that slot.
+    let h_at = #[inline(always)]
+    |s: u32| {
+        // SAFETY: staged above; slot s <= slots.
+        let (x, r) = unsafe { stage.vectors_at::<E>(s) };
+        add_residual::<E>(&x, &r, has_res, hf)
+    };
+    if has_res {
+        unroll!(j < TPC * k => {
+            let s = t + j as u32 * tpr;
+            // SAFETY: a row of h; h may be x or the residual, whose every load this block
+            // issued before the staging barrier; slot 0 waits for the cluster (below).
+            unsafe { store_vector::<E>(h_row, first + s, hidden, s != 0, &h_at(s)) };
+        });
+    }
+    let acc = |j: usize| {
+        // SAFETY: slots of tile j of the block, staged above.
+        unsafe {
+            sum_squares::<E, ANY_OFFSET>(
+                stage,
+                (t + j as u32 * per_tile, tpr, k),
+                (m, m),
+                has_res,
+                hf,
+                false,
+            )
+        }
+    };
+    // SAFETY: every thread of every block of the cluster gets here once (the split's launch).
+    let sum_sq = unsafe { split::cluster_row_sum::<TPC>(me, tiles, acc, || ()) };
+    let rstd = rstd_of(sum_sq, p.hidden, p.eps);
+    if rank == 0 && t == 0 && p.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
+    }
+    if has_res && t == 0 {
+        // SAFETY: as above; past the cluster barrier, so every block's staging is done.
+        unsafe {
+            store_vector::<E>(h_row, first, hidden, true, &h_at(0));
+            store_vector::<E>(h_row, first + slots, hidden, last_block, &h_at(slots));
+        }
+    }
+    // `y`'s vector in slot `s` with its weight `w`: `h` rounded to the storage dtype, as the
+    // looped kernel reads it back.
+    let out_y = #[inline(always)]
+    |s: u32, w: [f32; 8], ok: bool| {
+        let y = normalize::<E>(&round_to::<E>(&h_at(s)), rstd, &w, hf);
+        // SAFETY: a row of y; y may be x, staged before the staging barrier.
+        unsafe { store_vector::<E>(y_row, first + s, hidden, ok, &y) };
+    };
+    unroll!(j < TPC * k => {
+        let s = t + j as u32 * tpr;
+        let w = if w_f32 {
+            // SAFETY: the host checked the weight.
+            unsafe { weight_window::<E>(p.w, first + s, hidden, m, (true, gemma)) }
+        } else {
+            with_gemma::<E>(E::unpack(w_bits[j]), gemma)
+        };
+        out_y(s, w, true);
+    });
+    if t == 0 && last_block {
+        // SAFETY: as above.
+        let w = unsafe { weight_window::<E>(p.w, first + slots, hidden, m, (w_f32, gemma)) };
+        out_y(slots, w, true);
+    }
+    // SAFETY: every thread of every block of the cluster runs this once; no block exits
+    // (releasing its shared memory) while another may read its tile sums.
+    unsafe { cluster::wait() };
+}
+
+/// `w`, or `1 + w` for Gemma.
+#[inline(always)]
+fn with_gemma<E: Elem>(mut w: [f32; 8], gemma: bool) -> [f32; 8] {
+    if gemma {
+        unroll!(l < E::LANES => { w[l] = 1.0 + w[l]; });
+    }
+    w
+}
+
+/// 16-byte vector `v` of an array of `len` elements of `T` at `base` (16-byte aligned): one
+/// load when it lies wholly inside the array, element by element for the ragged last one,
+/// zeros past the array (`v` may be `u32::MAX`, the vector before the first).
+///
+/// # Safety
+/// `base` holds `len` elements of `T`, 16-byte aligned.
+#[inline(always)]
+unsafe fn array_vector<T: Elem>(base: u64, v: u32, len: u32) -> [u32; 4] {
+    let per = 16 / T::BYTES as u32;
+    let inside = v < len.div_ceil(per);
+    let whole = inside && v * per + per <= len;
+    // SAFETY: the caller's contract; a whole vector of the array.
+    let mut bits = unsafe { ld_v4_if(base + v as u64 * 16, whole) };
+    if inside && !whole {
+        unroll!(i < 4 => {
+            // SAFETY: elements of the array only.
+            bits[i] = unsafe {
+                if T::BYTES == 4 {
+                    let e = v * 4 + i as u32;
+                    T::load_bits_if(base + e as u64 * 4, e < len)
+                } else {
+                    let e = v * 8 + 2 * i as u32;
+                    let lo = T::load_bits_if(base + e as u64 * 2, e < len);
+                    let hi = T::load_bits_if(base + e as u64 * 2 + 2, e + 1 < len);
+                    lo | hi << 16
+                }
+            };
+        });
+    }
+    bits
+}
+
+/// The 16-bit weight of output vector `q` of a row at offset `m` (columns `q L - m ..`), as
+/// the storage dtype's bits: the last `m` elements of the weight's vector `q - 1`, then the
+/// first `L - m` of vector `q`.
+///
+/// # Safety
+/// The weight holds `hidden` elements of `E`, 16-byte aligned.
+#[inline(always)]
+unsafe fn weight_window_bits<E: Elem>(w: u64, q: u32, hidden: u32, m: u32) -> [u32; 4] {
+    // SAFETY: the caller's contract.
+    let cur = unsafe { array_vector::<E>(w, q, hidden) };
+    if m == 0 {
+        return cur;
+    }
+    // SAFETY: as above (zeros before the first vector).
+    let prev = unsafe { array_vector::<E>(w, q.wrapping_sub(1), hidden) };
+    // (`m < L`; the modulus keeps the f32 instances, which no row reaches, well-formed.)
+    window::<E>(prev, cur, E::LANES as u32 - m % E::LANES as u32)
+}
+
+/// The weight factors of output vector `q` of a 16-bit row at offset `m` (columns
+/// `q L - m ..`) from a weight of the storage dtype or of f32 (`w_f32`): `w`, or `1 + w` for
+/// Gemma, widened to f32.
+///
+/// # Safety
+/// The weight holds `hidden` elements of its dtype, 16-byte aligned.
+#[inline(always)]
+unsafe fn weight_window<E: Elem>(
+    w: u64,
+    q: u32,
+    hidden: u32,
+    m: u32,
+    (w_f32, gemma): (bool, bool),
+) -> [f32; 8] {
+    if !w_f32 {
+        // SAFETY: the caller's contract.
+        return with_gemma::<E>(
+            E::unpack(unsafe { weight_window_bits::<E>(w, q, hidden, m) }),
+            gemma,
+        );
+    }
+    // Eight f32 columns from `8q - m`: element `e` of f32 vector `2q - b` and on, with `b`
+    // vectors back.
+    let b = m.div_ceil(4);
+    let e = 4 * b - m;
+    let v0 = (2 * q).wrapping_sub(b);
+    // SAFETY: the caller's contract (zeros before the first vector and past the last).
+    let (va, vb, vc) = unsafe {
+        (
+            array_vector::<F32>(w, v0, hidden),
+            array_vector::<F32>(w, v0.wrapping_add(1), hidden),
+            if e == 0 {
+                [0; 4]
+            } else {
+                array_vector::<F32>(w, v0.wrapping_add(2), hidden)
+            },
+        )
+    };
+    let words = [
+        va[0], va[1], va[2], va[3], vb[0], vb[1], vb[2], vb[3], vc[0], vc[1], vc[2], vc[3],
+    ];
+    let mut f = [0.0f32; 8];
+    unroll!(i < 8 => {
+        let at = |d: usize| f32::from_bits(words[i + d]);
+        f[i] = match e {
+            0 => at(0),
+            1 => at(1),
+            2 => at(2),
+            _ => at(3),
+        };
+    });
+    with_gemma::<E>(f, gemma)
 }

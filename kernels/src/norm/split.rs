@@ -13,9 +13,10 @@
 //! through distributed shared memory and folds them in the same order. Both therefore compute
 //! the same bits, and the host may pick either by the number of rows.
 //!
-//! The split kernel keeps its tiles of `h` in registers, so it reads `x`, `residual` and `w`
-//! once; it normalises `h` rounded to the storage dtype, as the looped kernel does when it
-//! reads back the `h` it stored (rounding `x` changes nothing, so without a residual too).
+//! The split kernel keeps its tiles of `h` in registers (on the realigned path, its staging
+//! of `x` and `residual` in shared memory), so it reads `x`, `residual` and `w` once; it
+//! normalises `h` rounded to the storage dtype, as the looped kernel does when it reads back
+//! the `h` it stored (rounding `x` changes nothing, so without a residual too).
 //!
 //! # Cluster protocol
 //! Blocks `c * n .. c * n + n` of the grid form cluster `c` (`n` = its size, the launch's
@@ -24,7 +25,7 @@
 //! and waits (acquire): the sums of every block are then visible. Threads `i < tiles` each
 //! read tile `i`'s sum from its block into this block's gather slots, and arrive at a second
 //! cluster barrier, whose wait is the block's last instruction: no block exits, releasing its
-//! shared memory, while another may still read it.
+//! shared memory, while another may still read it ([`cluster_row_sum`]: all but that wait).
 
 use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
@@ -61,6 +62,66 @@ pub(super) unsafe fn tile_sum(acc: f32, me: &Me, tile: u64) -> f32 {
 #[inline(always)]
 pub(super) fn fold_tiles(sum: f32, tile_sum: f32) -> f32 {
     sum + tile_sum
+}
+
+/// The row's sum of squares in every block of a split row's cluster, from this block's tiles
+/// (`rank * TPC ..`; `acc(j)`: each thread's `fma` chain over its chunks of the block's tile
+/// `j`): [`tile_sum`] of each, then the cluster protocol (module docs) up to the block's
+/// second arrival, then `between` (work to overlap the last block barrier), then the gathered
+/// sums folded in tile order. The caller's last instruction must be `cluster::wait()`.
+///
+/// # Safety
+/// Every thread of every block of the cluster calls it once, with the same `tiles` (the row's);
+/// the launch is the split forward's (blocks of `RMSNORM_MAX_THREADS_PER_ROW` threads, a
+/// cluster of `ceil(tiles / TPC)` blocks, `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory
+/// at least).
+#[inline(always)]
+pub(super) unsafe fn cluster_row_sum<const TPC: usize>(
+    me: &Me,
+    tiles: u64,
+    acc: impl Fn(usize) -> f32,
+    between: impl FnOnce(),
+) -> f32 {
+    let smem = smem_f32();
+    unroll!(j < TPC => {
+        // SAFETY: every thread of the block calls it with the same tile (the caller's contract).
+        let s = unsafe { tile_sum(acc(j), me, j as u64) };
+        if me.t == 0 {
+            // SAFETY: slot PARTIALS + j < PARTIALS + 2, inside RMSNORM_SPLIT_SMEM_BYTES.
+            unsafe { *smem.add((RMSNORM_SPLIT_PARTIALS_SLOT as usize) + j) = s };
+        }
+    });
+    // SAFETY (both barriers): every thread of every block of the cluster runs this straight
+    // line once (the caller's contract).
+    unsafe {
+        cluster::arrive();
+        cluster::wait();
+    }
+    if me.t < tiles {
+        let tpc = TPC as u64;
+        let local = RMSNORM_SPLIT_PARTIALS_SLOT as usize + (me.t % tpc) as usize;
+        // SAFETY: tile t lives in block t / TPC < cluster size (the host sized the cluster to
+        // the row's tiles), which waits at the caller's last barrier before exiting; the
+        // gather slot t < 16 is inside the allocation.
+        unsafe {
+            let v = cluster::read_remote(smem.add(local), (me.t / tpc) as u32);
+            *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + me.t as usize) = v;
+        }
+    }
+    // SAFETY: as above.
+    unsafe { cluster::arrive() };
+    between();
+    sync_block();
+    let mut sum_sq = 0.0f32;
+    let mut i = 0u64;
+    while i < tiles {
+        // SAFETY: written before the block barrier above.
+        sum_sq = fold_tiles(sum_sq, unsafe {
+            *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + i as usize)
+        });
+        i += 1;
+    }
+    sum_sq
 }
 
 /// The looped kernel's form of [`tile_sum`], without a block barrier per tile (which would
@@ -161,6 +222,14 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
     let h_row = Row::hoisted::<E>(p.h, p.h_stride, row);
     let y_row = Row::hoisted::<E>(p.y, p.y_stride, row);
     grid_dependency_sync();
+    // Realigned rows whose operands share their offset from the 16-byte grid (dense tensors
+    // of one layout) are stored by aligned vector; the same form for every block of the row.
+    // SAFETY: the caller's contract.
+    if M == Path::Realigned
+        && unsafe { realign::fwd_split_shared::<E, TPC>(p, &me, (row, rank, tiles)) }
+    {
+        return;
+    }
 
     // Every load of x and residual first (predicated: in flight together); chunks past the
     // row stay 0 and add nothing.
@@ -232,51 +301,21 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
     if M == Path::Realigned {
         w = load_weight();
     }
-    let smem = smem_f32();
-    unroll!(j < TPC => {
+    let acc = |j: usize| {
         let mut acc = 0.0f32;
         unroll!(i < k => {
             unroll!(l < E::LANES => { acc = fmaf32(h[j * k + i][l], h[j * k + i][l], acc); });
         });
-        // SAFETY: every thread of the block calls it with the same tile (the launch contract).
-        let s = unsafe { tile_sum(acc, &me, j as u64) };
-        if me.t == 0 {
-            // SAFETY: slot PARTIALS + j < PARTIALS + 2, inside RMSNORM_SPLIT_SMEM_BYTES.
-            unsafe { *smem.add((RMSNORM_SPLIT_PARTIALS_SLOT as usize) + j) = s };
-        }
-    });
-    // SAFETY (both barriers): every thread of every block of the cluster runs this straight
-    // line once (no early return after the first).
-    unsafe {
-        cluster::arrive();
-        cluster::wait();
-    }
-    if me.t < tiles {
-        let tpc = TPC as u64;
-        let local = RMSNORM_SPLIT_PARTIALS_SLOT as usize + (me.t % tpc) as usize;
-        // SAFETY: tile t lives in block t / TPC < cluster size (the host sized the cluster to
-        // the row's tiles), which waits at the second barrier before exiting; the gather slot
-        // t < 16 is inside the allocation.
-        unsafe {
-            let v = cluster::read_remote(smem.add(local), (me.t / tpc) as u32);
-            *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + me.t as usize) = v;
-        }
-    }
-    // SAFETY: as above.
-    unsafe { cluster::arrive() };
-    if M == Path::Scalar {
-        w = load_weight();
-    }
-    sync_block();
-    let mut sum_sq = 0.0f32;
-    let mut i = 0u64;
-    while i < tiles {
-        // SAFETY: written before the block barrier above.
-        sum_sq = fold_tiles(sum_sq, unsafe {
-            *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + i as usize)
-        });
-        i += 1;
-    }
+        acc
+    };
+    // SAFETY: every thread of every block of the cluster gets here once; the launch contract.
+    let sum_sq = unsafe {
+        cluster_row_sum::<TPC>(&me, tiles, acc, || {
+            if M == Path::Scalar {
+                w = load_weight();
+            }
+        })
+    };
     let rstd = rstd_of(sum_sq, hidden, p.eps);
     if rank == 0 && me.t == 0 && p.rstd != 0 {
         // SAFETY: row < rows; the host checked the rstd vector.
