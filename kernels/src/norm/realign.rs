@@ -81,7 +81,7 @@ use crate::mem::{
 };
 use crate::reduce::{row_sum, smem_f32, sync_block};
 
-use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, round_to, rstd_of, split};
+use super::{MAX_CHUNKS, Me, add_residual, normalize, prefetch_first, rstd_of, split};
 use crate::cluster;
 
 /// One operand's row: the 16-byte boundary at or before column 0 and column 0's offset from it.
@@ -841,7 +841,16 @@ unsafe fn out_vectors_at<E: Elem, const M: u32>(
 /// When `ok`, `at` is a row of `hidden` elements of a checked output.
 #[inline(always)]
 unsafe fn store_vector<E: Elem>(at: Shifted, q: u32, hidden: u32, ok: bool, v: &[f32; 8]) {
-    let bits = E::pack(v);
+    // SAFETY: the caller's contract.
+    unsafe { store_vector_bits::<E>(at, q, hidden, ok, E::pack(v)) };
+}
+
+/// [`store_vector`] of values already in the storage dtype (`bits`, as `Elem::pack` gives).
+///
+/// # Safety
+/// As for [`store_vector`].
+#[inline(always)]
+unsafe fn store_vector_bits<E: Elem>(at: Shifted, q: u32, hidden: u32, ok: bool, bits: [u32; 4]) {
     // SAFETY: a whole vector of the row, at a 16-byte boundary.
     unsafe { st_v4_if(at.base + q as u64 * 16, bits, ok & at.whole::<E>(q, hidden)) };
     if ok && at.straddles::<E>(q, hidden) {
@@ -1302,7 +1311,8 @@ pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
 /// squares of its chunks read back at the offset (the chunk map and order of the other paths,
 /// so the same bits), and forms each output vector of its slots from the staged vectors in
 /// that slot, which hold exactly its columns: no shift, no neighbour's values and, unlike
-/// the form by chunk, no vector split between two threads' stores. Output vector `q` holds
+/// the form by chunk, no vector split between two threads' stores. It keeps its vectors of
+/// `h` in the storage dtype, as stored, for `y`. Output vector `q` holds
 /// the last `m` columns of chunk `q - 1` (for the slice's first vector, the previous
 /// block's); the block whose slot it is forms them from its own staging (every block has the
 /// row's `rstd`), so each vector of the row is stored once, as one 16-byte store (the row's
@@ -1377,14 +1387,16 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
         let (x, r) = unsafe { stage.vectors_at::<E>(s) };
         add_residual::<E>(&x, &r, has_res, hf)
     };
-    if has_res {
-        unroll!(j < TPC * k => {
-            let s = t + j as u32 * tpr;
-            // SAFETY: a row of h; h may be x or the residual, whose every load this block
-            // issued before the staging barrier; slot 0 waits for the cluster (below).
-            unsafe { store_vector::<E>(h_row, first + s, hidden, s != 0, &h_at(s)) };
-        });
-    }
+    // `h` in the storage dtype, as stored and as normalised below (the looped kernel reads back
+    // the `h` it stored).
+    let mut h_bits = [[0u32; 4]; MAX_CHUNKS];
+    unroll!(j < TPC * k => {
+        let s = t + j as u32 * tpr;
+        h_bits[j] = E::pack(&h_at(s));
+        // SAFETY: a row of h; h may be x or the residual, whose every load this block issued
+        // before the staging barrier; slot 0 waits for the cluster (below).
+        unsafe { store_vector_bits::<E>(h_row, first + s, hidden, has_res && s != 0, h_bits[j]) };
+    });
     let acc = |j: usize| {
         // SAFETY: slots of tile j of the block, staged above.
         unsafe {
@@ -1405,20 +1417,22 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
         // SAFETY: row < rows; the host checked the rstd vector.
         unsafe { F32::store(p.rstd + row * p.rstd_stride * 4, rstd) };
     }
+    // The vector after the slice, when no block after this one stores it.
+    let spare = t == 0 && last_block;
+    let spare_bits = if spare { E::pack(&h_at(slots)) } else { [0; 4] };
     if has_res && t == 0 {
         // SAFETY: as above; past the cluster barrier, so every block's staging is done.
         unsafe {
-            store_vector::<E>(h_row, first, hidden, true, &h_at(0));
-            store_vector::<E>(h_row, first + slots, hidden, last_block, &h_at(slots));
+            store_vector_bits::<E>(h_row, first, hidden, true, h_bits[0]);
+            store_vector_bits::<E>(h_row, first + slots, hidden, spare, spare_bits);
         }
     }
-    // `y`'s vector in slot `s` with its weight `w`: `h` rounded to the storage dtype, as the
-    // looped kernel reads it back.
+    // `y`'s vector in slot `s` from `h` in the storage dtype and the weight `w`.
     let out_y = #[inline(always)]
-    |s: u32, w: [f32; 8], ok: bool| {
-        let y = normalize::<E>(&round_to::<E>(&h_at(s)), rstd, &w, hf);
+    |s: u32, h: [u32; 4], w: [f32; 8]| {
+        let y = normalize::<E>(&E::unpack(h), rstd, &w, hf);
         // SAFETY: a row of y; y may be x, staged before the staging barrier.
-        unsafe { store_vector::<E>(y_row, first + s, hidden, ok, &y) };
+        unsafe { store_vector::<E>(y_row, first + s, hidden, true, &y) };
     };
     unroll!(j < TPC * k => {
         let s = t + j as u32 * tpr;
@@ -1428,12 +1442,12 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
         } else {
             with_gemma::<E>(E::unpack(w_bits[j]), gemma)
         };
-        out_y(s, w, true);
+        out_y(s, h_bits[j], w);
     });
-    if t == 0 && last_block {
+    if spare {
         // SAFETY: as above.
         let w = unsafe { weight_window::<E>(p.w, first + slots, hidden, m, (w_f32, gemma)) };
-        out_y(slots, w, true);
+        out_y(slots, spare_bits, w);
     }
     // SAFETY: every thread of every block of the cluster runs this once; no block exits
     // (releasing its shared memory) while another may read its tile sums.
