@@ -1312,11 +1312,11 @@ pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
 /// so the same bits), and forms each output vector of its slots from the staged vectors in
 /// that slot, which hold exactly its columns: no shift, no neighbour's values and, unlike
 /// the form by chunk, no vector split between two threads' stores. It keeps its vectors of
-/// `h` in the storage dtype, as stored, for `y`. Output vector `q` holds
-/// the last `m` columns of chunk `q - 1` (for the slice's first vector, the previous
-/// block's); the block whose slot it is forms them from its own staging (every block has the
-/// row's `rstd`), so each vector of the row is stored once, as one 16-byte store (the row's
-/// two edge vectors element by element). Its weight is the last `m` columns of the weight's
+/// `h` in the storage dtype, as stored, for `y`. Output vector `q` holds the last `m` columns
+/// of chunk `q - 1` (for the slice's first vector, the previous block's); the block whose slot
+/// it is forms them from its own staging (every block has the row's `rstd`), so each vector of
+/// the row is stored once, as one 16-byte store (the row's two edge vectors element by
+/// element). Its weight is the last `m` columns of the weight's
 /// vector `q - 1` and the first `L - m` of vector `q`; a 16-bit weight is loaded first, so
 /// that its loads are in flight with the staging.
 ///
