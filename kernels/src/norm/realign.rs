@@ -1320,9 +1320,9 @@ pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
 /// vector `q - 1` and the first `L - m` of vector `q`; a 16-bit weight is loaded first, so
 /// that its loads are in flight with the staging.
 ///
-/// One body for every offset: compiled once per offset ([`at_offset`]), the bodies read the
-/// staging with fewer instructions and were faster at 1-7 rows, but slower from 16 rows on
-/// (a third of the warps' stalls were instruction fetches), and made the PTX 3.7 MB larger.
+/// One body for every offset, not one per offset ([`at_offset`]) as the whole-row kernels
+/// have: the split keeps rows at every offset in flight on each multiprocessor, and a body per
+/// offset then misses in the instruction cache.
 ///
 /// Aliasing: the previous block stages this block's first vector (the one after its slice)
 /// and `h` may be written over x or the residual, so thread 0 stores `h`'s first vector only
