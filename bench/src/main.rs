@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
+use ferrofuse::{Kernels, LoadedCode};
 use ferrofuse_bench::gpu::{Budgets, Harness, L2_FLUSH_BYTES, device_info};
 use ferrofuse_bench::schema::{
     IMPL_FERROFUSE, Method, OP_COPY, OP_EMPTY, Record, Report, gbs, pct_of,
@@ -183,12 +184,15 @@ fn budgets(args: &Args) -> Budgets {
     }
 }
 
-fn method(
-    b: &Budgets,
-    copy_bytes: usize,
-    elapsed_s: f64,
-    programmatic_launch: Option<bool>,
-) -> Method {
+/// `cubin` or `ptx`: which of the prebuilt code the device runs ([`Method::loaded_code`]).
+fn loaded_code(k: &Kernels) -> &'static str {
+    match k.loaded_code() {
+        LoadedCode::Cubin => "cubin",
+        LoadedCode::Ptx => "ptx",
+    }
+}
+
+fn method(b: &Budgets, copy_bytes: usize, elapsed_s: f64, kernels: Option<&Kernels>) -> Method {
     Method {
         tool: format!("ferrofuse-bench {}", env!("CARGO_PKG_VERSION")),
         warmup_ms: b.warmup_ms,
@@ -197,7 +201,8 @@ fn method(
         l2_flush_bytes: L2_FLUSH_BYTES as u64,
         copy_bytes: copy_bytes as u64,
         elapsed_s,
-        programmatic_launch,
+        programmatic_launch: kernels.map(|k| k.programmatic_launch()),
+        loaded_code: kernels.map(|k| loaded_code(k).to_string()),
     }
 }
 
@@ -318,8 +323,11 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     let (gpu, driver) = device_info(h.context());
     println!(
-        "ferrofuse-bench {} ({COMMIT}) on {gpu}, driver {driver}; programmatic dependent launch {}",
+        "ferrofuse-bench {} ({COMMIT}) on {gpu}, driver {driver}; the {} module's {}; \
+         programmatic dependent launch {}",
         env!("CARGO_PKG_VERSION"),
+        h.kernels.ptx().arch,
+        loaded_code(&h.kernels),
         if h.kernels.programmatic_launch() {
             "on"
         } else {
@@ -455,12 +463,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         copy_ceiling_gbs: ceiling,
         device: Some(device),
         results,
-        methods: vec![method(
-            &budgets,
-            copy_bytes,
-            elapsed,
-            Some(h.kernels.programmatic_launch()),
-        )],
+        methods: vec![method(&budgets, copy_bytes, elapsed, Some(&h.kernels))],
     };
     print_summary(&report);
     if let Some(path) = &args.json {

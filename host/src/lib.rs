@@ -1,7 +1,8 @@
 //! # ferrofuse
 //!
-//! Fused GPU kernels for LLM inference, written in Rust, shipped as prebuilt PTX for sm_80 and
-//! sm_90 (the driver picks up newer GPUs by JIT-compiling it) and launched through [`cudarc`]:
+//! Fused GPU kernels for LLM inference, written in Rust, shipped prebuilt for sm_80 and sm_90
+//! (SASS for those archs, and the PTX, which the driver JIT-compiles for newer GPUs) and launched
+//! through [`cudarc`]:
 //!
 //! - gated activations `y = act(a) * b` (SwiGLU, GeGLU erf and tanh, ReGLU), split or
 //!   interleaved `[gate | up]`, in place or not, forward and backward ([`gated`]), and the
@@ -44,7 +45,7 @@ pub use ferrofuse_common::{Activation, DType, KernelId, NormPath, VecMode, act};
 pub use fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout};
 pub use norm::{GradPlacement, NormNumerics, Placement, RmsNormOptions, SavedForward};
 pub use runtime::{
-    GridLimits, Kernels, Launch, PTX_MODULES, PtxModule, device_count, driver_available,
+    GridLimits, Kernels, Launch, LoadedCode, PTX_MODULES, PtxModule, device_count, driver_available,
 };
 pub use tensor::{Element, Mat, MatDesc, MatMut};
 

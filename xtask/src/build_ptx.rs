@@ -15,9 +15,46 @@ use std::process::Command;
 /// file per arch and picks one by the device's compute capability).
 pub const SUPPORTED_ARCHS: [&str; 2] = ["sm_90", "sm_80"];
 
-/// Where the host crate reads the PTX of `arch` from.
-pub fn committed_ptx(root: &Path, arch: &str) -> PathBuf {
-    root.join("host/ptx").join(format!("ferrofuse.{arch}.ptx"))
+/// What the host crate embeds for each arch, zstd-compressed: the PTX text, and the SASS
+/// (cubin) that ptxas builds from it, which devices of that arch load without compiling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shipped {
+    Ptx,
+    Cubin,
+}
+
+/// Where the host crate reads `what` of `arch` from.
+pub fn committed_path(root: &Path, arch: &str, what: Shipped) -> PathBuf {
+    let kind = match what {
+        Shipped::Ptx => "ptx",
+        Shipped::Cubin => "cubin",
+    };
+    root.join("host/ptx")
+        .join(format!("ferrofuse.{arch}.{kind}.zst"))
+}
+
+/// The committed `what` of `arch`, decompressed.
+pub fn read_committed(root: &Path, arch: &str, what: Shipped) -> Result<Vec<u8>, String> {
+    let path = committed_path(root, arch, what);
+    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    zstd::decode_all(file).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes `bytes` as the committed `what` of `arch`, at zstd's level 19 (the same bytes
+/// always give the same file).
+pub fn write_committed(
+    root: &Path,
+    arch: &str,
+    what: Shipped,
+    bytes: &[u8],
+) -> Result<PathBuf, String> {
+    let path = committed_path(root, arch, what);
+    let packed = zstd::encode_all(bytes, 19).map_err(|e| e.to_string())?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::write(&path, packed).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
 }
 
 /// `sm_XY` -> `XY`, at least 80 (the kernels use `cvt.rn.bf16x2.f32`, an sm_80 instruction).

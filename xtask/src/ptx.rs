@@ -1,6 +1,7 @@
 //! `cargo xtask ptx [--check] [--json] [--arch sm_90]`: build the kernels' PTX for every arch
-//! the host crate ships, write it to `host/ptx/` (with `--check`: fail if the committed files
-//! differ instead), assemble it with `ptxas -v`, and report each kernel's resources.
+//! the host crate ships, assemble it with `ptxas -v`, write both (the PTX and the cubin,
+//! zstd-compressed) to `host/ptx/` (with `--check`: fail if the committed files differ
+//! instead), and report each kernel's resources.
 //! Fails if any kernel spills or has a stack frame (beyond `ALLOWED_SPILLS`), or needs more
 //! registers than its largest launch can have (registers x block threads <= 65536), and if a
 //! norm kernel's first loads are not issued back to back (see `check_load_batching`).
@@ -13,7 +14,7 @@ use ferrofuse_common::{
 };
 use serde::Serialize;
 
-use crate::build_ptx::{self, SUPPORTED_ARCHS};
+use crate::build_ptx::{self, SUPPORTED_ARCHS, Shipped};
 use crate::tools;
 
 #[derive(clap::Args, Default)]
@@ -55,18 +56,25 @@ pub fn run(args: &Args) -> Result<(), String> {
                 "{arch} is not shipped by the host crate (one of {SUPPORTED_ARCHS:?})"
             ));
         }
-        let (text, fresh) = build_and_compare(&root, arch)?;
-        let committed = build_ptx::committed_ptx(&root, arch);
-        if !fresh {
+        let (text, text_fresh) = build_and_compare(&root, arch)?;
+        let (kernels, cubin) = assemble(&root, arch, &text)?;
+        let cubin_fresh = build_ptx::read_committed(&root, arch, Shipped::Cubin)
+            .is_ok_and(|committed| committed == cubin);
+        for (what, fresh, bytes) in [
+            (Shipped::Ptx, text_fresh, text.as_bytes()),
+            (Shipped::Cubin, cubin_fresh, &cubin[..]),
+        ] {
+            if fresh {
+                continue;
+            }
             if args.check {
-                stale.push(committed);
+                stale.push(build_ptx::committed_path(&root, arch, what));
             } else {
-                std::fs::write(&committed, &text)
-                    .map_err(|e| format!("{}: {e}", committed.display()))?;
-                eprintln!("xtask: wrote {}", committed.display());
+                let written = build_ptx::write_committed(&root, arch, what, bytes)?;
+                eprintln!("xtask: wrote {}", written.display());
             }
         }
-        all.extend(resources(&root, arch, &text)?);
+        all.extend(kernels);
     }
     if args.json {
         println!(
@@ -143,14 +151,14 @@ pub fn run(args: &Args) -> Result<(), String> {
 }
 
 /// Builds the PTX of `arch` from the kernel sources; returns it and whether the committed
-/// file under `host/ptx/` is byte for byte the same.
+/// file under `host/ptx/` holds the same text.
 pub fn build_and_compare(root: &Path, arch: &str) -> Result<(String, bool), String> {
     build_ptx::parse_arch(arch)?;
     let target = root.join("target/xtask-ptx").join(arch);
     let text = build_ptx::build_checked_ptx(root, &target, arch)?;
     check_load_batching(&text).map_err(|e| format!("{arch}: {e}"))?;
     check_no_functions(&text).map_err(|e| format!("{arch}: {e}"))?;
-    let committed = std::fs::read(build_ptx::committed_ptx(root, arch)).unwrap_or_default();
+    let committed = build_ptx::read_committed(root, arch, Shipped::Ptx).unwrap_or_default();
     let fresh = committed == text.as_bytes();
     Ok((text, fresh))
 }
@@ -295,22 +303,29 @@ const STAGED_BWD_SPILLS: &str = "the staged 16-bit backward is held to 64 regist
 /// ptxas's report of every kernel in the committed PTX of `arch` (what the host crate runs).
 pub fn committed_resources(arch: &str) -> Result<Vec<KernelResources>, String> {
     let root = tools::repo_root();
-    let path = build_ptx::committed_ptx(&root, arch);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    resources(&root, arch, &text)
+    let text = build_ptx::read_committed(&root, arch, Shipped::Ptx)?;
+    let text = String::from_utf8(text).map_err(|e| format!("the committed {arch} PTX: {e}"))?;
+    Ok(assemble(&root, arch, &text)?.0)
 }
 
-/// Assembles the PTX `text` of `arch` with ptxas and returns its report of every kernel.
-fn resources(root: &Path, arch: &str, text: &str) -> Result<Vec<KernelResources>, String> {
+/// Assembles the PTX `text` of `arch` with ptxas; returns its report of every kernel and the
+/// cubin, which the host crate ships (`-v` is among the options that ptxas records in it, so
+/// the report and the shipped cubin come from one run).
+fn assemble(
+    root: &Path,
+    arch: &str,
+    text: &str,
+) -> Result<(Vec<KernelResources>, Vec<u8>), String> {
     let target = root.join("target/xtask-ptx").join(arch);
     std::fs::create_dir_all(&target).map_err(|e| format!("{}: {e}", target.display()))?;
     let ptx_path = target.join("ferrofuse.ptx");
     std::fs::write(&ptx_path, text).map_err(|e| e.to_string())?;
+    let cubin_path = target.join("ferrofuse.cubin");
     let ptxas = tools::ptxas()?;
     let out = Command::new(&ptxas)
         .arg(format!("-arch={arch}"))
         .args(["-v", "-O3", "-o"])
-        .arg(target.join("ferrofuse.cubin"))
+        .arg(&cubin_path)
         .arg(&ptx_path)
         .output()
         .map_err(|e| format!("running ptxas: {e}"))?;
@@ -318,7 +333,8 @@ fn resources(root: &Path, arch: &str, text: &str) -> Result<Vec<KernelResources>
     if !out.status.success() {
         return Err(format!("ptxas rejected the {arch} PTX:\n{log}"));
     }
-    Ok(parse_ptxas_log(&log, arch))
+    let cubin = std::fs::read(&cubin_path).map_err(|e| format!("{}: {e}", cubin_path.display()))?;
+    Ok((parse_ptxas_log(&log, arch), cubin))
 }
 
 fn number_before(line: &str, suffix: &str) -> Option<u32> {
@@ -385,7 +401,8 @@ pub fn print_table(all: &[KernelResources]) {
 mod tests {
     use super::*;
 
-    /// The host crate embeds `host/ptx/*.ptx`; a kernel change must come with regenerated PTX.
+    /// The host crate embeds `host/ptx/`; a kernel change must come with regenerated PTX (the
+    /// cubins are checked against it by `cargo xtask ptx --check`, which needs ptxas).
     #[test]
     fn committed_ptx_is_what_the_kernel_sources_build() {
         let root = tools::repo_root();
@@ -393,7 +410,7 @@ mod tests {
         for arch in SUPPORTED_ARCHS {
             let (_, fresh) = build_and_compare(&root, arch).unwrap();
             if !fresh {
-                stale.push(build_ptx::committed_ptx(&root, arch));
+                stale.push(build_ptx::committed_path(&root, arch, Shipped::Ptx));
             }
         }
         assert!(stale.is_empty(), "{}", stale_message(&stale));

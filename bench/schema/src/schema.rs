@@ -129,6 +129,11 @@ pub struct Method {
     /// `--no-pdl` or below sm_90); absent for the peers and in older files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub programmatic_launch: Option<bool>,
+    /// Which of ferrofuse's prebuilt code the device ran: `cubin` (the SASS ptxas built) or
+    /// `ptx` (compiled by the driver); absent for the peers and in files written when only PTX
+    /// was shipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_code: Option<String>,
 }
 
 /// The configurations of a run, as `ferrofuse-bench --plan-out` writes them for `peers.py`.

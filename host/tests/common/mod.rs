@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::{DType, Element, Error, Kernels};
+use ferrofuse::{DType, Element, Error, Kernels, LoadedCode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -72,19 +72,24 @@ pub fn gpu(test: &str) -> Option<(Arc<Kernels>, Arc<CudaStream>)> {
     }
 }
 
-/// Prints, once per test executable, which prebuilt PTX the device runs and its SHA-256 (to
-/// compare with `sha256sum host/ptx/*.ptx` of the commit under test). Written to stderr
-/// directly, past the test harness's output capture, so it shows in every run.
+/// Prints, once per test executable, which prebuilt module the device runs, its SASS or its
+/// PTX, and the PTX's SHA-256 (to compare with `zstd -dc host/ptx/ferrofuse.sm_90.ptx.zst |
+/// sha256sum` of the commit under test; the cubin is what ptxas builds from that PTX). Written
+/// to stderr directly, past the test harness's output capture, so it shows in every run.
 fn print_loaded_ptx(k: &Kernels) {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let ptx = k.ptx();
-        let digest: String = Sha256::digest(ptx.source.as_bytes())
+        let digest: String = Sha256::digest(ptx.source().as_bytes())
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
+        let code = match k.loaded_code() {
+            LoadedCode::Cubin => "SASS (its cubin)",
+            LoadedCode::Ptx => "PTX (JIT-compiled by the driver)",
+        };
         let line = format!(
-            "ferrofuse: {} runs the prebuilt {} PTX, sha256 {digest}\n",
+            "ferrofuse: {} runs the prebuilt {} module as {code}, PTX sha256 {digest}\n",
             k.context().name().unwrap_or_default(),
             ptx.arch
         );
