@@ -309,8 +309,8 @@ pub fn committed_resources(arch: &str) -> Result<Vec<KernelResources>, String> {
 }
 
 /// Assembles the PTX `text` of `arch` with ptxas; returns its report of every kernel and the
-/// cubin, which the host crate ships (`-v` is among the options that ptxas records in it, so
-/// the report and the shipped cubin come from one run).
+/// cubin, which the host crate ships (ptxas's output depends on its options, `-v` included,
+/// so the report and the shipped cubin come from one run).
 fn assemble(
     root: &Path,
     arch: &str,
