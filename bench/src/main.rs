@@ -192,7 +192,14 @@ fn loaded_code(k: &Kernels) -> &'static str {
     }
 }
 
-fn method(b: &Budgets, copy_bytes: usize, elapsed_s: f64, kernels: Option<&Kernels>) -> Method {
+/// How the run measured; `kernels` with the seconds their loading took, for a run that
+/// loaded them.
+fn method(
+    b: &Budgets,
+    copy_bytes: usize,
+    elapsed_s: f64,
+    kernels: Option<(&Kernels, f64)>,
+) -> Method {
     Method {
         tool: format!("ferrofuse-bench {}", env!("CARGO_PKG_VERSION")),
         warmup_ms: b.warmup_ms,
@@ -201,8 +208,9 @@ fn method(b: &Budgets, copy_bytes: usize, elapsed_s: f64, kernels: Option<&Kerne
         l2_flush_bytes: L2_FLUSH_BYTES as u64,
         copy_bytes: copy_bytes as u64,
         elapsed_s,
-        programmatic_launch: kernels.map(|k| k.programmatic_launch()),
-        loaded_code: kernels.map(|k| loaded_code(k).to_string()),
+        programmatic_launch: kernels.map(|(k, _)| k.programmatic_launch()),
+        loaded_code: kernels.map(|(k, _)| loaded_code(k).to_string()),
+        load_s: kernels.map(|(_, s)| s),
     }
 }
 
@@ -308,7 +316,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
     );
+    let loading = Instant::now();
     let mut h = Harness::new(device, budgets)?;
+    let load_s = loading.elapsed().as_secs_f64();
     if args.no_pdl {
         h.kernels.set_programmatic_launch(false);
     }
@@ -323,8 +333,8 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     let (gpu, driver) = device_info(h.context());
     println!(
-        "ferrofuse-bench {} ({COMMIT}) on {gpu}, driver {driver}; the {} module's {}; \
-         programmatic dependent launch {}",
+        "ferrofuse-bench {} ({COMMIT}) on {gpu}, driver {driver}; the {} module's {}, loaded \
+         in {load_s:.2} s; programmatic dependent launch {}",
         env!("CARGO_PKG_VERSION"),
         h.kernels.ptx().arch,
         loaded_code(&h.kernels),
@@ -463,7 +473,12 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         copy_ceiling_gbs: ceiling,
         device: Some(device),
         results,
-        methods: vec![method(&budgets, copy_bytes, elapsed, Some(&h.kernels))],
+        methods: vec![method(
+            &budgets,
+            copy_bytes,
+            elapsed,
+            Some((&h.kernels, load_s)),
+        )],
     };
     print_summary(&report);
     if let Some(path) = &args.json {

@@ -16,7 +16,9 @@
 //!
 //! - `run.sh ab [args]`: with `--baseline REV`, the benchmark of REV and of this tree back to
 //!   back, twice (`ferrofuse-bench args --json ab-{before,after}-{1,2}.json`, in the caller's
-//!   folder): an A/B measurement in one session, without the peers.
+//!   folder): an A/B measurement in one session, without the peers;
+//! - `run.sh jit-ab [args]`: the benchmark on the prebuilt SASS and on the PTX compiled by the
+//!   driver (`CUDA_FORCE_PTX_JIT=1`), alternating, twice (`ab-{cubin,ptx}-{1,2}.json`).
 //!
 //! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark.
 //!
@@ -65,6 +67,7 @@ pub struct Args {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs ferrofuse's GPU tests, sanitizer checks or benchmark from a gpu-bundle (no Rust needed).
 # Usage: run.sh test [filter] | run.sh sanitize [filter] | run.sh bench [args] | run.sh peers [args]
+#        | run.sh ab [args] | run.sh jit-ab [args]
 # FERROFUSE_DEVICE=N picks the device.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -155,7 +158,15 @@ case "$task" in
       "$here/ferrofuse-bench-baseline" "$@" --json "ab-before-$round.json" || status=1
       "$here/ferrofuse-bench" "$@" --json "ab-after-$round.json" || status=1
     done ;;
-  *) echo "usage: run.sh test|sanitize|bench|peers|ab [args]"; exit 2 ;;
+  jit-ab)
+    # The benchmark on the prebuilt SASS and on the PTX compiled by the driver
+    # (CUDA_FORCE_PTX_JIT=1 makes the driver refuse the cubin), alternating, twice: the same
+    # arguments. Each file records which code ran and how long loading it took.
+    for round in 1 2; do
+      "$here/ferrofuse-bench" "$@" --json "ab-cubin-$round.json" || status=1
+      CUDA_FORCE_PTX_JIT=1 "$here/ferrofuse-bench" "$@" --json "ab-ptx-$round.json" || status=1
+    done ;;
+  *) echo "usage: run.sh test|sanitize|bench|peers|ab|jit-ab [args]"; exit 2 ;;
 esac
 exit $status
 "#;
@@ -247,7 +258,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         tests.len()
     );
     println!(
-        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers | ab",
+        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers | ab | jit-ab",
         out.display()
     );
     if let Some(archive) = &args.archive {

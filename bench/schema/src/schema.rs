@@ -134,6 +134,11 @@ pub struct Method {
     /// was shipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loaded_code: Option<String>,
+    /// Seconds `Kernels::for_device` took at the start of the run: the context and the module
+    /// (a PTX module's first load on a machine includes the driver's JIT, unless its cache
+    /// has it); absent for the peers and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_s: Option<f64>,
 }
 
 /// The configurations of a run, as `ferrofuse-bench --plan-out` writes them for `peers.py`.
