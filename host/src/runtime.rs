@@ -433,8 +433,8 @@ impl Kernels {
             }
         })?;
         // The cubin where the device runs it; the PTX where it does not, or where the driver
-        // refuses the cubin (a driver older than the ptxas that built it, or
-        // CUDA_FORCE_PTX_JIT=1): the same kernels, compiled by the driver.
+        // does not take the cubin (CUDA_FORCE_PTX_JIT=1 makes it refuse any): the same
+        // kernels, compiled by the driver.
         let cubin = ptx
             .cubin_runs_on(major, minor)
             .then(|| ctx.load_module(Ptx::from_binary(ptx.cubin())).ok())
