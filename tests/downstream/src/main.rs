@@ -39,9 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "ferrofuse-downstream: SwiGLU {rows} x {inter} on {} ({} PTX) matches the CPU",
+        "ferrofuse-downstream: SwiGLU {rows} x {inter} on {} (the {} module, {:?}) matches the CPU",
         kernels.context().name()?,
-        kernels.ptx().arch
+        kernels.ptx().arch,
+        kernels.loaded_code()
     );
     Ok(())
 }
