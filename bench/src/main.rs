@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use ferrofuse::{Kernels, LoadedCode};
+use ferrofuse::Kernels;
 use ferrofuse_bench::gpu::{Budgets, Harness, L2_FLUSH_BYTES, device_info};
 use ferrofuse_bench::schema::{
     IMPL_FERROFUSE, Method, OP_COPY, OP_EMPTY, Record, Report, gbs, pct_of,
@@ -184,14 +184,6 @@ fn budgets(args: &Args) -> Budgets {
     }
 }
 
-/// `cubin` or `ptx`: which of the prebuilt code the device runs ([`Method::loaded_code`]).
-fn loaded_code(k: &Kernels) -> &'static str {
-    match k.loaded_code() {
-        LoadedCode::Cubin => "cubin",
-        LoadedCode::Ptx => "ptx",
-    }
-}
-
 /// How the run measured; `kernels` with the seconds their loading took, for a run that
 /// loaded them.
 fn method(
@@ -209,7 +201,7 @@ fn method(
         copy_bytes: copy_bytes as u64,
         elapsed_s,
         programmatic_launch: kernels.map(|(k, _)| k.programmatic_launch()),
-        loaded_code: kernels.map(|(k, _)| loaded_code(k).to_string()),
+        loaded_code: kernels.map(|(k, _)| k.loaded_code().name().to_string()),
         load_s: kernels.map(|(_, s)| s),
     }
 }
@@ -337,7 +329,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
          in {load_s:.2} s; programmatic dependent launch {}",
         env!("CARGO_PKG_VERSION"),
         h.kernels.ptx().arch,
-        loaded_code(&h.kernels),
+        h.kernels.loaded_code().name(),
         if h.kernels.programmatic_launch() {
             "on"
         } else {

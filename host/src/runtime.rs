@@ -78,6 +78,16 @@ pub enum LoadedCode {
     Ptx,
 }
 
+impl LoadedCode {
+    /// `cubin` or `ptx`, as the benchmark's results record it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LoadedCode::Cubin => "cubin",
+            LoadedCode::Ptx => "ptx",
+        }
+    }
+}
+
 impl PtxModule {
     /// The PTX text, as `cargo xtask ptx` generated it from the `ferrofuse-kernels` crate.
     ///
