@@ -11,7 +11,7 @@ use ferrofuse::cudarc::driver::sys::{
     CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
 use ferrofuse::cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut};
-use ferrofuse::{Element, Kernels};
+use ferrofuse::{Element, Kernels, PtxModule};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -70,8 +70,17 @@ pub struct Harness {
 }
 
 impl Harness {
-    pub fn new(device: usize, budgets: Budgets) -> Result<Self> {
-        let kernels = Kernels::for_device(device).ctx("loading the kernels")?;
+    /// The harness on device `device`, with the kernels of `module` (`None`: the device's own).
+    pub fn new(
+        device: usize,
+        module: Option<&'static PtxModule>,
+        budgets: Budgets,
+    ) -> Result<Self> {
+        let mut kernels = Kernels::for_device(device).ctx("loading the kernels")?;
+        if let Some(m) = module {
+            kernels = Kernels::for_context_with_module(kernels.context(), m)
+                .ctx("loading the requested module")?;
+        }
         let ctx = kernels.context().clone();
         // SAFETY: one stream does all the work, so no cross-stream ordering is needed; buffers
         // are only freed after a synchronize.

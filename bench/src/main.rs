@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use ferrofuse::Kernels;
+use ferrofuse::{Kernels, PTX_MODULES, PtxModule};
 use ferrofuse_bench::gpu::{Budgets, Harness, L2_FLUSH_BYTES, device_info};
 use ferrofuse_bench::schema::{
     IMPL_FERROFUSE, Method, OP_COPY, OP_EMPTY, Record, Report, gbs, pct_of,
@@ -119,6 +119,11 @@ struct Args {
     /// kernel), also the calls of few rows that take the one-launch kernel (the same bits).
     #[arg(long)]
     no_fused_backward: bool,
+    /// Run another shipped module than the device's own: `sm_80` on a Hopper GPU runs the code
+    /// Ampere and Ada GPUs run (compiled from its PTX by the driver; no clusters, bulk copies
+    /// or programmatic dependent launch).
+    #[arg(long)]
+    module: Option<String>,
 }
 
 fn selection(args: &Args) -> Result<Selection, String> {
@@ -202,6 +207,7 @@ fn method(
         elapsed_s,
         programmatic_launch: kernels.map(|(k, _)| k.programmatic_launch()),
         loaded_code: kernels.map(|(k, _)| k.loaded_code().name().to_string()),
+        module: kernels.map(|(k, _)| k.ptx().arch.to_string()),
         load_s: kernels.map(|(_, s)| s),
     }
 }
@@ -309,7 +315,17 @@ fn run(args: &Args) -> Result<ExitCode, String> {
             .unwrap_or(0),
     );
     let loading = Instant::now();
-    let mut h = Harness::new(device, budgets)?;
+    let module = match args.module.as_deref() {
+        Some(arch) => Some(PtxModule::by_arch(arch).ok_or_else(|| {
+            let archs: Vec<_> = PTX_MODULES.iter().map(|m| m.arch).collect();
+            format!(
+                "--module {arch}: the shipped modules are {}",
+                archs.join(", ")
+            )
+        })?),
+        None => None,
+    };
+    let mut h = Harness::new(device, module, budgets)?;
     let load_s = loading.elapsed().as_secs_f64();
     if args.no_pdl {
         h.kernels.set_programmatic_launch(false);

@@ -159,6 +159,7 @@ fn run() -> std::result::Result<u8, Box<dyn std::error::Error>> {
             elapsed_s: 0.0,
             programmatic_launch: None,
             loaded_code: None,
+            module: None,
             load_s: None,
             ..plan.method.clone()
         }],

@@ -20,6 +20,13 @@ pub enum Error {
         name: String,
         compute_capability: (i32, i32),
     },
+    /// A module was asked for (`Kernels::for_context_with_module`) whose arch the device is
+    /// older than.
+    ModuleNeedsNewerDevice {
+        arch: &'static str,
+        name: String,
+        compute_capability: (i32, i32),
+    },
     /// A CUDA driver call failed.
     Driver {
         during: &'static str,
@@ -98,6 +105,14 @@ impl fmt::Display for Error {
                 f,
                 "device {name} has compute capability {ma}.{mi}; ferrofuse's kernels need 8.0 \
                  (Ampere) or newer"
+            ),
+            Error::ModuleNeedsNewerDevice {
+                arch,
+                name,
+                compute_capability: (ma, mi),
+            } => write!(
+                f,
+                "the {arch} module does not run on device {name} (compute capability {ma}.{mi})"
             ),
             Error::Driver { during, source } => {
                 write!(f, "CUDA driver error while {during}: {source}")

@@ -116,12 +116,23 @@ impl PtxModule {
         major == m && minor >= n
     }
 
+    /// Whether a device of compute capability `major.minor` runs this module at all: its
+    /// cubin ([`Self::cubin_runs_on`]) or its PTX, which the driver compiles for its own or any
+    /// newer arch.
+    pub fn runs_on(&self, major: i32, minor: i32) -> bool {
+        major * 10 + minor >= self.min_compute_capability
+    }
+
     /// The module a device of compute capability `major.minor` runs: the newest arch at or
     /// below it (its cubin where [`Self::cubin_runs_on`] the device, else its PTX, which the
     /// driver JIT-compiles for newer GPUs), or `None` below 8.0.
     pub fn for_compute_capability(major: i32, minor: i32) -> Option<&'static PtxModule> {
-        let cc = major * 10 + minor;
-        PTX_MODULES.iter().find(|m| m.min_compute_capability <= cc)
+        PTX_MODULES.iter().find(|m| m.runs_on(major, minor))
+    }
+
+    /// The shipped module of `arch` (`"sm_90"` or `"sm_80"`), or `None`.
+    pub fn by_arch(arch: &str) -> Option<&'static PtxModule> {
+        PTX_MODULES.iter().find(|m| m.arch == arch)
     }
 
     /// Whether its kernels wait on the previous grid with `griddepcontrol`, so that they can
@@ -232,6 +243,7 @@ pub struct Launch<P> {
 ///
 /// Obtain with [`Kernels::for_device`] or [`Kernels::for_context`]: each context loads the
 /// module once, and later calls return the same handle while it is alive.
+/// [`Kernels::for_context_with_module`] loads an older arch's module beside it.
 pub struct Kernels {
     ctx: Arc<CudaContext>,
     ptx: &'static PtxModule,
@@ -254,6 +266,18 @@ pub struct Kernels {
     /// Whether this device and the PTX allow it (decided once, at load).
     programmatic_supported: bool,
     _module: Arc<CudaModule>,
+}
+
+impl fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernels")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("module", &self.ptx.arch)
+            .field("loaded_code", &self.code)
+            .field("sm_count", &self.limits.sm_count)
+            .field("programmatic_launch", &self.programmatic_launch())
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a plan sizes a grid with: the multiprocessor count and how many blocks of each
@@ -402,7 +426,11 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     .then(|| kernel.max_block_threads())
 }
 
-static LOADED: Mutex<Vec<(usize, Weak<Kernels>)>> = Mutex::new(Vec::new());
+/// The loaded kernels by context (`CUcontext` as an address) and by the arch that was asked
+/// for (`None`: the device's own, [`PtxModule::for_compute_capability`]).
+type LoadedKey = (usize, Option<&'static str>);
+
+static LOADED: Mutex<Vec<(LoadedKey, Weak<Kernels>)>> = Mutex::new(Vec::new());
 
 impl Kernels {
     /// The kernels on device `ordinal`'s primary context.
@@ -417,7 +445,27 @@ impl Kernels {
 
     /// The kernels in `ctx`, loading the module the first time this context asks.
     pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
-        let key = ctx.cu_ctx() as usize;
+        Self::cached(ctx, None)
+    }
+
+    /// The kernels of `module` in `ctx` instead of the module of the device's arch, loading it
+    /// the first time this context asks for it: on a newer GPU, the older arch's code (the
+    /// sm_80 module on a Hopper GPU runs the kernels an Ampere or Ada GPU runs, compiled from
+    /// their PTX by the driver, without clusters, bulk copies or programmatic dependent
+    /// launch). For testing and measuring that code; both modules compute the same bits for
+    /// the same call. [`Error::ModuleNeedsNewerDevice`] where the device is older than the
+    /// module's arch.
+    pub fn for_context_with_module(
+        ctx: &Arc<CudaContext>,
+        module: &'static PtxModule,
+    ) -> Result<Arc<Self>> {
+        Self::cached(ctx, Some(module))
+    }
+
+    /// The kernels of `module` (`None`: the device's own) in `ctx`: the handle loaded before
+    /// while it is alive, else a fresh load.
+    fn cached(ctx: &Arc<CudaContext>, module: Option<&'static PtxModule>) -> Result<Arc<Self>> {
+        let key = (ctx.cu_ctx() as usize, module.map(|m| m.arch));
         let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         loaded.retain(|(_, k)| k.strong_count() > 0);
         if let Some(k) = loaded
@@ -427,21 +475,31 @@ impl Kernels {
         {
             return Ok(k);
         }
-        let kernels = Arc::new(Self::load(ctx)?);
+        let kernels = Arc::new(Self::load(ctx, module)?);
         loaded.push((key, Arc::downgrade(&kernels)));
         Ok(kernels)
     }
 
-    fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+    fn load(ctx: &Arc<CudaContext>, module: Option<&'static PtxModule>) -> Result<Self> {
         let (major, minor) = ctx
             .compute_capability()
             .during("reading the compute capability")?;
-        let ptx = PtxModule::for_compute_capability(major, minor).ok_or_else(|| {
-            Error::UnsupportedDevice {
-                name: ctx.name().unwrap_or_default(),
-                compute_capability: (major, minor),
+        let ptx = match module {
+            Some(m) if m.runs_on(major, minor) => m,
+            Some(m) => {
+                return Err(Error::ModuleNeedsNewerDevice {
+                    arch: m.arch,
+                    name: ctx.name().unwrap_or_default(),
+                    compute_capability: (major, minor),
+                });
             }
-        })?;
+            None => PtxModule::for_compute_capability(major, minor).ok_or_else(|| {
+                Error::UnsupportedDevice {
+                    name: ctx.name().unwrap_or_default(),
+                    compute_capability: (major, minor),
+                }
+            })?,
+        };
         // The cubin where the device runs it; the PTX where it does not, or where the driver
         // does not take the cubin (CUDA_FORCE_PTX_JIT=1 makes it refuse any): the same
         // kernels, compiled by the driver.
@@ -804,6 +862,19 @@ mod tests {
         for (major, minor) in [(9, 0), (10, 0), (12, 0)] {
             assert_eq!(arch(major, minor), Some("sm_90"), "{major}.{minor}");
         }
+    }
+
+    #[test]
+    fn each_module_runs_on_its_arch_and_every_newer_one() {
+        let [sm90, sm80] = &PTX_MODULES;
+        assert_eq!(PtxModule::by_arch("sm_90"), Some(sm90));
+        assert_eq!(PtxModule::by_arch("sm_80"), Some(sm80));
+        assert_eq!(PtxModule::by_arch("sm_89"), None);
+        for (major, minor) in [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            assert!(sm80.runs_on(major, minor), "{major}.{minor}");
+            assert_eq!(sm90.runs_on(major, minor), major >= 9, "{major}.{minor}");
+        }
+        assert!(!sm80.runs_on(7, 5) && !sm90.runs_on(7, 5));
     }
 
     #[test]

@@ -1421,6 +1421,176 @@ fn same_bits_typed<T: Element, W: Element>(
     }
 }
 
+/// The sm_80 module (what Ampere and Ada GPUs run: no clusters, bulk copies or programmatic
+/// launch) loaded beside the device's own on a newer GPU gives the same bits: forward rows on
+/// every form the device's module plans (packed rows, w-first and w-late, 32 per thread and
+/// streamed past one wave, looped and split over a cluster, realigned and scalar) against the
+/// one-block kernels the sm_80 module runs for them, and the backward's `dx` and `dw` (the
+/// one-launch form and two launches), each also against the f64 reference.
+#[test]
+fn the_oldest_module_gives_the_same_bits() {
+    let test = "the_oldest_module_gives_the_same_bits";
+    let Some((k, s)) = gpu(test) else {
+        return;
+    };
+    let Some(old) = common::oldest_module(test, &k) else {
+        return;
+    };
+    let wave = k.limits().sm_count as usize + 7;
+    let forward: Vec<(usize, usize)> = if quick() {
+        vec![
+            (64, 896),
+            (wave, 8200),
+            (2, 20000),
+            (16, 100003),
+            (64, 1001),
+        ]
+    } else {
+        vec![
+            (1, 8),
+            (64, 896),
+            (7, 4096),
+            (300, 5120),
+            (wave, 8200),
+            (wave, 16384),
+            (3, 16384),
+            (2, 20000),
+            (1, 65536),
+            (4, 131072),
+            (64, 1001),
+            (5, 20001),
+            (16, 100003),
+            (300, 4093),
+        ]
+    };
+    let mut failed = Vec::new();
+    let mut i = 0usize;
+    for &(rows, hidden) in &forward {
+        for dtype in DType::ALL {
+            i += 1;
+            let c = Fwd {
+                placement: PLACEMENTS[i % PLACEMENTS.len()],
+                gemma: i % 2 == 1,
+                hf: i % 3 == 1 && dtype != DType::F32,
+                w_f32: i % 4 == 1 && dtype != DType::F32,
+                layout: if hidden % 8 == 0 {
+                    [Layout::Dense, Layout::Padded][i % 2]
+                } else {
+                    LAYOUTS[i % LAYOUTS.len()]
+                },
+                ..Fwd::new(rows, hidden)
+            };
+            let seed = fresh_seed();
+            let run = || match (dtype, c.w_f32) {
+                (DType::F32, _) => same_bits_across::<f32, f32>((&k, &old), &s, &c, seed),
+                (DType::F16, false) => same_bits_across::<f16, f16>((&k, &old), &s, &c, seed),
+                (DType::F16, true) => same_bits_across::<f16, f32>((&k, &old), &s, &c, seed),
+                (DType::BF16, false) => same_bits_across::<bf16, bf16>((&k, &old), &s, &c, seed),
+                (DType::BF16, true) => same_bits_across::<bf16, f32>((&k, &old), &s, &c, seed),
+                (DType::F8E4M3, _) => unreachable!(),
+            };
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+                failed.push(format!("{} {c:?} seed {seed}", dtype.name()));
+            }
+        }
+    }
+    let backward: &[(usize, usize)] = if quick() {
+        &[(1, 896), (600, 8192), (70, 7001)]
+    } else {
+        &[
+            (1, 896),
+            (64, 4096),
+            (600, 8192),
+            (3000, 896),
+            (70, 7001),
+            (16, 20000),
+            (300, 4607),
+        ]
+    };
+    for &(rows, hidden) in backward {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            i += 1;
+            let c = Bwd {
+                rows,
+                hidden,
+                placement: BWD_PLACEMENTS[i % BWD_PLACEMENTS.len()],
+                layout: BWD_LAYOUTS[i % BWD_LAYOUTS.len()],
+                gemma: i % 2 == 1,
+                w_f32: false,
+            };
+            let seed = fresh_seed();
+            let run = || match dtype {
+                DType::F32 => same_backward_bits_across::<f32>((&k, &old), &s, &c, seed),
+                DType::F16 => same_backward_bits_across::<f16>((&k, &old), &s, &c, seed),
+                _ => same_backward_bits_across::<bf16>((&k, &old), &s, &c, seed),
+            };
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
+                failed.push(format!("{} backward {c:?} seed {seed}", dtype.name()));
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// One forward case of [`the_oldest_module_gives_the_same_bits`]: the older module's outputs
+/// against the f64 reference, then bit for bit against the device's own module's.
+fn same_bits_across<T: Element, W: Element>(
+    (own, old): (&Kernels, &Kernels),
+    s: &Arc<CudaStream>,
+    c: &Fwd,
+    seed: u64,
+) {
+    let what = format!("{} {c:?} seed {seed}", T::DTYPE.name());
+    let inp = fwd_inputs::<T>(c, seed);
+    let a = run_forward::<T, W>(own, s, c, &inp, &what);
+    let b = run_forward::<T, W>(old, s, c, &inp, &what);
+    check_forward(c, &inp, &b, &what);
+    let what = format!(
+        "{what}: {} {:?} vs {} {:?}",
+        own.ptx().arch,
+        a.kernel,
+        old.ptx().arch,
+        b.kernel
+    );
+    let (a, b) = (bits_of(&a), bits_of(&b));
+    for r in 0..c.rows {
+        assert_same_row(&what, &a, r, &b, r);
+    }
+}
+
+/// One backward case of [`the_oldest_module_gives_the_same_bits`], as [`same_bits_across`].
+fn same_backward_bits_across<T: Element>(
+    (own, old): (&Kernels, &Kernels),
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+    seed: u64,
+) {
+    let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
+    let inp = bwd_inputs::<T>(c, seed);
+    let a = run_backward::<T, T>(own, s, c, &inp, &what);
+    let b = run_backward::<T, T>(old, s, c, &inp, &what);
+    check_backward(c, &inp, &b, &what);
+    let what = format!(
+        "{what}: {} {:?} vs {} {:?}",
+        own.ptx().arch,
+        a.kernels,
+        old.ptx().arch,
+        b.kernels
+    );
+    assert!(
+        a.dx.buf.iter().zip(&b.dx.buf).all(|(p, q)| same(*p, *q)),
+        "{what}: dx differs"
+    );
+    assert!(
+        a.dw.iter().zip(&b.dw).all(|(p, q)| same(*p, *q)),
+        "{what}: dw differs"
+    );
+}
+
 /// Calls rejected by validation return the error and write nothing; empty shapes are no-ops.
 #[test]
 fn rejected_and_empty_calls_write_nothing() {

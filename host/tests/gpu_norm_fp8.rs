@@ -654,16 +654,84 @@ fn streamed_vs_registers<T: Element>(
     let regs = run();
     k.set_row_streaming(true);
     let what = format!("{} {place:?} {scaling:?} {rows}x{cols}", T::DTYPE.name());
-    assert_eq!(streamed.q, regs.q, "{what}: bytes");
+    assert_same_outputs(&what, &streamed, &regs);
+}
+
+/// Two calls wrote the same bits: bytes, scales, `rstd` and `h`.
+fn assert_same_outputs<T: Element>(what: &str, a: &Out<T>, b: &Out<T>) {
+    assert_eq!(a.q, b.q, "{what}: bytes");
     let same_f32 = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same_f32(&streamed.scales, &regs.scales), "{what}: scales");
-    assert!(same_f32(&streamed.rstd, &regs.rstd), "{what}: rstd");
-    let same_h = streamed
-        .h
-        .iter()
-        .zip(&regs.h)
-        .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits());
+    assert!(same_f32(&a.scales, &b.scales), "{what}: scales");
+    assert!(same_f32(&a.rstd, &b.rstd), "{what}: rstd");
+    let same_h =
+        a.h.iter()
+            .zip(&b.h)
+            .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits());
     assert!(same_h, "{what}: h");
+}
+
+/// The sm_80 module (the E4M3 conversion in software; no clusters, bulk copies or
+/// programmatic launch) loaded beside the device's own on a newer GPU writes the same bits:
+/// bytes, scales, `h` and `rstd`, every scheme, placement and dtype, on the vector and scalar
+/// paths, rows in registers and rows of 32 per thread past one wave (streamed on sm_90).
+#[test]
+fn norm_fp8_oldest_module_gives_the_same_bits() {
+    let test = "norm_fp8_oldest_module_gives_the_same_bits";
+    let Some((k, s)) = gpu(test) else { return };
+    let Some(old) = oldest_module(test, &k) else {
+        return;
+    };
+    let wave = k.limits().sm_count as usize + 5;
+    let mut shapes = shapes();
+    shapes.extend([(wave, 16384), (wave, 8200)]);
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        for (si, &shape) in shapes.iter().enumerate() {
+            for (ci, scaling) in schemes(shape.1).into_iter().enumerate() {
+                let place = PLACES[(si + ci) % PLACES.len()];
+                let off = (si + ci) % 2;
+                let body = std::panic::AssertUnwindSafe(|| {
+                    typed!(
+                        dtype,
+                        across_modules::<T>((&k, &old), &s, &mut rng, place, off, scaling, shape)
+                    )
+                });
+                if let Err(p) = std::panic::catch_unwind(body) {
+                    eprintln!("{test}: failed with seed {seed:#x}");
+                    std::panic::resume_unwind(p);
+                }
+            }
+        }
+    }
+}
+
+/// One case of [`norm_fp8_oldest_module_gives_the_same_bits`]: the same random rows through
+/// both modules, inputs `off` elements into their buffers.
+fn across_modules<T: Element>(
+    (own, old): (&Kernels, &Kernels),
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    place: Place,
+    off: usize,
+    scaling: Fp8Scaling,
+    (rows, cols): (usize, usize),
+) {
+    let (x, _) = random::<T>(rng, rows * cols, 2.0);
+    let (r, _) = random::<T>(rng, rows * cols, 2.0);
+    let (w, _) = random::<T>(rng, cols, 1.5);
+    let opts = RmsNormOptions::new(1e-6).with_gemma(off == 1);
+    let run = |k: &Kernels| {
+        let io = (&x[..], &r[..], &w[..], None);
+        call(k, s, place, scaling, 0.01, io, (rows, cols), off, &opts)
+    };
+    let (a, b) = (run(own), run(old));
+    let what = format!(
+        "{} {place:?} {scaling:?} {rows}x{cols} off {off}: {} vs {}",
+        T::DTYPE.name(),
+        own.ptx().arch,
+        old.ptx().arch
+    );
+    assert_same_outputs(&what, &a, &b);
 }
 
 /// The FP8 bytes are the quantisation of the same f32 `y` the bf16 forward rounds: its `y`

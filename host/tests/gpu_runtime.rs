@@ -1,5 +1,5 @@
 //! Runtime entry points besides the two op families: the choice of prebuilt PTX by compute
-//! capability, `Kernels::zero_fill`, the benchmark's L2
+//! capability, an older arch's module loaded beside it, `Kernels::zero_fill`, the benchmark's L2
 //! flush (it must write every byte of its buffer and nothing past it, and reject a length that
 //! is not a multiple of 16 bytes before launching), and the empty kernel.
 //!
@@ -7,8 +7,10 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
-use ferrofuse::{Error, PtxModule};
+use ferrofuse::{Error, Kernels, LoadedCode, PtxModule};
 
 #[test]
 fn loads_the_ptx_of_the_device_arch() {
@@ -16,14 +18,53 @@ fn loads_the_ptx_of_the_device_arch() {
         return;
     };
     let (major, minor) = k.context().compute_capability().unwrap();
-    let expected = if major >= 9 { "sm_90" } else { "sm_80" };
+    let own = if major >= 9 { "sm_90" } else { "sm_80" };
+    let expected = module_override().map_or(own, |m| m.arch);
     assert_eq!(k.ptx().arch, expected, "compute capability {major}.{minor}");
+    if module_override().is_none() {
+        assert_eq!(
+            PtxModule::for_compute_capability(major, minor),
+            Some(k.ptx())
+        );
+    }
+    // Programmatic dependent launch, clusters and bulk copies are on exactly where the sm_90
+    // code runs.
+    let sm90 = expected == "sm_90";
+    assert_eq!(k.programmatic_launch(), sm90);
+    assert_eq!(k.limits().clusters, sm90);
+    if !sm90 {
+        assert!(!k.limits().wide_clusters && !k.limits().streamed_rows);
+    }
+}
+
+/// The sm_80 module loads beside the device's own on a newer GPU (from its PTX, as its own
+/// handle, once per context), and a module newer than the device is refused with a typed
+/// error.
+#[test]
+fn an_older_module_loads_beside_and_a_newer_one_is_refused() {
+    let Some((k, _)) = gpu("an_older_module_loads_beside_and_a_newer_one_is_refused") else {
+        return;
+    };
+    let (major, minor) = k.context().compute_capability().unwrap();
+    let [sm90, sm80] = &ferrofuse::PTX_MODULES;
+    if major < 9 {
+        let e = Kernels::for_context_with_module(k.context(), sm90).unwrap_err();
+        assert_matches!(e, Error::ModuleNeedsNewerDevice { arch: "sm_90", .. });
+        return;
+    }
+    let old = Kernels::for_context_with_module(k.context(), sm80).unwrap();
+    assert_eq!(old.ptx(), sm80);
     assert_eq!(
-        PtxModule::for_compute_capability(major, minor),
-        Some(k.ptx())
+        old.loaded_code(),
+        LoadedCode::Ptx,
+        "sm_80 SASS does not run on {major}.{minor}"
     );
-    // Programmatic dependent launch is on exactly where the sm_90 code runs.
-    assert_eq!(k.programmatic_launch(), major >= 9);
+    assert!(!old.programmatic_launch() && !old.limits().clusters);
+    let again = Kernels::for_context_with_module(k.context(), sm80).unwrap();
+    assert!(Arc::ptr_eq(&old, &again), "loaded once per context");
+    let own = Kernels::for_context(k.context()).unwrap();
+    assert_eq!(own.ptx(), sm90);
+    assert!(!Arc::ptr_eq(&own, &old));
 }
 
 #[test]

@@ -20,7 +20,8 @@
 //! - `run.sh jit-ab [args]`: the benchmark on the prebuilt SASS and on the PTX compiled by the
 //!   driver (`CUDA_FORCE_PTX_JIT=1`), alternating, twice (`ab-{cubin,ptx}-{1,2}.json`).
 //!
-//! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark.
+//! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark; `FERROFUSE_MODULE=sm_80`
+//! runs the tests on the sm_80 module on a newer GPU (the benchmark takes `--module sm_80`).
 //!
 //! For a GPU machine reached by copying one file: `--only-tests NAMES` bundles just those test
 //! executables (no examples), and `--archive FILE` strips the executables and writes the bundle
@@ -68,7 +69,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs ferrofuse's GPU tests, sanitizer checks or benchmark from a gpu-bundle (no Rust needed).
 # Usage: run.sh test [filter] | run.sh sanitize [filter] | run.sh bench [args] | run.sh peers [args]
 #        | run.sh ab [args] | run.sh jit-ab [args]
-# FERROFUSE_DEVICE=N picks the device.
+# FERROFUSE_DEVICE=N picks the device; FERROFUSE_MODULE=sm_80 runs the tests on the sm_80 code.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -d "$here/candle" ]; then

@@ -134,6 +134,10 @@ pub struct Method {
     /// was shipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loaded_code: Option<String>,
+    /// Which of ferrofuse's modules ran (`sm_90`, `sm_80`): the device's own, or the one
+    /// `--module` named; absent for the peers and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
     /// Seconds `Kernels::for_device` took at the start of the run: the context and the module
     /// (a PTX module's first load on a machine includes the driver's JIT, unless its cache
     /// has it); absent for the peers and in older files.

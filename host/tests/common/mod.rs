@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, Once};
 
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::{DType, Element, Error, Kernels, LoadedCode};
+use ferrofuse::{DType, Element, Error, Kernels, LoadedCode, PtxModule};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sha2::{Digest, Sha256};
@@ -55,10 +55,52 @@ pub fn quick() -> bool {
     std::env::var("FERROFUSE_TEST_QUICK").is_ok_and(|v| v != "0")
 }
 
+/// The module `FERROFUSE_MODULE` names (`sm_80`: the GPU tests run the Ampere code on a newer
+/// GPU), or `None` (the device's own module).
+///
+/// # Panics
+/// Where it names no shipped module.
+pub fn module_override() -> Option<&'static PtxModule> {
+    let arch = std::env::var("FERROFUSE_MODULE").ok()?;
+    let module = PtxModule::by_arch(&arch);
+    let archs: Vec<_> = ferrofuse::PTX_MODULES.iter().map(|m| m.arch).collect();
+    assert!(
+        module.is_some(),
+        "FERROFUSE_MODULE={arch}: the modules are {archs:?}"
+    );
+    module
+}
+
+/// The kernels the GPU tests run on the test device: its own module, or the one
+/// [`module_override`] names.
+fn test_kernels() -> Result<Arc<Kernels>, Error> {
+    let own = Kernels::for_device(device_ordinal())?;
+    match module_override() {
+        Some(m) => Kernels::for_context_with_module(own.context(), m),
+        None => Ok(own),
+    }
+}
+
+/// The oldest shipped module (sm_80) loaded beside `k` in its context, for the tests that
+/// compare the two bit for bit; `None` (after printing why `test` skips) where `k` runs that
+/// module already.
+pub fn oldest_module(test: &str, k: &Kernels) -> Option<Arc<Kernels>> {
+    let oldest = ferrofuse::PTX_MODULES.last().expect("a module ships");
+    if k.ptx() == oldest {
+        eprintln!(
+            "skipping {test}: the device runs the {} module already",
+            oldest.arch
+        );
+        return None;
+    }
+    let older = Kernels::for_context_with_module(k.context(), oldest);
+    Some(older.expect("loading the oldest module beside the device's own"))
+}
+
 /// The kernels and a fresh stream on the test device, or `None` (after printing why) when
 /// this machine has no CUDA driver or device. Any other failure is a test failure.
 pub fn gpu(test: &str) -> Option<(Arc<Kernels>, Arc<CudaStream>)> {
-    match Kernels::for_device(device_ordinal()) {
+    match test_kernels() {
         Ok(k) => {
             print_loaded_ptx(&k);
             let stream = k.context().new_stream().expect("creating a stream");
