@@ -119,6 +119,11 @@ struct Args {
     /// kernel), also the calls of few rows that take the one-launch kernel (the same bits).
     #[arg(long)]
     no_fused_backward: bool,
+    /// Run the add + RMSNorm forward's one-tile split rows on the entries compiled for three
+    /// blocks per multiprocessor, and the split up to one row per multiprocessor (sm_90+; an
+    /// experiment, off by default; the same bits).
+    #[arg(long)]
+    narrow_split: bool,
     /// Run another shipped module than the device's own: `sm_80` on a Hopper GPU runs the code
     /// Ampere and Ada GPUs run (compiled from its PTX by the driver; no clusters, bulk copies
     /// or programmatic dependent launch).
@@ -209,6 +214,7 @@ fn method(
         loaded_code: kernels.map(|(k, _)| k.loaded_code().name().to_string()),
         module: kernels.map(|(k, _)| k.ptx().arch.to_string()),
         load_s: kernels.map(|(_, s)| s),
+        args: kernels.map(|_| std::env::args().skip(1).collect()),
     }
 }
 
@@ -338,6 +344,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     if args.no_fused_backward {
         h.kernels.set_fused_backward(false);
+    }
+    if args.narrow_split {
+        h.kernels.set_narrow_split(true);
     }
     let (gpu, driver) = device_info(h.context());
     println!(

@@ -161,6 +161,7 @@ fn run() -> std::result::Result<u8, Box<dyn std::error::Error>> {
             loaded_code: None,
             module: None,
             load_s: None,
+            args: None,
             ..plan.method.clone()
         }],
     };

@@ -76,6 +76,12 @@ pub enum KernelId {
     /// (`rmsnorm_fwd_{dtype}_{v16|realigned|scalar}_split_{e16|e32}`, no f32 realigned `e32`;
     /// see `crate::rmsnorm_split_geometry` and `crate::rmsnorm_split_smem_bytes`).
     RmsNormFwdSplit(DType, NormPath, NormFwdVariant),
+    /// The one-tile form of [`KernelId::RmsNormFwdSplit`] compiled for three blocks per
+    /// multiprocessor (40 registers) instead of two, so that more clusters of many blocks fit
+    /// the GPU at once; on the vector and the 16-bit realigned paths
+    /// (`rmsnorm_fwd_{dtype}_{v16|realigned}_split_e16_r40`). Planned only while
+    /// `GridLimits::narrow_split` is set.
+    RmsNormFwdSplitNarrow(DType, NormPath),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// The 16-per-thread form of [`KernelId::RmsNormBwd`] compiled to the register budget of
@@ -296,6 +302,11 @@ kernel_table! {
     rmsnorm_fwd_bf16_realigned_split_e32 = RmsNormFwdSplit(BF16, NormPath::Realigned, Fwd::E32),
     rmsnorm_fwd_bf16_scalar_split_e16 = RmsNormFwdSplit(BF16, NormPath::Scalar, Fwd::E16),
     rmsnorm_fwd_bf16_scalar_split_e32 = RmsNormFwdSplit(BF16, NormPath::Scalar, Fwd::E32),
+    rmsnorm_fwd_f32_v16_split_e16_r40 = RmsNormFwdSplitNarrow(F32, NormPath::V16),
+    rmsnorm_fwd_f16_v16_split_e16_r40 = RmsNormFwdSplitNarrow(F16, NormPath::V16),
+    rmsnorm_fwd_f16_realigned_split_e16_r40 = RmsNormFwdSplitNarrow(F16, NormPath::Realigned),
+    rmsnorm_fwd_bf16_v16_split_e16_r40 = RmsNormFwdSplitNarrow(BF16, NormPath::V16),
+    rmsnorm_fwd_bf16_realigned_split_e16_r40 = RmsNormFwdSplitNarrow(BF16, NormPath::Realigned),
     zero_fill = ZeroFill,
     empty_kernel = Empty,
     gated_fp8_flat_f32_v16 = GatedFp8Flat(F32, V16),
@@ -420,6 +431,7 @@ impl KernelId {
                 | KernelId::RmsNormFwdRealigned(..)
                 | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormFwdSplit(..)
+                | KernelId::RmsNormFwdSplitNarrow(..)
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
@@ -446,6 +458,7 @@ impl KernelId {
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
             | KernelId::RmsNormFwdSplit(..)
+            | KernelId::RmsNormFwdSplitNarrow(..)
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8(..)
             | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
@@ -535,6 +548,8 @@ impl KernelId {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
             KernelId::RmsNormFwdSplit(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
+            // Three blocks per SM (40 registers): half as many clusters again in flight.
+            KernelId::RmsNormFwdSplitNarrow(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 3)),
             _ => None,
         }
     }
@@ -568,7 +583,8 @@ impl KernelId {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             KernelId::RmsNormFwdRealigned(..)
-            | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _) => {
+            | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _)
+            | KernelId::RmsNormFwdSplitNarrow(_, NormPath::Realigned) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)
             }
             KernelId::RmsNormBwd(d, mode, variant)
@@ -600,7 +616,9 @@ impl KernelId {
             KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
             KernelId::RmsNormFwdStream(d) => Some((d, NormPath::V16, NormFwdVariant::E32)),
             // The looped row's map and reduction shape, over a cluster's blocks.
-            KernelId::RmsNormFwdSplit(d, path, _) => Some((d, path, NormFwdVariant::Loop)),
+            KernelId::RmsNormFwdSplit(d, path, _) | KernelId::RmsNormFwdSplitNarrow(d, path) => {
+                Some((d, path, NormFwdVariant::Loop))
+            }
             _ => None,
         }
     }

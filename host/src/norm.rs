@@ -396,8 +396,11 @@ pub(crate) fn streamed_forward(
 /// rows for f32 rows and where there is no looped realigned kernel (`realigned_loop` false):
 /// the split reads each element once, the looped realigned kernel reads `h` back, and on an
 /// H200 the looped realigned kernel was the faster of the two only for 16-bit rows, from a
-/// few hundred rows on. Else the scalar path. It computes the same bits as the looped kernel (`rmsnorm_split_geometry`),
-/// so the choice by `rows` keeps batch invariance.
+/// few hundred rows on. Else the scalar path. With `limits.narrow_split` (an experiment, off
+/// by default) one-tile rows take the entries compiled for three blocks per multiprocessor,
+/// and then the vector path too takes the split up to one row per multiprocessor. It computes
+/// the same bits as the looped kernel (`rmsnorm_split_geometry`), so the choice by `rows` keeps
+/// batch invariance.
 fn split_forward(
     dtype: DType,
     mode: VecMode,
@@ -415,15 +418,19 @@ fn split_forward(
         (VecMode::Scalar, _) => (NormPath::Scalar, RMSNORM_SPLIT_SMEM_BYTES),
     };
     let sms = limits.sm_count as u64;
+    let narrow = KernelId::RmsNormFwdSplitNarrow(dtype, path);
+    let narrow = (limits.narrow_split && variant == NormFwdVariant::E16 && narrow.exists())
+        .then_some(narrow);
     let takes = match path {
         NormPath::Realigned => rows as u64 <= sms || !realigned_loop || dtype == DType::F32,
+        _ if narrow.is_some() => rows as u64 <= sms,
         _ => rows as u64 * 8 <= sms * 3,
     };
     if !(limits.clusters && rows > 0 && takes) {
         return None;
     }
     Some((
-        KernelId::RmsNormFwdSplit(dtype, path, variant),
+        narrow.unwrap_or(KernelId::RmsNormFwdSplit(dtype, path, variant)),
         rows as u64 * cluster as u64,
         smem,
     ))

@@ -221,6 +221,9 @@ unsafe impl KernelParams for RmsNormFwdParams {
             KernelId::RmsNormFwdSplit(dtype, _, variant) => {
                 rmsnorm_split_cluster(dtype, self.hidden, variant)
             }
+            KernelId::RmsNormFwdSplitNarrow(dtype, _) => {
+                rmsnorm_split_cluster(dtype, self.hidden, NormFwdVariant::E16)
+            }
             _ => 1,
         }
     }
@@ -258,6 +261,8 @@ pub struct Kernels {
     /// Plan the split forward's clusters of up to 16 blocks where the device runs them: see
     /// [`Kernels::set_wide_clusters`].
     wide_clusters: AtomicBool,
+    /// [`Kernels::set_narrow_split`].
+    narrow_split: AtomicBool,
     /// Plan the streamed per-token FP8 kernel where it applies (sm_90+): see
     /// [`Kernels::set_row_streaming`].
     row_streaming: AtomicBool,
@@ -293,6 +298,11 @@ pub struct GridLimits {
     /// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks (a non-portable size; see
     /// `ferrofuse_common::rmsnorm_split_geometry`).
     pub wide_clusters: bool,
+    /// Whether the split forward's one-tile rows take the entries compiled for three blocks
+    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`), and the split then up to one
+    /// row per multiprocessor on every path: off by default, an experiment turned on by
+    /// [`Kernels::set_narrow_split`]. The same bits either way.
+    pub narrow_split: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
     /// norm forward's, `RMSNORM_STREAM_SMEM_BYTES`), so a plan may choose them.
@@ -307,6 +317,7 @@ impl GridLimits {
             blocks_per_sm: [blocks_per_sm; KernelId::COUNT],
             clusters: false,
             wide_clusters: false,
+            narrow_split: false,
             streamed_rows: false,
         }
     }
@@ -321,6 +332,13 @@ impl GridLimits {
     /// not (on a device with clusters).
     pub fn with_wide_clusters(mut self, wide: bool) -> Self {
         self.wide_clusters = wide && self.clusters;
+        self
+    }
+
+    /// The same limits, with the split forward's three-blocks-per-multiprocessor entries
+    /// planned or not (on a device with clusters).
+    pub fn with_narrow_split(mut self, narrow: bool) -> Self {
+        self.narrow_split = narrow && self.clusters;
         self
     }
 
@@ -348,7 +366,9 @@ impl GridLimits {
 /// False wherever the driver refuses either (a device or driver without them).
 fn wide_clusters_run(functions: &[CudaFunction]) -> bool {
     KernelId::ALL.iter().zip(functions).all(|(k, f)| {
-        let KernelId::RmsNormFwdSplit(dtype, path, NormFwdVariant::E16) = *k else {
+        let (KernelId::RmsNormFwdSplit(dtype, path, NormFwdVariant::E16)
+        | KernelId::RmsNormFwdSplitNarrow(dtype, path)) = *k
+        else {
             return true;
         };
         let Some(smem) =
@@ -574,6 +594,7 @@ impl Kernels {
             programmatic_supported: programmatic,
             cluster_split: AtomicBool::new(true),
             wide_clusters: AtomicBool::new(true),
+            narrow_split: AtomicBool::new(false),
             row_streaming: AtomicBool::new(true),
             fused_backward: AtomicBool::new(true),
             _module: module,
@@ -631,15 +652,26 @@ impl Kernels {
         self.wide_clusters.store(on, Ordering::Relaxed);
     }
 
+    /// Plans the split forward's one-tile rows on the entries compiled for three blocks per
+    /// multiprocessor, and the split up to one row per multiprocessor on every path, or back
+    /// as by default (off): an experiment, for measuring whether the clusters' occupancy
+    /// outweighs those entries' spills ([`GridLimits::narrow_split`]). The same bits either
+    /// way.
+    pub fn set_narrow_split(&self, on: bool) {
+        self.narrow_split.store(on, Ordering::Relaxed);
+    }
+
     /// The limits the norm forward plans with: [`Kernels::limits`], without clusters while
     /// [`Kernels::set_cluster_split`] has the split off, without clusters of 16 while
-    /// [`Kernels::set_wide_clusters`] has them off, and without the streamed kernel while
+    /// [`Kernels::set_wide_clusters`] has them off, with the narrow split while
+    /// [`Kernels::set_narrow_split`] has it on, and without the streamed kernel while
     /// [`Kernels::set_row_streaming`] has it off.
     pub(crate) fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
         let split = self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters;
         let wide = self.wide_clusters.load(Ordering::Relaxed) || !self.limits.wide_clusters;
+        let narrow = self.narrow_split.load(Ordering::Relaxed) && self.limits.clusters;
         let streaming = self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows;
-        if split && wide && streaming {
+        if split && wide && !narrow && streaming {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
             std::borrow::Cow::Owned(
@@ -647,6 +679,7 @@ impl Kernels {
                     .clone()
                     .with_clusters(self.limits.clusters && split)
                     .with_wide_clusters(self.limits.wide_clusters && wide)
+                    .with_narrow_split(narrow)
                     .with_streamed_rows(self.limits.streamed_rows && streaming),
             )
         }

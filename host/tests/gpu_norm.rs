@@ -24,6 +24,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::{assert_matches, download, gpu, poison, quick, ulp_at, ulps};
@@ -780,6 +781,7 @@ fn forward_case<T: Element, W: Element>(
         KernelId::RmsNormFwdSplit(_, _, v) => {
             rmsnorm_split_smem_bytes(T::DTYPE, NormPath::Realigned, v).is_some()
         }
+        KernelId::RmsNormFwdSplitNarrow(..) => true,
         _ => rmsnorm_realigned_fits(T::DTYPE, c.hidden as u64, W::DTYPE == DType::F32),
     };
     let want_mode = if c.layout.on_grid(c.hidden, T::DTYPE.lanes_per_16b()) {
@@ -970,6 +972,8 @@ fn forward_every_placement_option_and_layout() {
                 KernelId::RmsNormFwdSplit(_, _, v) => {
                     clusters && !(wide && *v == NormFwdVariant::E32)
                 }
+                // Only while `Kernels::set_narrow_split` has them on.
+                KernelId::RmsNormFwdSplitNarrow(..) => false,
                 _ => true,
             }
     });
@@ -1202,10 +1206,14 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
     }
 }
 
+/// Whether [`forward_split_matches_the_looped_kernel_bitwise`] ran a narrow split entry.
+static NARROW_SPLIT_RAN: AtomicBool = AtomicBool::new(false);
+
 /// The cluster-split forward (long rows, few rows per call) against the f64 reference, and
 /// bit for bit against the looped one-block kernel on the same rows (the split turned off),
 /// for one and two tiles per block, every option set, rows alone and in small batches, on
-/// the vector path and off it (odd row lengths, rows and operands at odd offsets).
+/// the vector path and off it (odd row lengths, rows and operands at odd offsets), one-tile
+/// rows also on the entries for three blocks per multiprocessor (`Kernels::set_narrow_split`).
 #[test]
 fn forward_split_matches_the_looped_kernel_bitwise() {
     let Some((k, s)) = gpu("forward_split_matches_the_looped_kernel_bitwise") else {
@@ -1237,9 +1245,11 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                 }
                 i += 1;
                 // Where the device runs clusters of 16 blocks, rows of 9-16 tiles take one
-                // tile per block with them and two without: every other case without.
+                // tile per block with them and two without: every other case without. Every
+                // third case runs one-tile rows on the narrow entries.
                 let wide = i.is_multiple_of(2);
                 k.set_wide_clusters(wide);
+                k.set_narrow_split(i.is_multiple_of(3));
                 let wide = wide && k.limits().wide_clusters;
                 if let Some((v, _)) = rmsnorm_split_geometry(dtype, h as u64, wide) {
                     variants.insert(format!("{v:?}"));
@@ -1255,7 +1265,11 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                 };
                 let seed = fresh_seed();
                 // Every case runs; the failures are listed at the end.
-                let split = |k: &KernelId| matches!(k, KernelId::RmsNormFwdSplit(..));
+                let split = |k: &KernelId| {
+                    let narrow = matches!(k, KernelId::RmsNormFwdSplitNarrow(..));
+                    NARROW_SPLIT_RAN.fetch_or(narrow, Ordering::Relaxed);
+                    narrow || matches!(k, KernelId::RmsNormFwdSplit(..))
+                };
                 if !same_bits_when_off(&k, &s, dtype, (&c, seed), split, Kernels::set_cluster_split)
                 {
                     failed.push(format!("{} {c:?} seed {seed}", dtype.name()));
@@ -1265,6 +1279,11 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
     }
     k.set_cluster_split(true);
     k.set_wide_clusters(true);
+    k.set_narrow_split(false);
+    assert!(
+        NARROW_SPLIT_RAN.load(Ordering::Relaxed),
+        "no case ran the narrow entries"
+    );
     assert_eq!(
         variants.len(),
         2,

@@ -1694,6 +1694,68 @@ fn split_forward_plan() {
     }
 }
 
+/// The narrow split (an experiment, off by default): one-tile rows on the vector path and the
+/// 16-bit realigned path take the entries compiled for three blocks per multiprocessor, with
+/// the grid, block, shared memory and parameters of the split they replace, and on the vector
+/// path the split up to one row per multiprocessor; two-tile rows, the scalar path and the f32
+/// realigned path plan as without it. Never without clusters.
+#[test]
+fn narrow_split_plan() {
+    use ferrofuse_common::rmsnorm_split_geometry;
+    let opts = opts();
+    let base = limits().with_clusters(true).with_wide_clusters(true);
+    let narrow = base.clone().with_narrow_split(true);
+    assert!(
+        !limits().with_narrow_split(true).narrow_split,
+        "no clusters, no narrow split"
+    );
+    for dtype in DType::ALL {
+        for hidden in [20000usize, 65536, 100000, 131072, 262144] {
+            let geom = rmsnorm_split_geometry(dtype, hidden as u64, true);
+            for rows in [1usize, 49, 50, 132, 133, 1000] {
+                for (off, w_off) in [(0, 0), (1, 0), (1, 1)] {
+                    let mut t = fwd_descs(dtype, rows, hidden, true);
+                    t.x.addr += (off * dtype.size_bytes()) as u64;
+                    t.weight.addr += (w_off * dtype.size_bytes()) as u64;
+                    let what = format!("{dtype:?} {rows}x{hidden} offsets {off} {w_off}");
+                    let before = plan_rmsnorm_forward(&t, &opts, &base).unwrap();
+                    let looped = plan_rmsnorm_forward(&t, &opts, &limits()).unwrap();
+                    let got = plan_rmsnorm_forward(&t, &opts, &narrow).unwrap();
+                    assert_eq!(got.params, before.params, "{what}");
+                    assert_eq!(got.block, before.block, "{what}");
+                    let form = before.kernel.rmsnorm_forward_form();
+                    assert_eq!(got.kernel.rmsnorm_forward_form(), form, "{what}");
+                    let one_tile = matches!(geom, Some((NormFwdVariant::E16, _)));
+                    let want = match before.kernel {
+                        KernelId::RmsNormFwdSplit(d, path, NormFwdVariant::E16)
+                            if KernelId::RmsNormFwdSplitNarrow(d, path).exists() =>
+                        {
+                            KernelId::RmsNormFwdSplitNarrow(d, path)
+                        }
+                        KernelId::RmsNormFwd(d, VecMode::V16, NormFwdVariant::Loop)
+                            if one_tile && rows <= 132 =>
+                        {
+                            KernelId::RmsNormFwdSplitNarrow(d, NormPath::V16)
+                        }
+                        k => k,
+                    };
+                    assert_eq!(got.kernel, want, "{what}");
+                    if want == before.kernel {
+                        assert_eq!(got, before, "{what}");
+                    } else if matches!(before.kernel, KernelId::RmsNormFwdSplit(..)) {
+                        assert_eq!(got.grid, before.grid, "{what}");
+                        assert_eq!(got.shared_mem_bytes, before.shared_mem_bytes, "{what}");
+                    } else {
+                        let (_, n) = geom.expect("a one-tile split");
+                        assert_eq!(got.grid as usize, rows * n as usize, "{what}");
+                        assert_eq!(looped.kernel, before.kernel, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Off the grid, 16-bit rows with an f32 weight have no looped realigned kernel: there the
 /// realigned split takes any number of rows (its weight aligned), not the scalar kernel.
 #[test]

@@ -260,6 +260,7 @@ struct Limits {
     blocks_per_sm: u32,
     clusters: bool,
     wide_clusters: bool,
+    narrow_split: bool,
     streamed_rows: bool,
 }
 
@@ -268,6 +269,7 @@ impl Limits {
         GridLimits::uniform(self.sm_count, self.blocks_per_sm)
             .with_clusters(self.clusters)
             .with_wide_clusters(self.wide_clusters)
+            .with_narrow_split(self.narrow_split)
             .with_streamed_rows(self.streamed_rows)
     }
 }
@@ -293,6 +295,7 @@ fn limits(rng: &mut StdRng) -> Limits {
         blocks_per_sm,
         clusters: rng.random_bool(0.5),
         wide_clusters: rng.random_bool(0.5),
+        narrow_split: rng.random_bool(0.3),
         streamed_rows: rng.random_bool(0.5),
     }
 }
@@ -1961,9 +1964,13 @@ fn check_norm_forward(c: &NormFwdCase, l: &Launch<RmsNormFwdParams>) -> Vec<Stri
         let shape = (l.kernel, l.grid, l.block, l.shared_mem_bytes);
         let sizes = (rows, hidden, t.weight.dtype.size_bytes());
         check_streamed_norm(&mut v, &c.limits, shape, sizes, p, dtype);
-    } else if let KernelId::RmsNormFwdSplit(..) = l.kernel {
+    } else if let KernelId::RmsNormFwdSplit(..) | KernelId::RmsNormFwdSplitNarrow(..) = l.kernel {
         // One cluster per row, on a device that has clusters (of up to 16 blocks where it
-        // runs them).
+        // runs them); the narrow entries only where the limits ask for them.
+        let narrow = matches!(l.kernel, KernelId::RmsNormFwdSplitNarrow(..));
+        if narrow && !c.limits.narrow_split {
+            v.add(format!("{:?} without the narrow split", l.kernel));
+        }
         let cluster = p.cluster_blocks(l.kernel);
         let most = if c.limits.wide_clusters {
             RMSNORM_SPLIT_MAX_WIDE_CLUSTER

@@ -143,6 +143,10 @@ pub struct Method {
     /// has it); absent for the peers and in older files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_s: Option<f64>,
+    /// `ferrofuse-bench`'s command-line arguments (the kernel forms a run turned off or on
+    /// among them); absent for the peers and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
 }
 
 /// The configurations of a run, as `ferrofuse-bench --plan-out` writes them for `peers.py`.

@@ -1276,13 +1276,13 @@ unsafe fn fwd_loop_at<E: Elem, const M: u32>(p: &RmsNormFwdParams) {
 /// block holds one tile; `false`, having done nothing, otherwise (then `fwd_split`'s form by
 /// chunk, [`store_chunk`]). The same choice for every block of a row: the offsets are the
 /// row's. Blocks of two tiles run only on devices without clusters of 16 blocks and keep the
-/// form by chunk, which is all that was measured there.
+/// form by chunk, which is all that was measured there. `NARROW` as for `fwd_split`.
 ///
 /// # Safety
 /// As for `split::fwd_split` on the realigned path; `me`, `row`, `rank` and `tiles` are the
 /// block's.
 #[inline(always)]
-pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
+pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize, const NARROW: bool>(
     p: &RmsNormFwdParams,
     me: &Me,
     (row, rank, tiles): (u64, u32, u64),
@@ -1301,7 +1301,7 @@ pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
         return false;
     };
     // SAFETY: the caller's contract; `m` is every operand's offset.
-    unsafe { fwd_split_by_vector::<E, TPC>(p, me, (row, rank, tiles), m) };
+    unsafe { fwd_split_by_vector::<E, TPC, NARROW>(p, me, (row, rank, tiles), m) };
     true
 }
 
@@ -1332,7 +1332,7 @@ pub(super) unsafe fn fwd_split_shared<E: Elem, const TPC: usize>(
 /// # Safety
 /// As for [`fwd_split_shared`]; `m` is the offset of every operand of the row.
 #[inline(always)]
-unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
+unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize, const NARROW: bool>(
     p: &RmsNormFwdParams,
     me: &Me,
     (row, rank, tiles): (u64, u32, u64),
@@ -1359,8 +1359,9 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
     );
     let (h_row, y_row) = (shifted(p.h, p.h_stride), shifted(p.y, p.y_stride));
     let stage = Stage::of_split(me.tpr, TPC * k);
+    // The narrow entries (40 registers) load it at the end, as an f32 weight is.
     let mut w_bits = [[0u32; 4]; MAX_CHUNKS];
-    if !w_f32 {
+    if !NARROW && !w_f32 {
         unroll!(j < TPC * k => {
             let q = first + t + j as u32 * tpr;
             // SAFETY: the host checked the weight (16-byte aligned, `hidden` elements).
@@ -1436,7 +1437,10 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize>(
     };
     unroll!(j < TPC * k => {
         let s = t + j as u32 * tpr;
-        let w = if w_f32 {
+        let w = if NARROW {
+            // SAFETY: the host checked the weight.
+            unsafe { weight_window::<E>(p.w, first + s, hidden, m, (w_f32, gemma)) }
+        } else if w_f32 {
             // SAFETY: the host checked the weight.
             unsafe { weight_window::<E>(p.w, first + s, hidden, m, (true, gemma)) }
         } else {

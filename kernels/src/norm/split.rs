@@ -188,8 +188,16 @@ pub(super) unsafe fn ring_tile_sum(sum: f32, acc: f32, me: &Me, tile: u64, tiles
 /// Launched as `plan_rmsnorm_forward` decides for the split kernel: `rows * n` blocks of
 /// `threads_per_row` (512) threads in clusters of `n` = `rmsnorm_split_geometry`'s size,
 /// `rmsnorm_split_smem_bytes` of dynamic shared memory, parameters it checked for path `M`.
+///
+/// `NARROW`: the entries compiled for three blocks per multiprocessor (40 registers), which
+/// load the weight only once the tiles' sums are gathered. Their instantiation of their own
+/// also keeps their closures apart from the other entries', so that each closure keeps one
+/// caller and LLVM compiles every other entry as before (with two callers it stopped inlining
+/// some, and a panic path survived).
 #[inline(always)]
-unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdParams) {
+unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize, const NARROW: bool>(
+    p: &RmsNormFwdParams,
+) {
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -226,7 +234,7 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
     // of one layout) are stored by aligned vector; the same form for every block of the row.
     // SAFETY: the caller's contract.
     if M == Path::Realigned
-        && unsafe { realign::fwd_split_shared::<E, TPC>(p, &me, (row, rank, tiles)) }
+        && unsafe { realign::fwd_split_shared::<E, TPC, NARROW>(p, &me, (row, rank, tiles)) }
     {
         return;
     }
@@ -277,8 +285,12 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
         });
         w
     };
+    // The narrow entries load it as the scalar path does: their 40 registers cannot hold it
+    // through the reduction beside `h`. (The conditions test the const parameters themselves:
+    // a `let` captured by the closure below would keep LLVM from folding the branch before it
+    // weighs the closure for inlining.)
     let mut w = [[0.0f32; 8]; MAX_CHUNKS];
-    if M == Path::V16 {
+    if M == Path::V16 && !NARROW {
         w = load_weight();
     }
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -298,7 +310,7 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
             }
         }
     });
-    if M == Path::Realigned {
+    if M == Path::Realigned && !NARROW {
         w = load_weight();
     }
     let acc = |j: usize| {
@@ -311,7 +323,7 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize>(p: &RmsNormFwdPara
     // SAFETY: every thread of every block of the cluster gets here once; the launch contract.
     let sum_sq = unsafe {
         cluster_row_sum::<TPC>(&me, tiles, acc, || {
-            if M == Path::Scalar {
+            if M == Path::Scalar || NARROW {
                 w = load_weight();
             }
         })
@@ -346,7 +358,7 @@ macro_rules! split_entries {
         /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $one(p: RmsNormFwdParams) {
-            unsafe { fwd_split::<$e, { Path::$m }, 1>(&p) }
+            unsafe { fwd_split::<$e, { Path::$m }, 1, false>(&p) }
         }
 
         /// RMSNorm forward of a looped row, two tiles per block of a cluster.
@@ -355,7 +367,7 @@ macro_rules! split_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $two(p: RmsNormFwdParams) {
-            unsafe { fwd_split::<$e, { Path::$m }, 2>(&p) }
+            unsafe { fwd_split::<$e, { Path::$m }, 2, false>(&p) }
         }
     )*};
 }
@@ -372,6 +384,29 @@ split_entries! {
     Bf16, Scalar => rmsnorm_fwd_bf16_scalar_split_e16, rmsnorm_fwd_bf16_scalar_split_e32;
 }
 
+macro_rules! split_narrow_entries {
+    ($($e:ty, $m:ident => $name:ident;)*) => {$(
+        /// RMSNorm forward of a looped row, one tile per block of a cluster: the body of the
+        /// `_split_e16` entry in a separate entry that `cargo xtask ptx` compiles for three
+        /// blocks per multiprocessor (the `r40` in the name).
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
+            unsafe { fwd_split::<$e, { Path::$m }, 1, true>(&p) }
+        }
+    )*};
+}
+
+split_narrow_entries! {
+    F32, V16 => rmsnorm_fwd_f32_v16_split_e16_r40;
+    F16, V16 => rmsnorm_fwd_f16_v16_split_e16_r40;
+    F16, Realigned => rmsnorm_fwd_f16_realigned_split_e16_r40;
+    Bf16, V16 => rmsnorm_fwd_bf16_v16_split_e16_r40;
+    Bf16, Realigned => rmsnorm_fwd_bf16_realigned_split_e16_r40;
+}
+
 // The f32 realigned form of one tile per block (that of two would stage more than
 // `RMSNORM_REALIGNED_MAX_SMEM_BYTES`; f32 rows of 9-16 tiles off the grid run the scalar one).
 /// RMSNorm forward of a looped f32 row on the realigned path, one tile per block of a
@@ -381,5 +416,5 @@ split_entries! {
 /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn rmsnorm_fwd_f32_realigned_split_e16(p: RmsNormFwdParams) {
-    unsafe { fwd_split::<F32, { Path::Realigned }, 1>(&p) }
+    unsafe { fwd_split::<F32, { Path::Realigned }, 1, false>(&p) }
 }
