@@ -299,8 +299,8 @@ pub struct GridLimits {
     /// `ferrofuse_common::rmsnorm_split_geometry`).
     pub wide_clusters: bool,
     /// Whether the split forward's one-tile rows take the entries compiled for three blocks
-    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`), and the split then up to one
-    /// row per multiprocessor on every path: off by default, an experiment turned on by
+    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`), and the vector path's split
+    /// then up to one row per multiprocessor: off by default, an experiment turned on by
     /// [`Kernels::set_narrow_split`]. The same bits either way.
     pub narrow_split: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
@@ -653,10 +653,10 @@ impl Kernels {
     }
 
     /// Plans the split forward's one-tile rows on the entries compiled for three blocks per
-    /// multiprocessor, and the split up to one row per multiprocessor on every path, or back
-    /// as by default (off): an experiment, for measuring whether the clusters' occupancy
-    /// outweighs those entries' spills ([`GridLimits::narrow_split`]). The same bits either
-    /// way.
+    /// multiprocessor, and the vector path's split up to one row per multiprocessor, or back
+    /// as by default (off): an experiment, for measuring whether more clusters in flight
+    /// outweigh those entries' late weight loads and spills ([`GridLimits::narrow_split`]).
+    /// The same bits either way.
     pub fn set_narrow_split(&self, on: bool) {
         self.narrow_split.store(on, Ordering::Relaxed);
     }
