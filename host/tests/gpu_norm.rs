@@ -964,8 +964,9 @@ fn forward_every_placement_option_and_layout() {
     report("forward_every_placement_option_and_layout", &worst);
     // The split forward only where the device runs clusters, and two tiles per block only
     // where it does not run clusters of 16 (`forward_split_matches_the_looped_kernel_bitwise`
-    // turns them off).
-    let (clusters, wide) = (k.limits().clusters, k.limits().wide_clusters);
+    // turns them off); the streamed forward only where the module has bulk copies.
+    let limits = k.limits();
+    let (clusters, wide) = (limits.clusters, limits.wide_clusters);
     assert_covered("forward_every_placement_option_and_layout", &seen, |k| {
         k.rmsnorm_forward_form().is_some()
             && match k {
@@ -974,6 +975,7 @@ fn forward_every_placement_option_and_layout() {
                 }
                 // Only while `Kernels::set_narrow_split` has them on.
                 KernelId::RmsNormFwdSplitNarrow(..) => false,
+                KernelId::RmsNormFwdStream(..) => limits.streamed_rows,
                 _ => true,
             }
     });
