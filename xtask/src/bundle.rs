@@ -18,7 +18,10 @@
 //!   back, twice (`ferrofuse-bench args --json ab-{before,after}-{1,2}.json`, in the caller's
 //!   folder): an A/B measurement in one session, without the peers;
 //! - `run.sh jit-ab [args]`: the benchmark on the prebuilt SASS and on the PTX compiled by the
-//!   driver (`CUDA_FORCE_PTX_JIT=1`), alternating, twice (`ab-{cubin,ptx}-{1,2}.json`).
+//!   driver (`CUDA_FORCE_PTX_JIT=1`), alternating, twice (`ab-{cubin,ptx}-{1,2}.json`);
+//! - `run.sh switch-ab FLAG [args]`: the benchmark without and with one of its switches
+//!   (`--narrow-split`, `--no-fused-backward`, `--module sm_80`, ...; several words quoted as
+//!   one), alternating, twice (`ab-{without,with}-{1,2}.json`).
 //!
 //! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark; `FERROFUSE_MODULE=sm_80`
 //! runs the tests on the sm_80 module on a newer GPU (the benchmark takes `--module sm_80`).
@@ -68,7 +71,7 @@ pub struct Args {
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs ferrofuse's GPU tests, sanitizer checks or benchmark from a gpu-bundle (no Rust needed).
 # Usage: run.sh test [filter] | run.sh sanitize [filter] | run.sh bench [args] | run.sh peers [args]
-#        | run.sh ab [args] | run.sh jit-ab [args]
+#        | run.sh ab [args] | run.sh jit-ab [args] | run.sh switch-ab FLAG [args]
 # FERROFUSE_DEVICE=N picks the device; FERROFUSE_MODULE=sm_80 runs the tests on the sm_80 code.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -167,7 +170,18 @@ case "$task" in
       "$here/ferrofuse-bench" "$@" --json "ab-cubin-$round.json" || status=1
       CUDA_FORCE_PTX_JIT=1 "$here/ferrofuse-bench" "$@" --json "ab-ptx-$round.json" || status=1
     done ;;
-  *) echo "usage: run.sh test|sanitize|bench|peers|ab|jit-ab [args]"; exit 2 ;;
+  switch-ab)
+    # The benchmark without and with one switch (its words split here, so "--module sm_80"
+    # passes as two arguments), alternating, twice: the same other arguments.
+    if [ $# -lt 1 ]; then echo "usage: run.sh switch-ab FLAG [args]"; exit 2; fi
+    switch=$1
+    shift
+    for round in 1 2; do
+      "$here/ferrofuse-bench" "$@" --json "ab-without-$round.json" || status=1
+      # shellcheck disable=SC2086
+      "$here/ferrofuse-bench" $switch "$@" --json "ab-with-$round.json" || status=1
+    done ;;
+  *) echo "usage: run.sh test|sanitize|bench|peers|ab|jit-ab|switch-ab [args]"; exit 2 ;;
 esac
 exit $status
 "#;
@@ -259,7 +273,7 @@ pub fn run(args: &Args) -> Result<(), String> {
         tests.len()
     );
     println!(
-        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers | ab | jit-ab",
+        "run it on the GPU machine: {}/run.sh test | sanitize | bench | peers | ab | jit-ab | switch-ab",
         out.display()
     );
     if let Some(archive) = &args.archive {
