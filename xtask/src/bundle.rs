@@ -336,6 +336,9 @@ fn write_archive(bundle: &Path, archive: &Path) -> Result<(), String> {
     let (Some(parent), Some(name)) = (bundle.parent(), bundle.file_name()) else {
         return Err(format!("{}: not a folder to archive", bundle.display()));
     };
+    if let Some(dir) = archive.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
     tools::run(
         Command::new("tar")
             .env("XZ_OPT", "-9 -T0")
