@@ -472,9 +472,9 @@ impl Kernels {
     /// the first time this context asks for it: on a newer GPU, the older arch's code (the
     /// sm_80 module on a Hopper GPU runs the kernels an Ampere or Ada GPU runs, compiled from
     /// their PTX by the driver, without clusters, bulk copies or programmatic dependent
-    /// launch). For testing and measuring that code; both modules compute the same bits for
-    /// the same call. [`Error::ModuleNeedsNewerDevice`] where the device is older than the
-    /// module's arch.
+    /// launch). For testing and measuring that code; on one device both modules compute the
+    /// same bits for the same call. [`Error::ModuleNeedsNewerDevice`] where the device is
+    /// older than the module's arch.
     pub fn for_context_with_module(
         ctx: &Arc<CudaContext>,
         module: &'static PtxModule,
