@@ -86,6 +86,14 @@ struct Out<T> {
     rstd: Vec<f32>,
 }
 
+/// Random `x` and residual of `rows x cols` in [-2, 2] and a weight of `cols` in [-1.5, 1.5].
+fn random_rows<T: Element>(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (x, _) = random::<T>(rng, rows * cols, 2.0);
+    let (r, _) = random::<T>(rng, rows * cols, 2.0);
+    let (w, _) = random::<T>(rng, cols, 1.5);
+    (x, r, w)
+}
+
 /// Runs one FP8 forward: inputs `off` elements into their buffers (1: the scalar path),
 /// outputs poisoned; returns what it wrote.
 #[allow(clippy::too_many_arguments)]
@@ -440,9 +448,7 @@ fn norm_fp8_scalar_path() {
 /// and at any position of a batch.
 fn invariance<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng, cols: usize) {
     let rows = if quick() { 40 } else { 700 };
-    let (x, _) = random::<T>(rng, rows * cols, 2.0);
-    let (r, _) = random::<T>(rng, rows * cols, 2.0);
-    let (w, _) = random::<T>(rng, cols, 1.5);
+    let (x, r, w) = random_rows::<T>(rng, rows, cols);
     let opts = RmsNormOptions::new(1e-6);
     for scaling in [
         Fp8Scaling::per_token(),
@@ -632,9 +638,7 @@ fn streamed_vs_registers<T: Element>(
     scaling: Fp8Scaling,
     (rows, cols): (usize, usize),
 ) {
-    let (x, _) = random::<T>(rng, rows * cols, 2.0);
-    let (r, _) = random::<T>(rng, rows * cols, 2.0);
-    let (w, _) = random::<T>(rng, cols, 1.5);
+    let (x, r, w) = random_rows::<T>(rng, rows, cols);
     let opts = RmsNormOptions::new(1e-6).with_gemma(true);
     let run = || {
         call(
@@ -716,9 +720,7 @@ fn across_modules<T: Element>(
     scaling: Fp8Scaling,
     (rows, cols): (usize, usize),
 ) {
-    let (x, _) = random::<T>(rng, rows * cols, 2.0);
-    let (r, _) = random::<T>(rng, rows * cols, 2.0);
-    let (w, _) = random::<T>(rng, cols, 1.5);
+    let (x, r, w) = random_rows::<T>(rng, rows, cols);
     let opts = RmsNormOptions::new(1e-6).with_gemma(off == 1);
     let run = |k: &Kernels| {
         let io = (&x[..], &r[..], &w[..], None);
@@ -743,9 +745,7 @@ fn norm_fp8_matches_storage_forward_rstd() {
     };
     let (rows, cols) = (8, 4096);
     let (mut rng, _) = rng();
-    let (x, _) = random::<bf16>(&mut rng, rows * cols, 2.0);
-    let (r, _) = random::<bf16>(&mut rng, rows * cols, 2.0);
-    let (w, _) = random::<bf16>(&mut rng, cols, 1.5);
+    let (x, r, w) = random_rows::<bf16>(&mut rng, rows, cols);
     let opts = RmsNormOptions::new(1e-6);
     let fp8 = call(
         &k,
