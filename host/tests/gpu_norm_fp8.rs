@@ -246,9 +246,7 @@ fn case<T: Element>(
     variant: usize,
 ) {
     let n = rows * cols;
-    let (mut x, _) = random::<T>(rng, n, 2.0);
-    let (mut r, _) = random::<T>(rng, n, 2.0);
-    let (w, _) = random::<T>(rng, cols, 1.5);
+    let (mut x, mut r, w) = random_rows::<T>(rng, rows, cols);
     if rows > 1 {
         x[..cols].fill(T::from_f64(0.0));
         r[..cols].fill(T::from_f64(0.0));
