@@ -473,12 +473,19 @@ impl Kernels {
     /// sm_80 module on a Hopper GPU runs the kernels an Ampere or Ada GPU runs, compiled from
     /// their PTX by the driver, without clusters, bulk copies or programmatic dependent
     /// launch). For testing and measuring that code; on one device both modules compute the
-    /// same bits for the same call. [`Error::ModuleNeedsNewerDevice`] where the device is
-    /// older than the module's arch.
+    /// same bits for the same call. The device's own module gives [`Kernels::for_context`]'s
+    /// handle; [`Error::ModuleNeedsNewerDevice`] where the device is older than the module's
+    /// arch.
     pub fn for_context_with_module(
         ctx: &Arc<CudaContext>,
         module: &'static PtxModule,
     ) -> Result<Arc<Self>> {
+        let (major, minor) = ctx
+            .compute_capability()
+            .during("reading the compute capability")?;
+        if PtxModule::for_compute_capability(major, minor).is_some_and(|m| m.arch == module.arch) {
+            return Self::cached(ctx, None);
+        }
         Self::cached(ctx, Some(module))
     }
 

@@ -38,8 +38,8 @@ fn loads_the_ptx_of_the_device_arch() {
 }
 
 /// The sm_80 module loads beside the device's own on a newer GPU (from its PTX, as its own
-/// handle, once per context), and a module newer than the device is refused with a typed
-/// error.
+/// handle, once per context), the device's own module asked for by name is the usual handle,
+/// and a module newer than the device is refused with a typed error.
 #[test]
 fn an_older_module_loads_beside_and_a_newer_one_is_refused() {
     let Some((k, _)) = gpu("an_older_module_loads_beside_and_a_newer_one_is_refused") else {
@@ -65,6 +65,9 @@ fn an_older_module_loads_beside_and_a_newer_one_is_refused() {
     let own = Kernels::for_context(k.context()).unwrap();
     assert_eq!(own.ptx(), sm90);
     assert!(!Arc::ptr_eq(&own, &old));
+    // Asked for by name, the device's own module is the same handle.
+    let named = Kernels::for_context_with_module(k.context(), sm90).unwrap();
+    assert!(Arc::ptr_eq(&own, &named));
 }
 
 #[test]
