@@ -1458,35 +1458,25 @@ fn the_oldest_module_gives_the_same_bits() {
         return;
     };
     let wave = k.limits().sm_count as usize + 7;
-    let forward: Vec<(usize, usize)> = if quick() {
-        vec![
-            (64, 896),
-            (wave, 8200),
-            (2, 20000),
-            (16, 100003),
-            (64, 1001),
-        ]
-    } else {
-        vec![
-            (1, 8),
-            (64, 896),
-            (7, 4096),
-            (300, 5120),
-            (wave, 8200),
-            (wave, 16384),
-            (3, 16384),
-            (2, 20000),
-            (1, 65536),
-            (4, 131072),
-            (64, 1001),
-            (5, 20001),
-            (16, 100003),
-            (300, 4093),
-        ]
-    };
+    let forward = [
+        (1, 8),
+        (64, 896),
+        (7, 4096),
+        (300, 5120),
+        (wave, 8200),
+        (wave, 16384),
+        (3, 16384),
+        (2, 20000),
+        (1, 65536),
+        (4, 131072),
+        (64, 1001),
+        (5, 20001),
+        (16, 100003),
+        (300, 4093),
+    ];
     let mut failed = Vec::new();
     let mut i = 0usize;
-    for &(rows, hidden) in &forward {
+    for (rows, hidden) in forward {
         for dtype in DType::ALL {
             i += 1;
             let c = Fwd {
@@ -1515,20 +1505,16 @@ fn the_oldest_module_gives_the_same_bits() {
             }
         }
     }
-    let backward: &[(usize, usize)] = if quick() {
-        &[(1, 896), (600, 8192), (70, 7001)]
-    } else {
-        &[
-            (1, 896),
-            (64, 4096),
-            (600, 8192),
-            (3000, 896),
-            (70, 7001),
-            (16, 20000),
-            (300, 4607),
-        ]
-    };
-    for &(rows, hidden) in backward {
+    let backward = [
+        (1, 896),
+        (64, 4096),
+        (600, 8192),
+        (3000, 896),
+        (70, 7001),
+        (16, 20000),
+        (300, 4607),
+    ];
+    for (rows, hidden) in backward {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             i += 1;
             let c = Bwd {

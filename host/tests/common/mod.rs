@@ -83,9 +83,15 @@ fn test_kernels() -> Result<Arc<Kernels>, Error> {
 
 /// The oldest shipped module (sm_80) loaded beside `k` in its context, for the tests that
 /// compare the two bit for bit; `None` (after printing why `test` skips) where `k` runs that
-/// module already.
+/// module already, and in quick runs (the sanitizer's: a second module compiled from PTX and
+/// instrumented would double their load time; `FERROFUSE_MODULE=sm_80` checks the sm_80
+/// kernels under the sanitizer on their own).
 pub fn oldest_module(test: &str, k: &Kernels) -> Option<Arc<Kernels>> {
     let oldest = ferrofuse::PTX_MODULES.last().expect("a module ships");
+    if quick() {
+        eprintln!("skipping {test}: a quick run (FERROFUSE_TEST_QUICK)");
+        return None;
+    }
     if k.ptx() == oldest {
         eprintln!(
             "skipping {test}: the device runs the {} module already",
