@@ -1437,6 +1437,8 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize, const NARROW: bool>(
     };
     unroll!(j < TPC * k => {
         let s = t + j as u32 * tpr;
+        // The narrow entries' case first and on its own, so that for the other entries the
+        // branch folds away before anything else and their code stays as it was.
         let w = if NARROW {
             // SAFETY: the host checked the weight.
             unsafe { weight_window::<E>(p.w, first + s, hidden, m, (w_f32, gemma)) }
