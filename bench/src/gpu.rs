@@ -70,13 +70,20 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// The harness on device `device`, with the kernels of `module` (`None`: the device's own).
+    /// The harness on device `device`, with the kernels of `module` (`None`: the device's own),
+    /// compiled from its PTX by the driver where `from_ptx` (else its prebuilt SASS where that
+    /// runs).
     pub fn new(
         device: usize,
         module: Option<&'static PtxModule>,
+        from_ptx: bool,
         budgets: Budgets,
     ) -> Result<Self> {
         let mut kernels = Kernels::for_device(device).ctx("loading the kernels")?;
+        if from_ptx && module.is_none() {
+            kernels = Kernels::for_context_from_ptx(kernels.context())
+                .ctx("loading the kernels from their PTX")?;
+        }
         if let Some(m) = module {
             kernels = Kernels::for_context_with_module(kernels.context(), m)
                 .ctx("loading the requested module")?;

@@ -119,11 +119,16 @@ struct Args {
     /// kernel), also the calls of few rows that take the one-launch kernel (the same bits).
     #[arg(long)]
     no_fused_backward: bool,
-    /// Run the add + RMSNorm forward's one-tile split rows on the entries compiled for three
-    /// blocks per multiprocessor, and the split up to one row per multiprocessor (sm_90+; an
-    /// experiment, off by default; the same bits).
+    /// Run the add + RMSNorm forward's one-tile split rows on the entries compiled for two
+    /// blocks per multiprocessor instead of three, and the split of rows in clusters of 8
+    /// blocks or more up to three eighths as many rows as multiprocessors instead of half
+    /// (sm_90+; the same bits).
     #[arg(long)]
-    narrow_split: bool,
+    no_narrow_split: bool,
+    /// Run the device's own module compiled from its PTX by the driver instead of the prebuilt
+    /// SASS (the same kernels; to compare the driver's compilation with the shipped one).
+    #[arg(long, conflicts_with = "module")]
+    from_ptx: bool,
     /// Run another shipped module than the device's own: `sm_80` on a Hopper GPU runs the code
     /// Ampere and Ada GPUs run (compiled from its PTX by the driver; no clusters, bulk copies
     /// or programmatic dependent launch).
@@ -331,7 +336,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
         })?),
         None => None,
     };
-    let mut h = Harness::new(device, module, budgets)?;
+    let mut h = Harness::new(device, module, args.from_ptx, budgets)?;
     let load_s = loading.elapsed().as_secs_f64();
     if args.no_pdl {
         h.kernels.set_programmatic_launch(false);
@@ -345,8 +350,8 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     if args.no_fused_backward {
         h.kernels.set_fused_backward(false);
     }
-    if args.narrow_split {
-        h.kernels.set_narrow_split(true);
+    if args.no_narrow_split {
+        h.kernels.set_narrow_split(false);
     }
     let (gpu, driver) = device_info(h.context());
     println!(

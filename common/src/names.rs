@@ -79,8 +79,8 @@ pub enum KernelId {
     /// The one-tile form of [`KernelId::RmsNormFwdSplit`] compiled for three blocks per
     /// multiprocessor (40 registers) instead of two, so that more clusters of many blocks fit
     /// the GPU at once; on the vector and the 16-bit realigned paths
-    /// (`rmsnorm_fwd_{dtype}_{v16|realigned}_split_e16_r40`). Planned only while
-    /// `GridLimits::narrow_split` is set.
+    /// (`rmsnorm_fwd_{dtype}_{v16|realigned}_split_e16_r40`). Planned where
+    /// `GridLimits::narrow_split` is set (by default on a device with clusters).
     RmsNormFwdSplitNarrow(DType, NormPath),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),

@@ -92,11 +92,12 @@ pub use ferrofuse_common::{BwdNarrow, NormBwdVariant, NormFwdVariant, NormGeomet
 use ferrofuse_common::{
     DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS, RMSNORM_DW_COLS,
     RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
-    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
-    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_fused_dw_blocks,
-    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry,
-    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
-    rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+    VecMode, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_smem_bytes,
+    rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 
 use crate::error::{Error, Result};
@@ -386,6 +387,14 @@ pub(crate) fn streamed_forward(
         .then_some(resident)
 }
 
+/// Rows from which the split forward's one-tile rows take the entries for three blocks per
+/// multiprocessor. Those load the weight after the row's sum of squares, to fit 40 registers:
+/// where a call has so few rows that the latency of its one pass sets the time, that load is
+/// on the critical path (on H100 and H200, 1-7 rows were level or up to 5% slower on them in
+/// graph replay, up to 16% per call), while from 16 rows on more clusters in flight and the
+/// lighter blocks win (10-45% at 16-64 rows on an H200, graph replay).
+pub(crate) const NARROW_SPLIT_MIN_ROWS: usize = 8;
+
 /// The cluster-split forward, its grid (`rows` clusters) and shared memory, where it
 /// applies: looped rows on a device with clusters, on the vector and scalar paths at most
 /// three eighths as many rows as multiprocessors (one block per row would leave most of the
@@ -396,11 +405,14 @@ pub(crate) fn streamed_forward(
 /// rows for f32 rows and where there is no looped realigned kernel (`realigned_loop` false):
 /// the split reads each element once, the looped realigned kernel reads `h` back, and on an
 /// H200 the looped realigned kernel was the faster of the two only for 16-bit rows, from a
-/// few hundred rows on. Else the scalar path. With `limits.narrow_split` (an experiment, off
-/// by default) one-tile rows take the entries compiled for three blocks per multiprocessor,
-/// and then the vector path too takes the split up to one row per multiprocessor. It computes
-/// the same bits as the looped kernel (`rmsnorm_split_geometry`), so the choice by `rows` keeps
-/// batch invariance.
+/// few hundred rows on. Else the scalar path. With `limits.narrow_split` (on by default)
+/// one-tile rows from [`NARROW_SPLIT_MIN_ROWS`] on take the entries compiled for three blocks
+/// per multiprocessor, and the vector path's rows of 8 tiles or more then take the split up to
+/// half as many rows as multiprocessors (one block per row loops over all of them; on an H100
+/// the split was 2-22% faster at 56-66 rows of 65536 elements, on an H200 16-29% at 64 rows of
+/// 100000, while at 64 rows of 3-6 tiles one block per row stayed up to 27% ahead in graph
+/// replay). It computes the same bits as the looped kernel (`rmsnorm_split_geometry`), so the
+/// choice by `rows` keeps batch invariance.
 fn split_forward(
     dtype: DType,
     mode: VecMode,
@@ -419,11 +431,16 @@ fn split_forward(
     };
     let sms = limits.sm_count as u64;
     let narrow = KernelId::RmsNormFwdSplitNarrow(dtype, path);
-    let narrow = (limits.narrow_split && variant == NormFwdVariant::E16 && narrow.exists())
-        .then_some(narrow);
+    let narrow = (limits.narrow_split
+        && variant == NormFwdVariant::E16
+        && rows >= NARROW_SPLIT_MIN_ROWS
+        && narrow.exists())
+    .then_some(narrow);
     let takes = match path {
         NormPath::Realigned => rows as u64 <= sms || !realigned_loop || dtype == DType::F32,
-        _ if narrow.is_some() => rows as u64 <= sms,
+        _ if narrow.is_some() && cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER => {
+            rows as u64 * 2 <= sms
+        }
         _ => rows as u64 * 8 <= sms * 3,
     };
     if !(limits.clusters && rows > 0 && takes) {

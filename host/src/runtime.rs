@@ -73,8 +73,8 @@ pub enum LoadedCode {
     /// The prebuilt SASS of the module's arch (the device's major version, at or above its
     /// minor one).
     Cubin,
-    /// The PTX, JIT-compiled by the driver: on devices of a newer major version, or where the
-    /// driver did not take the cubin (`CUDA_FORCE_PTX_JIT=1` asks for this).
+    /// The PTX, JIT-compiled by the driver: on devices of a newer major version, where the
+    /// driver did not take the cubin, or where [`Kernels::for_context_from_ptx`] asked for it.
     Ptx,
 }
 
@@ -299,9 +299,10 @@ pub struct GridLimits {
     /// `ferrofuse_common::rmsnorm_split_geometry`).
     pub wide_clusters: bool,
     /// Whether the split forward's one-tile rows take the entries compiled for three blocks
-    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`), and the vector path's split
-    /// then up to one row per multiprocessor: off by default, an experiment turned on by
-    /// [`Kernels::set_narrow_split`]. The same bits either way.
+    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`) in calls of 8 rows or more, and
+    /// the vector path's split of rows in clusters of 8 blocks or more then up to half as many
+    /// rows as multiprocessors (instead of three eighths): on a device with clusters unless
+    /// [`Kernels::set_narrow_split`] turns it off. The same bits either way.
     pub narrow_split: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
@@ -446,9 +447,10 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     .then(|| kernel.max_block_threads())
 }
 
-/// The loaded kernels by context (`CUcontext` as an address) and by the arch that was asked
-/// for (`None`: the device's own, [`PtxModule::for_compute_capability`]).
-type LoadedKey = (usize, Option<&'static str>);
+/// The loaded kernels by context (`CUcontext` as an address), by the arch that was asked for
+/// (`None`: the device's own, [`PtxModule::for_compute_capability`]) and by whether its PTX
+/// was asked for even where its cubin runs.
+type LoadedKey = (usize, Option<&'static str>, bool);
 
 static LOADED: Mutex<Vec<(LoadedKey, Weak<Kernels>)>> = Mutex::new(Vec::new());
 
@@ -465,7 +467,16 @@ impl Kernels {
 
     /// The kernels in `ctx`, loading the module the first time this context asks.
     pub fn for_context(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
-        Self::cached(ctx, None)
+        Self::cached(ctx, None, false)
+    }
+
+    /// The kernels of the device's own module in `ctx` compiled from its PTX by the driver,
+    /// even where the prebuilt SASS runs ([`LoadedCode::Ptx`]), loading it the first time this
+    /// context asks for it (slow: the driver compiles the whole module, unless its cache has
+    /// it). The same kernels as [`Kernels::for_context`]'s, compiled by the driver instead of
+    /// the ptxas that built the shipped SASS: for measuring the two against each other.
+    pub fn for_context_from_ptx(ctx: &Arc<CudaContext>) -> Result<Arc<Self>> {
+        Self::cached(ctx, None, true)
     }
 
     /// The kernels of `module` in `ctx` instead of the module of the device's arch, loading it
@@ -484,15 +495,20 @@ impl Kernels {
             .compute_capability()
             .during("reading the compute capability")?;
         if PtxModule::for_compute_capability(major, minor).is_some_and(|m| m.arch == module.arch) {
-            return Self::cached(ctx, None);
+            return Self::cached(ctx, None, false);
         }
-        Self::cached(ctx, Some(module))
+        Self::cached(ctx, Some(module), false)
     }
 
-    /// The kernels of `module` (`None`: the device's own) in `ctx`: the handle loaded before
-    /// while it is alive, else a fresh load.
-    fn cached(ctx: &Arc<CudaContext>, module: Option<&'static PtxModule>) -> Result<Arc<Self>> {
-        let key = (ctx.cu_ctx() as usize, module.map(|m| m.arch));
+    /// The kernels of `module` (`None`: the device's own) in `ctx`, from its PTX where
+    /// `from_ptx` (else its cubin where that runs): the handle loaded before while it is alive,
+    /// else a fresh load.
+    fn cached(
+        ctx: &Arc<CudaContext>,
+        module: Option<&'static PtxModule>,
+        from_ptx: bool,
+    ) -> Result<Arc<Self>> {
+        let key = (ctx.cu_ctx() as usize, module.map(|m| m.arch), from_ptx);
         let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
         loaded.retain(|(_, k)| k.strong_count() > 0);
         if let Some(k) = loaded
@@ -502,12 +518,16 @@ impl Kernels {
         {
             return Ok(k);
         }
-        let kernels = Arc::new(Self::load(ctx, module)?);
+        let kernels = Arc::new(Self::load(ctx, module, from_ptx)?);
         loaded.push((key, Arc::downgrade(&kernels)));
         Ok(kernels)
     }
 
-    fn load(ctx: &Arc<CudaContext>, module: Option<&'static PtxModule>) -> Result<Self> {
+    fn load(
+        ctx: &Arc<CudaContext>,
+        module: Option<&'static PtxModule>,
+        from_ptx: bool,
+    ) -> Result<Self> {
         let (major, minor) = ctx
             .compute_capability()
             .during("reading the compute capability")?;
@@ -527,11 +547,10 @@ impl Kernels {
                 }
             })?,
         };
-        // The cubin where the device runs it; the PTX where it does not, or where the driver
-        // does not take the cubin (CUDA_FORCE_PTX_JIT=1 makes it refuse any): the same
-        // kernels, compiled by the driver.
-        let cubin = ptx
-            .cubin_runs_on(major, minor)
+        // The cubin where the device runs it; the PTX where it does not, where the driver does
+        // not take the cubin, or where the caller asked for it: the same kernels, compiled by
+        // the driver.
+        let cubin = (!from_ptx && ptx.cubin_runs_on(major, minor))
             .then(|| ctx.load_module(Ptx::from_binary(ptx.cubin())).ok())
             .flatten();
         let (module, code) = match cubin {
@@ -569,6 +588,7 @@ impl Kernels {
         // only.
         limits.clusters = ptx.min_compute_capability >= 90;
         limits.wide_clusters = limits.clusters && wide_clusters_run(&functions);
+        limits.narrow_split = limits.clusters;
         limits.streamed_rows = ptx.min_compute_capability >= 90
             && GATED_FP8_STREAM_SMEM_BYTES.max(RMSNORM_STREAM_SMEM_BYTES) as i32 <= smem_opt_in;
         for (k, f) in KernelId::ALL.iter().zip(&functions) {
@@ -601,7 +621,7 @@ impl Kernels {
             programmatic_supported: programmatic,
             cluster_split: AtomicBool::new(true),
             wide_clusters: AtomicBool::new(true),
-            narrow_split: AtomicBool::new(false),
+            narrow_split: AtomicBool::new(true),
             row_streaming: AtomicBool::new(true),
             fused_backward: AtomicBool::new(true),
             _module: module,
@@ -659,26 +679,27 @@ impl Kernels {
         self.wide_clusters.store(on, Ordering::Relaxed);
     }
 
-    /// Plans the split forward's one-tile rows on the entries compiled for three blocks per
-    /// multiprocessor, and the vector path's split up to one row per multiprocessor, or back
-    /// as by default (off): an experiment, for measuring whether more clusters in flight
-    /// outweigh those entries' late weight loads and spills ([`GridLimits::narrow_split`]).
-    /// The same bits either way.
+    /// Turns the split forward's entries for three blocks per multiprocessor off or back on (on by
+    /// default, where the device runs clusters): off, one-tile rows take the entries for two blocks
+    /// per multiprocessor, and the vector path's split of every row length stops at three eighths
+    /// as many rows as multiprocessors ([`GridLimits::narrow_split`]). The same bits either way;
+    /// for measuring and for tests that compare them.
     pub fn set_narrow_split(&self, on: bool) {
         self.narrow_split.store(on, Ordering::Relaxed);
     }
 
     /// The limits the norm forward plans with: [`Kernels::limits`], without clusters while
     /// [`Kernels::set_cluster_split`] has the split off, without clusters of 16 while
-    /// [`Kernels::set_wide_clusters`] has them off, with the narrow split while
-    /// [`Kernels::set_narrow_split`] has it on, and without the streamed kernel while
-    /// [`Kernels::set_row_streaming`] has it off.
-    pub(crate) fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
+    /// [`Kernels::set_wide_clusters`] has them off, without the narrow split while
+    /// [`Kernels::set_narrow_split`] has it off, and without the streamed kernel while
+    /// [`Kernels::set_row_streaming`] has it off. [`crate::norm::plan_rmsnorm_forward`] with
+    /// these names the kernel that [`Kernels::rmsnorm`] launches.
+    pub fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
         let split = self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters;
         let wide = self.wide_clusters.load(Ordering::Relaxed) || !self.limits.wide_clusters;
-        let narrow = self.narrow_split.load(Ordering::Relaxed) && self.limits.clusters;
+        let narrow = self.narrow_split.load(Ordering::Relaxed) || !self.limits.narrow_split;
         let streaming = self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows;
-        if split && wide && !narrow && streaming {
+        if split && wide && narrow && streaming {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
             std::borrow::Cow::Owned(
@@ -686,7 +707,7 @@ impl Kernels {
                     .clone()
                     .with_clusters(self.limits.clusters && split)
                     .with_wide_clusters(self.limits.wide_clusters && wide)
-                    .with_narrow_split(narrow)
+                    .with_narrow_split(self.limits.narrow_split && narrow)
                     .with_streamed_rows(self.limits.streamed_rows && streaming),
             )
         }

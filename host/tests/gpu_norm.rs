@@ -597,7 +597,7 @@ fn run_forward<T: Element, W: Element>(
             rstd: c.rstd.then(|| ls.desc(s, &ds)),
         }
     };
-    let kernel = plan_rmsnorm_forward(&descs, &c.opts(), k.limits())
+    let kernel = plan_rmsnorm_forward(&descs, &c.opts(), &k.norm_limits())
         .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
         .kernel;
 
@@ -973,7 +973,7 @@ fn forward_every_placement_option_and_layout() {
                 KernelId::RmsNormFwdSplit(_, _, v) => {
                     clusters && !(wide && *v == NormFwdVariant::E32)
                 }
-                // Only while `Kernels::set_narrow_split` has them on.
+                // One-tile rows take them from 8 rows on, which only the split test runs.
                 KernelId::RmsNormFwdSplitNarrow(..) => false,
                 KernelId::RmsNormFwdStream(..) => limits.streamed_rows,
                 _ => true,
@@ -1208,14 +1208,17 @@ fn forward_is_batch_invariant_and_deterministic_bitwise() {
     }
 }
 
-/// Whether [`forward_split_matches_the_looped_kernel_bitwise`] ran a narrow split entry.
+/// Whether [`forward_split_matches_the_looped_kernel_bitwise`] ran a one-tile split entry for
+/// three blocks per multiprocessor, and one for two where the first exists.
 static NARROW_SPLIT_RAN: AtomicBool = AtomicBool::new(false);
+static TWO_BLOCK_SPLIT_RAN: AtomicBool = AtomicBool::new(false);
 
 /// The cluster-split forward (long rows, few rows per call) against the f64 reference, and
 /// bit for bit against the looped one-block kernel on the same rows (the split turned off),
 /// for one and two tiles per block, every option set, rows alone and in small batches, on
 /// the vector path and off it (odd row lengths, rows and operands at odd offsets), one-tile
-/// rows also on the entries for three blocks per multiprocessor (`Kernels::set_narrow_split`).
+/// rows on the entries for three blocks per multiprocessor and, switched off
+/// (`Kernels::set_narrow_split`), on those for two.
 #[test]
 fn forward_split_matches_the_looped_kernel_bitwise() {
     let Some((k, s)) = gpu("forward_split_matches_the_looped_kernel_bitwise") else {
@@ -1248,10 +1251,10 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                 i += 1;
                 // Where the device runs clusters of 16 blocks, rows of 9-16 tiles take one
                 // tile per block with them and two without: every other case without. Every
-                // third case runs one-tile rows on the narrow entries.
+                // third case runs one-tile rows on the entries for two blocks per multiprocessor.
                 let wide = i.is_multiple_of(2);
                 k.set_wide_clusters(wide);
-                k.set_narrow_split(i.is_multiple_of(3));
+                k.set_narrow_split(!i.is_multiple_of(3));
                 let wide = wide && k.limits().wide_clusters;
                 if let Some((v, _)) = rmsnorm_split_geometry(dtype, h as u64, wide) {
                     variants.insert(format!("{v:?}"));
@@ -1270,6 +1273,9 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
                 let split = |k: &KernelId| {
                     let narrow = matches!(k, KernelId::RmsNormFwdSplitNarrow(..));
                     NARROW_SPLIT_RAN.fetch_or(narrow, Ordering::Relaxed);
+                    let two_block = matches!(k, KernelId::RmsNormFwdSplit(d, p, NormFwdVariant::E16)
+                        if KernelId::RmsNormFwdSplitNarrow(*d, *p).exists());
+                    TWO_BLOCK_SPLIT_RAN.fetch_or(two_block, Ordering::Relaxed);
                     narrow || matches!(k, KernelId::RmsNormFwdSplit(..))
                 };
                 if !same_bits_when_off(&k, &s, dtype, (&c, seed), split, Kernels::set_cluster_split)
@@ -1281,10 +1287,12 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
     }
     k.set_cluster_split(true);
     k.set_wide_clusters(true);
-    k.set_narrow_split(false);
+    k.set_narrow_split(true);
     assert!(
+        NARROW_SPLIT_RAN.load(Ordering::Relaxed) && TWO_BLOCK_SPLIT_RAN.load(Ordering::Relaxed),
+        "one-tile rows on the entries for three blocks per multiprocessor: {}, for two: {}",
         NARROW_SPLIT_RAN.load(Ordering::Relaxed),
-        "no case ran the narrow entries"
+        TWO_BLOCK_SPLIT_RAN.load(Ordering::Relaxed)
     );
     assert_eq!(
         variants.len(),
@@ -1397,8 +1405,7 @@ fn forward_rows_longer_than_the_tile_ring() {
 /// One case of a test of a kernel the plan picks for `c` (`picked`) against the one it runs
 /// with that kernel switched off (`switch(k, false)`, both computing the same bits), for `c`'s
 /// storage and weight dtypes: the f64 reference, then bit for bit. `false` when it failed (the
-/// panic's message printed). `run_forward` reports the plan of `k.limits()`, so only the first
-/// run's kernel is checked (the CPU tests check the plan with the switch off).
+/// panic's message printed).
 fn same_bits_when_off(
     k: &Kernels,
     s: &Arc<CudaStream>,
@@ -1436,6 +1443,11 @@ fn same_bits_typed<T: Element, W: Element>(
     switch(k, false);
     let off = run_forward::<T, W>(k, s, c, &inp, &what);
     switch(k, true);
+    assert!(
+        !picked(&off.kernel),
+        "{what}: switched off, planned {:?}",
+        off.kernel
+    );
     let (a, b) = (bits_of(&on), bits_of(&off));
     for r in 0..c.rows {
         assert_same_row(&format!("{what}: {:?} vs off", on.kernel), &a, r, &b, r);
@@ -1457,6 +1469,37 @@ fn the_oldest_module_gives_the_same_bits() {
     let Some(old) = common::oldest_module(test, &k) else {
         return;
     };
+    let failed = same_bits_on_both(&k, &old, &s);
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// The device's own module compiled from its PTX by the driver gives the same bits as its
+/// prebuilt SASS, on the cases of [`the_oldest_module_gives_the_same_bits`].
+#[test]
+fn the_driver_compiled_ptx_gives_the_same_bits() {
+    let test = "the_driver_compiled_ptx_gives_the_same_bits";
+    let Some((k, s)) = gpu(test) else {
+        return;
+    };
+    let Some(jit) = common::own_module_from_ptx(test, &k) else {
+        return;
+    };
+    let failed = same_bits_on_both(&k, &jit, &s);
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// The cases that two loads of the kernels (`k` and `other`: two modules, or two compilations
+/// of one) must compute the same bits for, `other`'s also against the f64 reference: forward
+/// rows of every form, and the backward. The failed cases.
+fn same_bits_on_both(k: &Arc<Kernels>, other: &Arc<Kernels>, s: &Arc<CudaStream>) -> Vec<String> {
     let wave = k.limits().sm_count as usize + 7;
     let forward = [
         (1, 8),
@@ -1493,11 +1536,11 @@ fn the_oldest_module_gives_the_same_bits() {
             };
             let seed = fresh_seed();
             let run = || match (dtype, c.w_f32) {
-                (DType::F32, _) => same_bits_across::<f32, f32>((&k, &old), &s, &c, seed),
-                (DType::F16, false) => same_bits_across::<f16, f16>((&k, &old), &s, &c, seed),
-                (DType::F16, true) => same_bits_across::<f16, f32>((&k, &old), &s, &c, seed),
-                (DType::BF16, false) => same_bits_across::<bf16, bf16>((&k, &old), &s, &c, seed),
-                (DType::BF16, true) => same_bits_across::<bf16, f32>((&k, &old), &s, &c, seed),
+                (DType::F32, _) => same_bits_across::<f32, f32>((k, other), s, &c, seed),
+                (DType::F16, false) => same_bits_across::<f16, f16>((k, other), s, &c, seed),
+                (DType::F16, true) => same_bits_across::<f16, f32>((k, other), s, &c, seed),
+                (DType::BF16, false) => same_bits_across::<bf16, bf16>((k, other), s, &c, seed),
+                (DType::BF16, true) => same_bits_across::<bf16, f32>((k, other), s, &c, seed),
                 (DType::F8E4M3, _) => unreachable!(),
             };
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
@@ -1527,24 +1570,20 @@ fn the_oldest_module_gives_the_same_bits() {
             };
             let seed = fresh_seed();
             let run = || match dtype {
-                DType::F32 => same_backward_bits_across::<f32>((&k, &old), &s, &c, seed),
-                DType::F16 => same_backward_bits_across::<f16>((&k, &old), &s, &c, seed),
-                _ => same_backward_bits_across::<bf16>((&k, &old), &s, &c, seed),
+                DType::F32 => same_backward_bits_across::<f32>((k, other), s, &c, seed),
+                DType::F16 => same_backward_bits_across::<f16>((k, other), s, &c, seed),
+                _ => same_backward_bits_across::<bf16>((k, other), s, &c, seed),
             };
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).is_err() {
                 failed.push(format!("{} backward {c:?} seed {seed}", dtype.name()));
             }
         }
     }
-    assert!(
-        failed.is_empty(),
-        "{} cases failed: {failed:#?}",
-        failed.len()
-    );
+    failed
 }
 
-/// One forward case of [`the_oldest_module_gives_the_same_bits`]: the older module's outputs
-/// against the f64 reference, then bit for bit against the device's own module's.
+/// One forward case of [`same_bits_on_both`]: the second load's outputs against the f64
+/// reference, then bit for bit against the first's.
 fn same_bits_across<T: Element, W: Element>(
     (own, old): (&Kernels, &Kernels),
     s: &Arc<CudaStream>,
@@ -1558,9 +1597,9 @@ fn same_bits_across<T: Element, W: Element>(
     check_forward(c, &inp, &b, &what);
     let what = format!(
         "{what}: {} {:?} vs {} {:?}",
-        own.ptx().arch,
+        common::load_name(own),
         a.kernel,
-        old.ptx().arch,
+        common::load_name(old),
         b.kernel
     );
     let (a, b) = (bits_of(&a), bits_of(&b));
@@ -1569,7 +1608,7 @@ fn same_bits_across<T: Element, W: Element>(
     }
 }
 
-/// One backward case of [`the_oldest_module_gives_the_same_bits`], as [`same_bits_across`].
+/// One backward case of [`same_bits_on_both`], as [`same_bits_across`].
 fn same_backward_bits_across<T: Element>(
     (own, old): (&Kernels, &Kernels),
     s: &Arc<CudaStream>,
@@ -1583,9 +1622,9 @@ fn same_backward_bits_across<T: Element>(
     check_backward(c, &inp, &b, &what);
     let what = format!(
         "{what}: {} {:?} vs {} {:?}",
-        own.ptx().arch,
+        common::load_name(own),
         a.kernels,
-        old.ptx().arch,
+        common::load_name(old),
         b.kernels
     );
     assert!(

@@ -1694,11 +1694,12 @@ fn split_forward_plan() {
     }
 }
 
-/// The narrow split (an experiment, off by default): one-tile rows on the vector path and the
-/// 16-bit realigned path take the entries compiled for three blocks per multiprocessor, with
-/// the grid, block, shared memory and parameters of the split they replace, and on the vector
-/// path the split up to one row per multiprocessor; two-tile rows, the scalar path and the f32
-/// realigned path plan as without it. Never without clusters.
+/// The narrow split (on where the device runs clusters): one-tile rows on the vector path and
+/// the 16-bit realigned path take the entries compiled for three blocks per multiprocessor
+/// from 8 rows on, with the grid, block, shared memory and parameters of the split they
+/// replace, and on the vector path rows of 8 tiles or more take the split up to half as many
+/// rows as multiprocessors; fewer rows, two-tile rows, the scalar path and the f32 realigned
+/// path plan as without it. Never without clusters.
 #[test]
 fn narrow_split_plan() {
     use ferrofuse_common::rmsnorm_split_geometry;
@@ -1712,7 +1713,7 @@ fn narrow_split_plan() {
     for dtype in DType::ALL {
         for hidden in [20000usize, 65536, 100000, 131072, 262144] {
             let geom = rmsnorm_split_geometry(dtype, hidden as u64, true);
-            for rows in [1usize, 49, 50, 132, 133, 1000] {
+            for rows in [1usize, 7, 8, 49, 50, 66, 67, 132, 133, 1000] {
                 for (off, w_off) in [(0, 0), (1, 0), (1, 1)] {
                     let mut t = fwd_descs(dtype, rows, hidden, true);
                     t.x.addr += (off * dtype.size_bytes()) as u64;
@@ -1727,13 +1728,14 @@ fn narrow_split_plan() {
                     assert_eq!(got.kernel.rmsnorm_forward_form(), form, "{what}");
                     let one_tile = matches!(geom, Some((NormFwdVariant::E16, _)));
                     let want = match before.kernel {
+                        _ if rows < 8 => before.kernel,
                         KernelId::RmsNormFwdSplit(d, path, NormFwdVariant::E16)
                             if KernelId::RmsNormFwdSplitNarrow(d, path).exists() =>
                         {
                             KernelId::RmsNormFwdSplitNarrow(d, path)
                         }
                         KernelId::RmsNormFwd(d, VecMode::V16, NormFwdVariant::Loop)
-                            if one_tile && rows <= 132 =>
+                            if one_tile && rows <= 66 && geom.is_some_and(|(_, n)| n >= 8) =>
                         {
                             KernelId::RmsNormFwdSplitNarrow(d, NormPath::V16)
                         }

@@ -18,9 +18,9 @@
 //!   back, twice (`ferrofuse-bench args --json ab-{before,after}-{1,2}.json`, in the caller's
 //!   folder): an A/B measurement in one session, without the peers;
 //! - `run.sh jit-ab [args]`: the benchmark on the prebuilt SASS and on the PTX compiled by the
-//!   driver (`CUDA_FORCE_PTX_JIT=1`), alternating, twice (`ab-{cubin,ptx}-{1,2}.json`);
+//!   driver (`--from-ptx`), alternating, twice (`ab-{cubin,ptx}-{1,2}.json`);
 //! - `run.sh switch-ab FLAG [args]`: the benchmark without and with one of its switches
-//!   (`--narrow-split`, `--no-fused-backward`, `--module sm_80`, ...; several words quoted as
+//!   (`--no-narrow-split`, `--no-fused-backward`, `--module sm_80`, ...; several words quoted as
 //!   one), alternating, twice (`ab-{without,with}-{1,2}.json`).
 //!
 //! `FERROFUSE_DEVICE=N` selects the device for tests and benchmark; `FERROFUSE_MODULE=sm_80`
@@ -163,12 +163,11 @@ case "$task" in
       "$here/ferrofuse-bench" "$@" --json "ab-after-$round.json" || status=1
     done ;;
   jit-ab)
-    # The benchmark on the prebuilt SASS and on the PTX compiled by the driver
-    # (CUDA_FORCE_PTX_JIT=1 makes the driver refuse the cubin), alternating, twice: the same
-    # arguments. Each file records which code ran and how long loading it took.
+    # The benchmark on the prebuilt SASS and on the PTX compiled by the driver, alternating,
+    # twice: the same arguments. Each file records which code ran and how long loading it took.
     for round in 1 2; do
       "$here/ferrofuse-bench" "$@" --json "ab-cubin-$round.json" || status=1
-      CUDA_FORCE_PTX_JIT=1 "$here/ferrofuse-bench" "$@" --json "ab-ptx-$round.json" || status=1
+      "$here/ferrofuse-bench" --from-ptx "$@" --json "ab-ptx-$round.json" || status=1
     done ;;
   switch-ab)
     # The benchmark without and with one switch (its words split here, so "--module sm_80"

@@ -103,6 +103,30 @@ pub fn oldest_module(test: &str, k: &Kernels) -> Option<Arc<Kernels>> {
     Some(older.expect("loading the oldest module beside the device's own"))
 }
 
+/// The device's own module in `k`'s context compiled from its PTX by the driver, for the tests
+/// that compare it with the prebuilt SASS bit for bit; `None` (after printing why `test` skips)
+/// where `k` runs its PTX already, and in quick runs (as [`oldest_module`]).
+pub fn own_module_from_ptx(test: &str, k: &Kernels) -> Option<Arc<Kernels>> {
+    if quick() {
+        eprintln!("skipping {test}: a quick run (FERROFUSE_TEST_QUICK)");
+        return None;
+    }
+    if k.loaded_code() == LoadedCode::Ptx {
+        eprintln!("skipping {test}: the device runs the PTX already");
+        return None;
+    }
+    let jit = Kernels::for_context_from_ptx(k.context());
+    let jit = jit.expect("loading the device's own module from its PTX");
+    assert_eq!(jit.loaded_code(), LoadedCode::Ptx);
+    assert_eq!(jit.ptx(), k.ptx());
+    Some(jit)
+}
+
+/// A load of the kernels by module and code, for messages: `sm_90 cubin`, `sm_80 ptx`.
+pub fn load_name(k: &Kernels) -> String {
+    format!("{} {}", k.ptx().arch, k.loaded_code().name())
+}
+
 /// The kernels and a fresh stream on the test device, or `None` (after printing why) when
 /// this machine has no CUDA driver or device. Any other failure is a test failure.
 pub fn gpu(test: &str) -> Option<(Arc<Kernels>, Arc<CudaStream>)> {
