@@ -608,7 +608,7 @@ fn planned_kernel(
         scales: mat(5, DType::F32, sr, sc),
     };
     let opts = RmsNormOptions::new(1e-5);
-    plan_rmsnorm_forward_fp8(&t, &opts, scaling, k.limits())
+    plan_rmsnorm_forward_fp8(&t, &opts, scaling, &k.norm_limits())
         .expect("a valid call")
         .kernel
 }
