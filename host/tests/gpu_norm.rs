@@ -1462,18 +1462,9 @@ fn same_bits_typed<T: Element, W: Element>(
 /// one-launch form and two launches), each also against the f64 reference.
 #[test]
 fn the_oldest_module_gives_the_same_bits() {
-    let test = "the_oldest_module_gives_the_same_bits";
-    let Some((k, s)) = gpu(test) else {
-        return;
-    };
-    let Some(old) = common::oldest_module(test, &k) else {
-        return;
-    };
-    let failed = same_bits_on_both(&k, &old, &s);
-    assert!(
-        failed.is_empty(),
-        "{} cases failed: {failed:#?}",
-        failed.len()
+    same_bits_beside(
+        "the_oldest_module_gives_the_same_bits",
+        common::oldest_module,
     );
 }
 
@@ -1481,14 +1472,22 @@ fn the_oldest_module_gives_the_same_bits() {
 /// prebuilt SASS, on the cases of [`the_oldest_module_gives_the_same_bits`].
 #[test]
 fn the_driver_compiled_ptx_gives_the_same_bits() {
-    let test = "the_driver_compiled_ptx_gives_the_same_bits";
+    same_bits_beside(
+        "the_driver_compiled_ptx_gives_the_same_bits",
+        common::own_module_from_ptx,
+    );
+}
+
+/// The test kernels against a second load of the kernels in their context (`beside`: `None`
+/// where `test` skips) on [`same_bits_on_both`]'s cases.
+fn same_bits_beside(test: &str, beside: fn(&str, &Kernels) -> Option<Arc<Kernels>>) {
     let Some((k, s)) = gpu(test) else {
         return;
     };
-    let Some(jit) = common::own_module_from_ptx(test, &k) else {
+    let Some(other) = beside(test, &k) else {
         return;
     };
-    let failed = same_bits_on_both(&k, &jit, &s);
+    let failed = same_bits_on_both(&k, &other, &s);
     assert!(
         failed.is_empty(),
         "{} cases failed: {failed:#?}",
