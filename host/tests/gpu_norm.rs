@@ -1584,7 +1584,7 @@ fn same_bits_on_both(k: &Arc<Kernels>, other: &Arc<Kernels>, s: &Arc<CudaStream>
 /// One forward case of [`same_bits_on_both`]: the second load's outputs against the f64
 /// reference, then bit for bit against the first's.
 fn same_bits_across<T: Element, W: Element>(
-    (own, old): (&Kernels, &Kernels),
+    (own, other): (&Kernels, &Kernels),
     s: &Arc<CudaStream>,
     c: &Fwd,
     seed: u64,
@@ -1592,13 +1592,13 @@ fn same_bits_across<T: Element, W: Element>(
     let what = format!("{} {c:?} seed {seed}", T::DTYPE.name());
     let inp = fwd_inputs::<T>(c, seed);
     let a = run_forward::<T, W>(own, s, c, &inp, &what);
-    let b = run_forward::<T, W>(old, s, c, &inp, &what);
+    let b = run_forward::<T, W>(other, s, c, &inp, &what);
     check_forward(c, &inp, &b, &what);
     let what = format!(
         "{what}: {} {:?} vs {} {:?}",
         common::load_name(own),
         a.kernel,
-        common::load_name(old),
+        common::load_name(other),
         b.kernel
     );
     let (a, b) = (bits_of(&a), bits_of(&b));
@@ -1609,7 +1609,7 @@ fn same_bits_across<T: Element, W: Element>(
 
 /// One backward case of [`same_bits_on_both`], as [`same_bits_across`].
 fn same_backward_bits_across<T: Element>(
-    (own, old): (&Kernels, &Kernels),
+    (own, other): (&Kernels, &Kernels),
     s: &Arc<CudaStream>,
     c: &Bwd,
     seed: u64,
@@ -1617,13 +1617,13 @@ fn same_backward_bits_across<T: Element>(
     let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
     let inp = bwd_inputs::<T>(c, seed);
     let a = run_backward::<T, T>(own, s, c, &inp, &what);
-    let b = run_backward::<T, T>(old, s, c, &inp, &what);
+    let b = run_backward::<T, T>(other, s, c, &inp, &what);
     check_backward(c, &inp, &b, &what);
     let what = format!(
         "{what}: {} {:?} vs {} {:?}",
         common::load_name(own),
         a.kernels,
-        common::load_name(old),
+        common::load_name(other),
         b.kernels
     );
     assert!(
