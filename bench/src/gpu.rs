@@ -69,6 +69,11 @@ pub struct Harness {
     events: Vec<CudaEvent>,
 }
 
+/// Device `device`'s primary context (the caller checked that the device exists).
+fn context(device: usize) -> Result<Arc<CudaContext>> {
+    CudaContext::new(device).ctx("creating the device context")
+}
+
 impl Harness {
     /// The harness on device `device`, with the kernels of `module` (`None`: the device's own),
     /// compiled from its PTX by the driver where `from_ptx` (else its prebuilt SASS where that
@@ -79,15 +84,14 @@ impl Harness {
         from_ptx: bool,
         budgets: Budgets,
     ) -> Result<Self> {
-        let mut kernels = Kernels::for_device(device).ctx("loading the kernels")?;
-        if from_ptx && module.is_none() {
-            kernels = Kernels::for_context_from_ptx(kernels.context())
-                .ctx("loading the kernels from their PTX")?;
-        }
-        if let Some(m) = module {
-            kernels = Kernels::for_context_with_module(kernels.context(), m)
-                .ctx("loading the requested module")?;
-        }
+        // Only the module asked for is loaded (a second one would add its load to `load_s`).
+        let kernels = match (module, from_ptx) {
+            (None, false) => Kernels::for_device(device).ctx("loading the kernels")?,
+            (Some(m), _) => Kernels::for_context_with_module(&context(device)?, m)
+                .ctx("loading the requested module")?,
+            (None, true) => Kernels::for_context_from_ptx(&context(device)?)
+                .ctx("loading the kernels from their PTX")?,
+        };
         let ctx = kernels.context().clone();
         // SAFETY: one stream does all the work, so no cross-stream ordering is needed; buffers
         // are only freed after a synchronize.
