@@ -287,12 +287,15 @@ pub unsafe fn st_v4_if(p: u64, v: [u32; 4], pred: bool) {
     }
 }
 
+/// Stores `v` at `p` when `flag != 0` (predicated, no branch). The condition is a word: a
+/// caller testing one bit of a mask passes `mask & bit` (one instruction), where a `bool` made
+/// from it became a bit-field extract and a compare.
 #[inline(always)]
-unsafe fn st_u16_if(p: u64, v: u16, pred: bool) {
-    // SAFETY: when `pred`, `p` is a valid, 2-byte aligned global address (caller).
+unsafe fn st_u16_if(p: u64, v: u16, flag: u32) {
+    // SAFETY: when `flag != 0`, `p` is a valid, 2-byte aligned global address (caller).
     unsafe {
         asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.u16 [{0}], {1}; }}",
-             in(reg64) p, in(reg16) v, in(reg32) pred as u32,
+             in(reg64) p, in(reg16) v, in(reg32) flag,
              options(nostack, preserves_flags));
     }
 }
@@ -351,12 +354,15 @@ pub unsafe fn ld_f32_if(p: u64, pred: bool) -> f32 {
     f32::from_bits(v)
 }
 
+/// Stores `v` at `p` when `flag != 0` (predicated, no branch). The condition is a word: a
+/// caller testing one bit of a mask passes `mask & bit` (one instruction), where a `bool` made
+/// from it became a bit-field extract and a compare.
 #[inline(always)]
-unsafe fn st_u32_if(p: u64, v: u32, pred: bool) {
-    // SAFETY: when `pred`, `p` is a valid, 4-byte aligned global address (caller).
+unsafe fn st_u32_if(p: u64, v: u32, flag: u32) {
+    // SAFETY: when `flag != 0`, `p` is a valid, 4-byte aligned global address (caller).
     unsafe {
         asm!("{{ .reg .pred ok; setp.ne.u32 ok, {2}, 0; @ok st.global.u32 [{0}], {1}; }}",
-             in(reg64) p, in(reg32) v, in(reg32) pred as u32,
+             in(reg64) p, in(reg32) v, in(reg32) flag,
              options(nostack, preserves_flags));
     }
 }
@@ -497,8 +503,8 @@ pub trait Elem {
     /// [`Elem::store`] when `pred` (predicated, no branch).
     unsafe fn store_if(p: u64, v: f32, pred: bool);
     /// Stores the element's raw bits (the low `BYTES` of `bits`, as [`Elem::pack`] produced
-    /// them) when `pred` (predicated, no branch).
-    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool);
+    /// them) when `flag != 0` (predicated, no branch; a word, see `st_u16_if`).
+    unsafe fn store_bits_where(p: u64, bits: u32, flag: u32);
     fn unpack(w: [u32; 4]) -> [f32; 8];
     fn pack(v: &[f32; 8]) -> [u32; 4];
 
@@ -576,11 +582,11 @@ impl Elem for F32 {
     }
     #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {
-        unsafe { st_u32_if(p, v.to_bits(), pred) }
+        unsafe { st_u32_if(p, v.to_bits(), pred as u32) }
     }
     #[inline(always)]
-    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool) {
-        unsafe { st_u32_if(p, bits, pred) }
+    unsafe fn store_bits_where(p: u64, bits: u32, flag: u32) {
+        unsafe { st_u32_if(p, bits, flag) }
     }
     #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
@@ -627,11 +633,11 @@ impl Elem for F16 {
     }
     #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {
-        unsafe { st_u16_if(p, f32_to_f16(v), pred) }
+        unsafe { st_u16_if(p, f32_to_f16(v), pred as u32) }
     }
     #[inline(always)]
-    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool) {
-        unsafe { st_u16_if(p, bits as u16, pred) }
+    unsafe fn store_bits_where(p: u64, bits: u32, flag: u32) {
+        unsafe { st_u16_if(p, bits as u16, flag) }
     }
     #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {
@@ -678,11 +684,11 @@ impl Elem for Bf16 {
     }
     #[inline(always)]
     unsafe fn store_if(p: u64, v: f32, pred: bool) {
-        unsafe { st_u16_if(p, f32_to_bf16(v), pred) }
+        unsafe { st_u16_if(p, f32_to_bf16(v), pred as u32) }
     }
     #[inline(always)]
-    unsafe fn store_bits_if(p: u64, bits: u32, pred: bool) {
-        unsafe { st_u16_if(p, bits as u16, pred) }
+    unsafe fn store_bits_where(p: u64, bits: u32, flag: u32) {
+        unsafe { st_u16_if(p, bits as u16, flag) }
     }
     #[inline(always)]
     fn unpack(w: [u32; 4]) -> [f32; 8] {

@@ -581,13 +581,21 @@ pub(super) unsafe fn store_chunk<E: Elem>(
     // it is whole and the neighbour is in this warp.
     let tail_by_vector = !skewed || (at.whole::<E>(c + 1, hidden) && lane != 31);
     if ok && !(head_by_vector && tail_by_vector) {
+        // The elements stored one by one, as a bit mask built once per chunk (bit i: element
+        // i): those inside the row (`ok`: the chunk starts inside it) whose vector, c for the
+        // first L - m and c + 1 for the last m, is not stored whole. The addresses are one
+        // 64-bit address and constant offsets.
+        let below = |n: u32| (1u32 << n) - 1;
+        let head = below(l - at.m);
+        let not_whole =
+            if head_by_vector { 0 } else { head } | if tail_by_vector { 0 } else { !head };
+        let mask = below((hidden - c * l).min(l)) & not_whole;
+        let first = at.base + (c * l + at.m) as u64 * E::BYTES;
         unroll!(i < E::LANES => {
-            let col = c * l + i as u32;
-            let in_head = (i as u32) < l - at.m;
-            let store = col < hidden && if in_head { !head_by_vector } else { !tail_by_vector };
             let bits = if E::BYTES == 2 { own[i / 2] >> (16 * (i as u32 % 2)) } else { own[i] };
-            // SAFETY: column col < hidden of the row (caller's contract).
-            unsafe { E::store_bits_if(at.base + (col + at.m) as u64 * E::BYTES, bits, store) };
+            // SAFETY: when the bit is set, column c * L + i < hidden of the row (caller's
+            // contract).
+            unsafe { E::store_bits_where(first + i as u64 * E::BYTES, bits, mask & (1 << i)) };
         });
     }
 }
@@ -860,7 +868,7 @@ unsafe fn store_vector_bits<E: Elem>(at: Shifted, q: u32, hidden: u32, ok: bool,
             let inside = (pos >= at.m) & (pos < hidden + at.m);
             let b = if E::BYTES == 2 { bits[i / 2] >> (16 * (i as u32 % 2)) } else { bits[i] };
             // SAFETY: column pos - m of the row when inside.
-            unsafe { E::store_bits_if(at.base + pos as u64 * E::BYTES, b, inside) };
+            unsafe { E::store_bits_where(at.base + pos as u64 * E::BYTES, b, inside as u32) };
         });
     }
 }
