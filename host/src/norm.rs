@@ -395,6 +395,12 @@ pub(crate) fn streamed_forward(
 /// lighter blocks win (10-45% at 16-64 rows on an H200, graph replay).
 pub(crate) const NARROW_SPLIT_MIN_ROWS: usize = 8;
 
+/// [`NARROW_SPLIT_MIN_ROWS`] for rows off the 16-byte grid (the realigned split). Below it the
+/// realigned three-block entries lost per call at every shape measured and in graph replay
+/// moved either way with how the clusters land on the GPCs, which the host cannot see; from it
+/// on they were level or faster (`bench/TUNING.md`, "The split rule re-measured").
+pub(crate) const NARROW_SPLIT_MIN_ROWS_REALIGNED: usize = 16;
+
 /// The cluster-split forward, its grid (`rows` clusters) and shared memory, where it
 /// applies: looped rows on a device with clusters, on the vector and scalar paths at most
 /// three eighths as many rows as multiprocessors (one block per row would leave most of the
@@ -406,12 +412,12 @@ pub(crate) const NARROW_SPLIT_MIN_ROWS: usize = 8;
 /// the split reads each element once, the looped realigned kernel reads `h` back, and on an
 /// H200 the looped realigned kernel was the faster of the two only for 16-bit rows, from a
 /// few hundred rows on. Else the scalar path. With `limits.narrow_split` (on by default)
-/// one-tile rows from [`NARROW_SPLIT_MIN_ROWS`] on take the entries compiled for three blocks
-/// per multiprocessor, and the vector path's rows of 8 tiles or more then take the split up to
-/// half as many rows as multiprocessors (one block per row loops over all of them; on an H100
-/// the split was 2-22% faster at 56-66 rows of 65536 elements, on an H200 16-29% at 64 rows of
-/// 100000, while at 64 rows of 3-6 tiles one block per row stayed up to 27% ahead in graph
-/// replay). It computes the same bits as the looped kernel (`rmsnorm_split_geometry`), so the
+/// one-tile rows from [`NARROW_SPLIT_MIN_ROWS`] on ([`NARROW_SPLIT_MIN_ROWS_REALIGNED`] off the
+/// grid) take the entries compiled for three blocks per multiprocessor, and the vector path's
+/// rows of 8 tiles or more then take the split up to half as many rows as multiprocessors (one
+/// block per row loops over all of them; on an H100 the split was 2-22% faster at 56-66 rows of
+/// 65536 elements, on an H200 16-29% at 64 rows of 100000, while at 64 rows of 3-6 tiles one
+/// block per row stayed up to 27% ahead in graph replay). It computes the same bits as the looped kernel (`rmsnorm_split_geometry`), so the
 /// choice by `rows` keeps batch invariance.
 fn split_forward(
     dtype: DType,
@@ -431,9 +437,13 @@ fn split_forward(
     };
     let sms = limits.sm_count as u64;
     let narrow = KernelId::RmsNormFwdSplitNarrow(dtype, path);
+    let min_rows = match path {
+        NormPath::Realigned => NARROW_SPLIT_MIN_ROWS_REALIGNED,
+        _ => NARROW_SPLIT_MIN_ROWS,
+    };
     let narrow = (limits.narrow_split
         && variant == NormFwdVariant::E16
-        && rows >= NARROW_SPLIT_MIN_ROWS
+        && rows >= min_rows
         && narrow.exists())
     .then_some(narrow);
     let takes = match path {

@@ -1713,7 +1713,7 @@ fn narrow_split_plan() {
     for dtype in DType::ALL {
         for hidden in [20000usize, 65536, 100000, 131072, 262144] {
             let geom = rmsnorm_split_geometry(dtype, hidden as u64, true);
-            for rows in [1usize, 7, 8, 49, 50, 66, 67, 132, 133, 1000] {
+            for rows in [1usize, 7, 8, 12, 15, 16, 49, 50, 66, 67, 132, 133, 1000] {
                 for (off, w_off) in [(0, 0), (1, 0), (1, 1)] {
                     let mut t = fwd_descs(dtype, rows, hidden, true);
                     t.x.addr += (off * dtype.size_bytes()) as u64;
@@ -1729,6 +1729,9 @@ fn narrow_split_plan() {
                     let one_tile = matches!(geom, Some((NormFwdVariant::E16, _)));
                     let want = match before.kernel {
                         _ if rows < 8 => before.kernel,
+                        KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _) if rows < 16 => {
+                            before.kernel
+                        }
                         KernelId::RmsNormFwdSplit(d, path, NormFwdVariant::E16)
                             if KernelId::RmsNormFwdSplitNarrow(d, path).exists() =>
                         {
