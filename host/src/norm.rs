@@ -417,8 +417,8 @@ pub(crate) const NARROW_SPLIT_MIN_ROWS_REALIGNED: usize = 16;
 /// rows of 8 tiles or more then take the split up to half as many rows as multiprocessors (one
 /// block per row loops over all of them; on an H100 the split was 2-22% faster at 56-66 rows of
 /// 65536 elements, on an H200 16-29% at 64 rows of 100000, while at 64 rows of 3-6 tiles one
-/// block per row stayed up to 27% ahead in graph replay). It computes the same bits as the looped kernel (`rmsnorm_split_geometry`), so the
-/// choice by `rows` keeps batch invariance.
+/// block per row stayed up to 27% ahead in graph replay). It computes the same bits as the
+/// looped kernel (`rmsnorm_split_geometry`), so the choice by `rows` keeps batch invariance.
 fn split_forward(
     dtype: DType,
     mode: VecMode,
