@@ -299,10 +299,11 @@ pub struct GridLimits {
     /// `ferrofuse_common::rmsnorm_split_geometry`).
     pub wide_clusters: bool,
     /// Whether the split forward's one-tile rows take the entries compiled for three blocks
-    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`) in calls of 8 rows or more, and
-    /// the vector path's split of rows in clusters of 8 blocks or more then up to half as many
-    /// rows as multiprocessors (instead of three eighths): on a device with clusters unless
-    /// [`Kernels::set_narrow_split`] turns it off. The same bits either way.
+    /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`) in calls of 8 rows or more (16
+    /// for rows off the 16-byte grid), and the vector path's split of rows in clusters of 8
+    /// blocks or more then up to half as many rows as multiprocessors (instead of three
+    /// eighths): on a device with clusters unless [`Kernels::set_narrow_split`] turns it off.
+    /// The same bits either way.
     pub narrow_split: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
