@@ -973,7 +973,8 @@ fn forward_every_placement_option_and_layout() {
                 KernelId::RmsNormFwdSplit(_, _, v) => {
                     clusters && !(wide && *v == NormFwdVariant::E32)
                 }
-                // One-tile rows take them from 8 rows on, which only the split test runs.
+                // One-tile rows take them from 8 rows on (16 off the grid), which only the split
+                // test runs.
                 KernelId::RmsNormFwdSplitNarrow(..) => false,
                 KernelId::RmsNormFwdStream(..) => limits.streamed_rows,
                 _ => true,
