@@ -211,6 +211,27 @@ unsafe fn load_elems_if<T: Elem>(
     lanes: usize,
     ok: bool,
 ) -> [f32; 8] {
+    // SAFETY: caller's contract.
+    let bits = unsafe { load_elem_bits_if::<T>(base, first, col0, hidden, lanes, ok) };
+    let mut v = [0.0f32; 8];
+    unroll!(l < lanes => { v[l] = T::widen(bits[l]); });
+    v
+}
+
+/// [`load_elems_if`] before its widening: each element's bits in a word of its own, 0 where
+/// not loaded.
+///
+/// # Safety
+/// As for [`load_elems_if`].
+#[inline(always)]
+unsafe fn load_elem_bits_if<T: Elem>(
+    base: u64,
+    first: u64,
+    col0: u64,
+    hidden: u64,
+    lanes: usize,
+    ok: bool,
+) -> [u32; 8] {
     // The chunk's elements inside the row (one register for all its lanes' predicates), and
     // its address (each lane's an immediate offset from it).
     let n = if ok {
@@ -219,12 +240,48 @@ unsafe fn load_elems_if<T: Elem>(
         0
     };
     let at = base + first * T::BYTES;
-    let mut v = [0.0f32; 8];
+    let mut bits = [0u32; 8];
     unroll!(l < lanes => {
         // SAFETY: caller's contract; not accessed unless the column is inside the row.
-        v[l] = T::widen(unsafe { T::load_bits_below(at + l as u64 * T::BYTES, l as u32, n) });
+        bits[l] = unsafe { T::load_bits_below(at + l as u64 * T::BYTES, l as u32, n) };
     });
-    v
+    bits
+}
+
+/// [`load_chunk_if`] on the vector and scalar paths before its widening ([`widen_chunk`]),
+/// for a loop that issues the next tile's loads before it works on this one: the loaded
+/// words stay untouched until their use, so no instruction waits on them early.
+///
+/// # Safety
+/// As for [`load_chunk`].
+#[inline(always)]
+unsafe fn load_chunk_bits_if<E: Elem, const M: Path>(
+    at: Row,
+    c: u64,
+    hidden: u64,
+    ok: bool,
+) -> [u32; 8] {
+    if M == Path::V16 {
+        // SAFETY: caller's contract.
+        let b = unsafe { load_chunk_bits::<E>(at, c, ok, 0) };
+        [b[0], b[1], b[2], b[3], 0, 0, 0, 0]
+    } else {
+        let first = at.index * at.stride + c * E::LANES as u64;
+        // SAFETY: caller's contract.
+        unsafe { load_elem_bits_if::<E>(at.base, first, c * E::LANES as u64, hidden, E::LANES, ok) }
+    }
+}
+
+/// The f32 lanes of a chunk loaded by [`load_chunk_bits_if`].
+#[inline(always)]
+fn widen_chunk<E: Elem, const M: Path>(bits: &[u32; 8]) -> [f32; 8] {
+    if M == Path::V16 {
+        E::unpack([bits[0], bits[1], bits[2], bits[3]])
+    } else {
+        let mut v = [0.0f32; 8];
+        unroll!(l < E::LANES => { v[l] = E::widen(bits[l]); });
+        v
+    }
 }
 
 /// Stores chunk `c` of the row `at` when `ok` (rounding to nearest even in the storage dtype);
@@ -411,6 +468,70 @@ unsafe fn load_w_if<E: Elem, const M: Path>(
             // SAFETY: the weight holds `hidden` elements of the storage dtype.
             v[j] = unsafe { load_elems_if::<E>(w, c * lanes, c * lanes, hidden, E::LANES, c < nchunks) };
         });
+    }
+    if gemma {
+        unroll!(j < k => { unroll!(l < E::LANES => { v[j][l] = 1.0 + v[j][l]; }); });
+    }
+    v
+}
+
+/// [`load_w_if`] on the vector and scalar paths before its widening ([`widen_w`]), as
+/// [`load_chunk_bits_if`] loads the inputs.
+///
+/// # Safety
+/// As for [`load_w`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn load_w_bits_if<E: Elem, const M: Path>(
+    w: u64,
+    first: u64,
+    tpr: u64,
+    k: usize,
+    nchunks: u64,
+    hidden: u64,
+    w_f32: bool,
+) -> [[u32; 8]; MAX_CHUNKS] {
+    let lanes = E::LANES as u64;
+    let mut bits = [[0u32; 8]; MAX_CHUNKS];
+    // The dtype test outside the chunk loop, as in `load_w`.
+    if w_f32 {
+        unroll!(j < k => {
+            let c = first + j as u64 * tpr;
+            let ok = c < nchunks;
+            bits[j] = if M == Path::V16 {
+                // SAFETY: chunk c is inside w; it starts at element c*L, 16-byte aligned
+                // because L*4 is a multiple of 16; with L = 8 it is two vectors.
+                let lo = unsafe { ld_v4_if(w + c * lanes * 4, ok) };
+                let hi = unsafe { ld_v4_if(w + c * lanes * 4 + 16, ok && E::LANES == 8) };
+                [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]
+            } else {
+                // SAFETY: the weight holds `hidden` f32s (caller's contract).
+                unsafe { load_elem_bits_if::<F32>(w, c * lanes, c * lanes, hidden, E::LANES, ok) }
+            };
+        });
+    } else {
+        unroll!(j < k => {
+            let c = first + j as u64 * tpr;
+            // SAFETY: the weight is row 0 of a one-row matrix of `hidden` elements.
+            bits[j] = unsafe { load_chunk_bits_if::<E, M>(Row::of(w, 0, 0), c, hidden, c < nchunks) };
+        });
+    }
+    bits
+}
+
+/// The weight factors of [`load_w_if`] from the bits [`load_w_bits_if`] loaded.
+#[inline(always)]
+fn widen_w<E: Elem, const M: Path>(
+    bits: &[[u32; 8]; MAX_CHUNKS],
+    k: usize,
+    w_f32: bool,
+    gemma: bool,
+) -> [[f32; 8]; MAX_CHUNKS] {
+    let mut v = [[0.0f32; 8]; MAX_CHUNKS];
+    if w_f32 {
+        unroll!(j < k => { unroll!(l < E::LANES => { v[j][l] = f32::from_bits(bits[j][l]); }); });
+    } else {
+        unroll!(j < k => { v[j] = widen_chunk::<E, M>(&bits[j]); });
     }
     if gemma {
         unroll!(j < k => { unroll!(l < E::LANES => { v[j][l] = 1.0 + v[j][l]; }); });
@@ -726,31 +847,39 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     grid_dependency_sync();
 
     // Pass 1: h = x + residual, stored; sum of squares per tile (chunk, lane), the tiles'
-    // sums added in order: the shape the split kernel computes too (`split`).
-    let mut sum_sq = 0.0f32;
-    let mut tile = 0u64;
+    // sums added in order: the shape the split kernel computes too (`split`). Each pass loads
+    // the next tile before it works on this one (as raw bits, widened at their use), so a
+    // block has two tiles of loads in flight: at few rows a block per row is all a
+    // multiprocessor has. Past the last tile the loads are predicated off.
     let x_row = Row::of(p.x, p.x_stride, row);
     let res_row = Row::of(p.residual, p.residual_stride, row);
     let h_row = Row::of(p.h, p.h_stride, row);
     let y_row = Row::of(p.y, p.y_stride, row);
+    let mut sum_sq = 0.0f32;
+    let mut tile = 0u64;
+    let mut first = me.t;
+    // SAFETY (every load below): when its predicate holds, row < rows and c < nchunks
+    // (host-checked extents). A thread loads only chunks it owns, and the next tile's chunks
+    // are not this tile's, so the loads ahead of this tile's stores read no byte those
+    // stores write (h may be x or residual, y may be x).
+    let mut x_next = unsafe { load_tile_bits::<E, M>(x_row, first, &me, k, nchunks, hidden, live) };
+    let mut r_next =
+        unsafe { load_tile_bits::<E, M>(res_row, first, &me, k, nchunks, hidden, live && has_res) };
     while tile < tiles {
-        let first = tile * per_tile + me.t;
-        let mut x = [[0.0f32; 8]; MAX_CHUNKS];
-        let mut r = [[0.0f32; 8]; MAX_CHUNKS];
-        unroll!(j < k => {
-            let c = first + j as u64 * me.tpr;
-            let ok = live && c < nchunks;
-            // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
-            unsafe {
-                x[j] = load_chunk_if::<E, M>(x_row, c, hidden, ok);
-                r[j] = load_chunk_if::<E, M>(res_row, c, hidden, ok && has_res);
-            }
-        });
+        let (x_bits, r_bits) = (x_next, r_next);
+        let next = first + per_tile;
+        x_next = unsafe { load_tile_bits::<E, M>(x_row, next, &me, k, nchunks, hidden, live) };
+        r_next =
+            unsafe { load_tile_bits::<E, M>(res_row, next, &me, k, nchunks, hidden, live && has_res) };
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-        unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
+        unroll!(j < k => {
+            let x = widen_chunk::<E, M>(&x_bits[j]);
+            let r = widen_chunk::<E, M>(&r_bits[j]);
+            h[j] = add_residual::<E>(&x, &r, has_res, hf);
+        });
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
-            // SAFETY: as above; h may be x or residual, loaded above.
+            // SAFETY: as for the loads.
             unsafe { store_chunk::<E, M>(h_row, c, hidden, live && has_res && c < nchunks, &h[j]) };
         });
         let mut acc = 0.0f32;
@@ -761,6 +890,7 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
         // RMSNORM_LOOP_SMEM_BYTES.
         sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, &me, tile, tiles) };
         tile += 1;
+        first = next;
     }
     let rstd = rstd_of(sum_sq, hidden, p.eps);
     if !live {
@@ -774,24 +904,50 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     // chunk read here was written (pass 1) by this same thread.
     let src_row = if has_res { h_row } else { x_row };
     let mut tile = 0u64;
+    let mut first = me.t;
+    // SAFETY (every load below): as in pass 1; the host checked the weight.
+    let mut h_next = unsafe { load_tile_bits::<E, M>(src_row, first, &me, k, nchunks, hidden, true) };
+    let mut w_next =
+        unsafe { load_w_bits_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32) };
     while tile < tiles {
-        let first = tile * per_tile + me.t;
-        let mut hv = [[0.0f32; 8]; MAX_CHUNKS];
+        let (h_bits, w_bits) = (h_next, w_next);
+        let next = first + per_tile;
+        h_next = unsafe { load_tile_bits::<E, M>(src_row, next, &me, k, nchunks, hidden, true) };
+        w_next = unsafe { load_w_bits_if::<E, M>(p.w, next, me.tpr, k, nchunks, hidden, w_f32) };
+        let w = widen_w::<E, M>(&w_bits, k, w_f32, gemma);
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
-            // SAFETY: as in pass 1.
-            hv[j] = unsafe { load_chunk_if::<E, M>(src_row, c, hidden, c < nchunks) };
-        });
-        // SAFETY: the host checked the weight.
-        let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
-        unroll!(j < k => {
-            let c = first + j as u64 * me.tpr;
-            let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
+            let y = normalize::<E>(&widen_chunk::<E, M>(&h_bits[j]), rstd, &w[j], hf);
             // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
             unsafe { store_chunk::<E, M>(y_row, c, hidden, c < nchunks, &y) };
         });
         tile += 1;
+        first = next;
     }
+}
+
+/// The raw bits of a thread's `k` chunks `first + j * tpr` (`j < k`) of the row `at`, each
+/// loaded when `ok` and inside the row ([`load_chunk_bits_if`]): one tile of a looped row.
+///
+/// # Safety
+/// When `ok`, `at` is a row of the matrix (host-checked extent and alignment for the path).
+#[inline(always)]
+unsafe fn load_tile_bits<E: Elem, const M: Path>(
+    at: Row,
+    first: u64,
+    me: &Me,
+    k: usize,
+    nchunks: u64,
+    hidden: u64,
+    ok: bool,
+) -> [[u32; 8]; MAX_CHUNKS] {
+    let mut bits = [[0u32; 8]; MAX_CHUNKS];
+    unroll!(j < k => {
+        let c = first + j as u64 * me.tpr;
+        // SAFETY: caller's contract; chunks past the row are not accessed.
+        bits[j] = unsafe { load_chunk_bits_if::<E, M>(at, c, hidden, ok && c < nchunks) };
+    });
+    bits
 }
 
 // ---------------------------------------------------------------------------------------------
