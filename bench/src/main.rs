@@ -125,6 +125,11 @@ struct Args {
     /// (sm_90+; the same bits).
     #[arg(long)]
     no_narrow_split: bool,
+    /// Run the add + RMSNorm forward's looped rows on the kernel built for two rows per
+    /// multiprocessor in every call, also where a call has at most one row per two
+    /// multiprocessors and the loads-ahead form would run (the same bits).
+    #[arg(long)]
+    no_loop_ahead: bool,
     /// Run the device's own module compiled from its PTX by the driver instead of the prebuilt
     /// SASS (the same kernels; to compare the driver's compilation with the shipped one).
     #[arg(long, conflicts_with = "module")]
@@ -352,6 +357,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     if args.no_narrow_split {
         h.kernels.set_narrow_split(false);
+    }
+    if args.no_loop_ahead {
+        h.kernels.set_loop_ahead(false);
     }
     let (gpu, driver) = device_info(h.context());
     println!(

@@ -82,6 +82,12 @@ pub enum KernelId {
     /// (`rmsnorm_fwd_{dtype}_{v16|realigned}_split_e16_r40`). Planned where
     /// `GridLimits::narrow_split` is set (by default on a device with clusters).
     RmsNormFwdSplitNarrow(DType, NormPath),
+    /// The looped form of [`KernelId::RmsNormFwd`] that issues each tile's loads while the
+    /// tile before it is worked on: two tiles in flight per block, at more registers than
+    /// two 512-thread blocks per multiprocessor allow, for calls of at most one block per
+    /// multiprocessor (`rmsnorm_fwd_{dtype}_{v16|scalar}_loop_ahead`; planned where
+    /// `GridLimits::loop_ahead` is set, by default). The same bits as the looped kernel.
+    RmsNormFwdLoopAhead(DType, VecMode),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// The 16-per-thread form of [`KernelId::RmsNormBwd`] compiled to the register budget of
@@ -307,6 +313,12 @@ kernel_table! {
     rmsnorm_fwd_f16_realigned_split_e16_r40 = RmsNormFwdSplitNarrow(F16, NormPath::Realigned),
     rmsnorm_fwd_bf16_v16_split_e16_r40 = RmsNormFwdSplitNarrow(BF16, NormPath::V16),
     rmsnorm_fwd_bf16_realigned_split_e16_r40 = RmsNormFwdSplitNarrow(BF16, NormPath::Realigned),
+    rmsnorm_fwd_f32_v16_loop_ahead = RmsNormFwdLoopAhead(F32, V16),
+    rmsnorm_fwd_f32_scalar_loop_ahead = RmsNormFwdLoopAhead(F32, Scalar),
+    rmsnorm_fwd_f16_v16_loop_ahead = RmsNormFwdLoopAhead(F16, V16),
+    rmsnorm_fwd_f16_scalar_loop_ahead = RmsNormFwdLoopAhead(F16, Scalar),
+    rmsnorm_fwd_bf16_v16_loop_ahead = RmsNormFwdLoopAhead(BF16, V16),
+    rmsnorm_fwd_bf16_scalar_loop_ahead = RmsNormFwdLoopAhead(BF16, Scalar),
     zero_fill = ZeroFill,
     empty_kernel = Empty,
     gated_fp8_flat_f32_v16 = GatedFp8Flat(F32, V16),
@@ -432,6 +444,7 @@ impl KernelId {
                 | KernelId::RmsNormFwdWFirst(..)
                 | KernelId::RmsNormFwdSplit(..)
                 | KernelId::RmsNormFwdSplitNarrow(..)
+                | KernelId::RmsNormFwdLoopAhead(..)
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
@@ -459,6 +472,7 @@ impl KernelId {
             | KernelId::RmsNormFwdWFirst(..)
             | KernelId::RmsNormFwdSplit(..)
             | KernelId::RmsNormFwdSplitNarrow(..)
+            | KernelId::RmsNormFwdLoopAhead(..)
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8(..)
             | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
@@ -612,6 +626,7 @@ impl KernelId {
     pub const fn rmsnorm_forward_form(self) -> Option<(DType, NormPath, NormFwdVariant)> {
         match self {
             KernelId::RmsNormFwd(d, v, n) => Some((d, NormPath::of(v), n)),
+            KernelId::RmsNormFwdLoopAhead(d, v) => Some((d, NormPath::of(v), NormFwdVariant::Loop)),
             KernelId::RmsNormFwdRealigned(d, n) => Some((d, NormPath::Realigned, n)),
             KernelId::RmsNormFwdWFirst(d) => Some((d, NormPath::V16, NormFwdVariant::E16)),
             KernelId::RmsNormFwdStream(d) => Some((d, NormPath::V16, NormFwdVariant::E32)),

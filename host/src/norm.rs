@@ -251,10 +251,20 @@ fn grid_u32(what: &'static str, blocks: u64) -> Result<u32> {
     Ok(blocks as u32)
 }
 
+/// Looped rows take the loads-ahead kernel in calls of at most one row per this many
+/// multiprocessors. It holds two tiles of loads in flight per block but leaves room for one
+/// 512-thread block per multiprocessor where the other looped kernel has two: with few rows
+/// each block has a multiprocessor to itself either way, and on an H200 it was 6-17% faster at
+/// 50-64 rows of 3-6 tiles; with more rows than multiprocessors it needs twice the waves (bf16
+/// 256 x 32768 11% slower, 16384 x 20480 24%), and at 100 rows of 6 tiles it lost 16% in graph
+/// replay (`bench/TUNING.md`, "The looped forward's next tile loaded ahead").
+const LOOP_AHEAD_SMS_PER_ROW: u64 = 2;
+
 /// The forward kernel for a grid of `blocks`: the w-first form (the weight loaded with the
 /// inputs, one L2 round trip less per row) when the 16-per-thread vector kernel runs and the
 /// grid fits on the device at once, the w-late form otherwise (it holds fewer registers, so
-/// more rows are in flight when there are waves). Both compute the same bits.
+/// more rows are in flight when there are waves); for looped rows, the loads-ahead form in
+/// calls of few rows ([`LOOP_AHEAD_SMS_PER_ROW`]). Each pair computes the same bits.
 fn forward_kernel(
     dtype: DType,
     mode: VecMode,
@@ -268,6 +278,11 @@ fn forward_kernel(
         && blocks <= limits.resident_blocks(w_first)
     {
         w_first
+    } else if variant == NormFwdVariant::Loop
+        && limits.loop_ahead
+        && blocks as u64 * LOOP_AHEAD_SMS_PER_ROW <= limits.sm_count as u64
+    {
+        KernelId::RmsNormFwdLoopAhead(dtype, mode)
     } else {
         KernelId::RmsNormFwd(dtype, mode, variant)
     }

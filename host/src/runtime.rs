@@ -263,6 +263,8 @@ pub struct Kernels {
     wide_clusters: AtomicBool,
     /// [`Kernels::set_narrow_split`].
     narrow_split: AtomicBool,
+    /// [`Kernels::set_loop_ahead`].
+    loop_ahead: AtomicBool,
     /// Plan the streamed per-token FP8 kernel where it applies (sm_90+): see
     /// [`Kernels::set_row_streaming`].
     row_streaming: AtomicBool,
@@ -305,6 +307,11 @@ pub struct GridLimits {
     /// eighths): on a device with clusters unless [`Kernels::set_narrow_split`] turns it off.
     /// The same bits either way.
     pub narrow_split: bool,
+    /// Whether the looped norm forward takes its loads-ahead form
+    /// (`KernelId::RmsNormFwdLoopAhead`) in calls of at most one row per two multiprocessors:
+    /// on by default, off while [`Kernels::set_loop_ahead`] turns it off. The same bits
+    /// either way.
+    pub loop_ahead: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
     /// norm forward's, `RMSNORM_STREAM_SMEM_BYTES`), so a plan may choose them.
@@ -320,6 +327,7 @@ impl GridLimits {
             clusters: false,
             wide_clusters: false,
             narrow_split: false,
+            loop_ahead: true,
             streamed_rows: false,
         }
     }
@@ -341,6 +349,12 @@ impl GridLimits {
     /// planned or not (on a device with clusters).
     pub fn with_narrow_split(mut self, narrow: bool) -> Self {
         self.narrow_split = narrow && self.clusters;
+        self
+    }
+
+    /// The same limits, with the looped norm forward's loads-ahead form planned or not.
+    pub fn with_loop_ahead(mut self, ahead: bool) -> Self {
+        self.loop_ahead = ahead;
         self
     }
 
@@ -623,6 +637,7 @@ impl Kernels {
             cluster_split: AtomicBool::new(true),
             wide_clusters: AtomicBool::new(true),
             narrow_split: AtomicBool::new(true),
+            loop_ahead: AtomicBool::new(true),
             row_streaming: AtomicBool::new(true),
             fused_backward: AtomicBool::new(true),
             _module: module,
@@ -689,18 +704,29 @@ impl Kernels {
         self.narrow_split.store(on, Ordering::Relaxed);
     }
 
+    /// Turns the looped norm forward's loads-ahead form (rows longer than the register
+    /// kernels hold, in calls of at most one row per two multiprocessors) off or back on (on
+    /// by default); off, those calls take the looped kernel built for two rows per
+    /// multiprocessor ([`GridLimits::loop_ahead`]). The same bits either way; for measuring
+    /// and for tests that compare them.
+    pub fn set_loop_ahead(&self, on: bool) {
+        self.loop_ahead.store(on, Ordering::Relaxed);
+    }
+
     /// The limits the norm forward plans with: [`Kernels::limits`], without clusters while
     /// [`Kernels::set_cluster_split`] has the split off, without clusters of 16 while
     /// [`Kernels::set_wide_clusters`] has them off, without the narrow split while
-    /// [`Kernels::set_narrow_split`] has it off, and without the streamed kernel while
+    /// [`Kernels::set_narrow_split`] has it off, without the loads-ahead loop while
+    /// [`Kernels::set_loop_ahead`] has it off, and without the streamed kernel while
     /// [`Kernels::set_row_streaming`] has it off. [`crate::norm::plan_rmsnorm_forward`] with
     /// these names the kernel that [`Kernels::rmsnorm`] launches.
     pub fn norm_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
         let split = self.cluster_split.load(Ordering::Relaxed) || !self.limits.clusters;
         let wide = self.wide_clusters.load(Ordering::Relaxed) || !self.limits.wide_clusters;
         let narrow = self.narrow_split.load(Ordering::Relaxed) || !self.limits.narrow_split;
+        let ahead = self.loop_ahead.load(Ordering::Relaxed);
         let streaming = self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows;
-        if split && wide && narrow && streaming {
+        if split && wide && narrow && ahead && streaming {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
             std::borrow::Cow::Owned(
@@ -709,6 +735,7 @@ impl Kernels {
                     .with_clusters(self.limits.clusters && split)
                     .with_wide_clusters(self.limits.wide_clusters && wide)
                     .with_narrow_split(self.limits.narrow_split && narrow)
+                    .with_loop_ahead(self.limits.loop_ahead && ahead)
                     .with_streamed_rows(self.limits.streamed_rows && streaming),
             )
         }

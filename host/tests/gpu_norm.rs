@@ -976,6 +976,9 @@ fn forward_every_placement_option_and_layout() {
                 // One-tile rows take them from 8 rows on (16 off the grid), which only the split
                 // test runs.
                 KernelId::RmsNormFwdSplitNarrow(..) => false,
+                // Looped rows at 1-7 rows take the split where the device runs clusters;
+                // `forward_loop_ahead_matches_the_looped_kernel_bitwise` runs every entry.
+                KernelId::RmsNormFwdLoopAhead(..) => false,
                 KernelId::RmsNormFwdStream(..) => limits.streamed_rows,
                 _ => true,
             }
@@ -1303,6 +1306,80 @@ fn forward_split_matches_the_looped_kernel_bitwise() {
         2,
         "one and two tiles per block: {variants:?}"
     );
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// The looped forward's loads-ahead entries [`forward_loop_ahead_matches_the_looped_kernel_bitwise`]
+/// ran, by name.
+static LOOP_AHEAD_RAN: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+
+/// The looped forward's loads-ahead form (calls of at most one row per two multiprocessors)
+/// against the f64 reference, and bit for bit against the looped kernel for two rows per
+/// multiprocessor on the same rows (`Kernels::set_loop_ahead` off), every dtype, several
+/// option sets and placements, on the vector path and the scalar one, at row counts that the
+/// split forward does not take.
+#[test]
+fn forward_loop_ahead_matches_the_looped_kernel_bitwise() {
+    let Some((k, s)) = gpu("forward_loop_ahead_matches_the_looped_kernel_bitwise") else {
+        return;
+    };
+    // Past the split's three eighths of the multiprocessors (rows of fewer than 8 tiles), at
+    // most half of them.
+    let sm = k.sm_count() as usize;
+    let rows = [sm * 3 / 8 + 1, sm / 2];
+    // Tiles (16-bit, f32): 20000 -> 3, 3; 49152 -> 6, 6; 20001 and 24577 (the scalar path:
+    // every operand one element off its alignment) -> 3, 3 and 4, 4.
+    let hidden: &[usize] = if quick() {
+        &[20000, 20001]
+    } else {
+        &[20000, 49152, 20001, 24577]
+    };
+    let opts: &[u32] = if quick() { &[0, 15] } else { &[0, 5, 10, 15] };
+    let mut i = 0usize;
+    let mut failed = Vec::new();
+    for &h in hidden {
+        for dtype in DType::ALL {
+            for &opt in opts {
+                i += 1;
+                let layout = if h % 2 == 1 {
+                    Layout::Misaligned
+                } else {
+                    [Layout::Dense, Layout::Padded, Layout::Misaligned][i % 3]
+                };
+                let c = Fwd {
+                    placement: PLACEMENTS[i % PLACEMENTS.len()],
+                    gemma: opt & 1 != 0,
+                    hf: opt & 2 != 0,
+                    w_f32: opt & 4 != 0 && dtype != DType::F32,
+                    rstd: opt & 8 != 0,
+                    layout,
+                    ..Fwd::new(rows[i % 2], h)
+                };
+                let seed = fresh_seed();
+                let ahead = |k: &KernelId| {
+                    let ran = matches!(k, KernelId::RmsNormFwdLoopAhead(..));
+                    if ran {
+                        LOOP_AHEAD_RAN.lock().unwrap().insert(k.name());
+                    }
+                    ran
+                };
+                if !same_bits_when_off(&k, &s, dtype, (&c, seed), ahead, Kernels::set_loop_ahead) {
+                    failed.push(format!("{} {c:?} seed {seed}", dtype.name()));
+                }
+            }
+        }
+    }
+    let ran = LOOP_AHEAD_RAN.lock().unwrap().clone();
+    let want: BTreeSet<&str> = KernelId::ALL
+        .iter()
+        .filter(|k| matches!(k, KernelId::RmsNormFwdLoopAhead(..)))
+        .map(|k| k.name())
+        .collect();
+    assert_eq!(ran, want, "loads-ahead entries that ran");
     assert!(
         failed.is_empty(),
         "{} cases failed: {failed:#?}",

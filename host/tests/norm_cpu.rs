@@ -1738,6 +1738,7 @@ fn narrow_split_plan() {
                             KernelId::RmsNormFwdSplitNarrow(d, path)
                         }
                         KernelId::RmsNormFwd(d, VecMode::V16, NormFwdVariant::Loop)
+                        | KernelId::RmsNormFwdLoopAhead(d, VecMode::V16)
                             if one_tile && rows <= 66 && geom.is_some_and(|(_, n)| n >= 8) =>
                         {
                             KernelId::RmsNormFwdSplitNarrow(d, NormPath::V16)
@@ -1754,6 +1755,67 @@ fn narrow_split_plan() {
                         let (_, n) = geom.expect("a one-tile split");
                         assert_eq!(got.grid as usize, rows * n as usize, "{what}");
                         assert_eq!(looped.kernel, before.kernel, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Looped rows on the vector and scalar paths take the loads-ahead kernel exactly in calls of
+/// at most one row per two multiprocessors, with clusters or without (then below the split's
+/// rows), and never with it switched off; the launch is otherwise the looped kernel's. The
+/// realigned path's looped kernel has no such form.
+#[test]
+fn loop_ahead_plan() {
+    let opts = opts();
+    for clusters in [false, true] {
+        let on = limits().with_clusters(clusters);
+        let off = on.clone().with_loop_ahead(false);
+        for dtype in DType::ALL {
+            for hidden in [20000usize, 49152, 140001] {
+                for rows in [1usize, 49, 50, 66, 67, 132, 1000] {
+                    for (off_x, w_off) in [(0, 0), (1, 0), (1, 1)] {
+                        let mut t = fwd_descs(dtype, rows, hidden, true);
+                        t.x.addr += (off_x * dtype.size_bytes()) as u64;
+                        t.weight.addr += (w_off * dtype.size_bytes()) as u64;
+                        let what = format!(
+                            "{dtype:?} {rows}x{hidden} offsets {off_x} {w_off} clusters {clusters}"
+                        );
+                        let looped = plan_rmsnorm_forward(&t, &opts, &off).unwrap();
+                        let got = plan_rmsnorm_forward(&t, &opts, &on).unwrap();
+                        let want = match looped.kernel {
+                            KernelId::RmsNormFwd(d, mode, NormFwdVariant::Loop)
+                                if rows * 2 <= 132 =>
+                            {
+                                KernelId::RmsNormFwdLoopAhead(d, mode)
+                            }
+                            k => {
+                                assert!(
+                                    !matches!(k, KernelId::RmsNormFwdLoopAhead(..)),
+                                    "{what}: switched off, planned {k:?}"
+                                );
+                                k
+                            }
+                        };
+                        assert_eq!(got.kernel, want, "{what}");
+                        assert_eq!(
+                            ferrofuse::Launch {
+                                kernel: want,
+                                ..looped
+                            },
+                            got,
+                            "{what}: the same launch"
+                        );
+                        // The vector path, or the scalar one (the weight off its alignment).
+                        let vector = off_x == 0 && hidden % 2 == 0;
+                        if !clusters && (vector || w_off == 1) && rows <= 66 {
+                            assert!(
+                                matches!(got.kernel, KernelId::RmsNormFwdLoopAhead(..)),
+                                "{what}: planned {:?}",
+                                got.kernel
+                            );
+                        }
                     }
                 }
             }

@@ -823,10 +823,16 @@ fn add_residual<E: Elem>(x: &[f32; 8], r: &[f32; 8], has_res: bool, hf: bool) ->
 
 /// Forward for rows too long for registers: two passes over tiles of 16 elements per thread.
 ///
+/// `AHEAD`: each pass loads the next tile before it works on this one (as raw bits, widened
+/// at their use), so a block has two tiles of loads in flight where it would have one. That
+/// takes more registers than two 512-thread blocks per multiprocessor allow, so it pays where
+/// a call has at most one block per multiprocessor anyway (few rows); the other form keeps two
+/// rows per multiprocessor for the rest. The same arithmetic in the same order either way.
+///
 /// # Safety
 /// As for [`fwd_regs`].
 #[inline(always)]
-unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
+unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdParams) {
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
         return;
@@ -847,10 +853,7 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     grid_dependency_sync();
 
     // Pass 1: h = x + residual, stored; sum of squares per tile (chunk, lane), the tiles'
-    // sums added in order: the shape the split kernel computes too (`split`). Each pass loads
-    // the next tile before it works on this one (as raw bits, widened at their use), so a
-    // block has two tiles of loads in flight: at few rows a block per row is all a
-    // multiprocessor has. Past the last tile the loads are predicated off.
+    // sums added in order: the shape the split kernel computes too (`split`).
     let x_row = Row::of(p.x, p.x_stride, row);
     let res_row = Row::of(p.residual, p.residual_stride, row);
     let h_row = Row::of(p.h, p.h_stride, row);
@@ -860,17 +863,28 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     let mut first = me.t;
     // SAFETY (every load below): when its predicate holds, row < rows and c < nchunks
     // (host-checked extents). A thread loads only chunks it owns, and the next tile's chunks
-    // are not this tile's, so the loads ahead of this tile's stores read no byte those
-    // stores write (h may be x or residual, y may be x).
-    let mut x_next = unsafe { load_tile_bits::<E, M>(x_row, first, &me, k, nchunks, hidden, live) };
-    let mut r_next =
-        unsafe { load_tile_bits::<E, M>(res_row, first, &me, k, nchunks, hidden, live && has_res) };
+    // are not this tile's, so loads issued ahead of this tile's stores read no byte those
+    // stores write (h may be x or residual, y may be x). Past the last tile they are
+    // predicated off.
+    let load_x =
+        |first: u64| unsafe { load_tile_bits::<E, M>(x_row, first, &me, k, nchunks, hidden, live) };
+    let load_res = |first: u64| unsafe {
+        load_tile_bits::<E, M>(res_row, first, &me, k, nchunks, hidden, live && has_res)
+    };
+    let (mut x_next, mut r_next) = if AHEAD {
+        (load_x(first), load_res(first))
+    } else {
+        Default::default()
+    };
     while tile < tiles {
-        let (x_bits, r_bits) = (x_next, r_next);
         let next = first + per_tile;
-        x_next = unsafe { load_tile_bits::<E, M>(x_row, next, &me, k, nchunks, hidden, live) };
-        r_next =
-            unsafe { load_tile_bits::<E, M>(res_row, next, &me, k, nchunks, hidden, live && has_res) };
+        let (x_bits, r_bits) = if AHEAD {
+            let this = (x_next, r_next);
+            (x_next, r_next) = (load_x(next), load_res(next));
+            this
+        } else {
+            (load_x(first), load_res(first))
+        };
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
         unroll!(j < k => {
             let x = widen_chunk::<E, M>(&x_bits[j]);
@@ -906,14 +920,26 @@ unsafe fn fwd_loop<E: Elem, const M: Path>(p: &RmsNormFwdParams) {
     let mut tile = 0u64;
     let mut first = me.t;
     // SAFETY (every load below): as in pass 1; the host checked the weight.
-    let mut h_next = unsafe { load_tile_bits::<E, M>(src_row, first, &me, k, nchunks, hidden, true) };
-    let mut w_next =
-        unsafe { load_w_bits_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32) };
+    let load_h = |first: u64| unsafe {
+        load_tile_bits::<E, M>(src_row, first, &me, k, nchunks, hidden, true)
+    };
+    let load_w = |first: u64| unsafe {
+        load_w_bits_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32)
+    };
+    let (mut h_next, mut w_next) = if AHEAD {
+        (load_h(first), load_w(first))
+    } else {
+        Default::default()
+    };
     while tile < tiles {
-        let (h_bits, w_bits) = (h_next, w_next);
         let next = first + per_tile;
-        h_next = unsafe { load_tile_bits::<E, M>(src_row, next, &me, k, nchunks, hidden, true) };
-        w_next = unsafe { load_w_bits_if::<E, M>(p.w, next, me.tpr, k, nchunks, hidden, w_f32) };
+        let (h_bits, w_bits) = if AHEAD {
+            let this = (h_next, w_next);
+            (h_next, w_next) = (load_h(next), load_w(next));
+            this
+        } else {
+            (load_h(first), load_w(first))
+        };
         let w = widen_w::<E, M>(&w_bits, k, w_f32, gemma);
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
@@ -981,7 +1007,7 @@ macro_rules! norm_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $floop(p: RmsNormFwdParams) {
-            unsafe { fwd_loop::<$e, { Path::$m }>(&p) }
+            unsafe { fwd_loop::<$e, { Path::$m }, false>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials, 16 elements per thread.
@@ -1029,6 +1055,29 @@ norm_entries! {
         rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop, rmsnorm_bwd_bf16_v16_e16_fused;
     Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
         rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop, rmsnorm_bwd_bf16_scalar_e16_fused;
+}
+
+macro_rules! loop_ahead_entries {
+    ($($e:ty, $m:ident => $name:ident;)*) => {$(
+        /// RMSNorm forward, looped over tiles, each tile's loads issued while the one before
+        /// it is worked on: for calls of few rows (see `fwd_loop`).
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFwdParams) {
+            unsafe { fwd_loop::<$e, { Path::$m }, true>(&p) }
+        }
+    )*};
+}
+
+loop_ahead_entries! {
+    F32, V16 => rmsnorm_fwd_f32_v16_loop_ahead;
+    F32, Scalar => rmsnorm_fwd_f32_scalar_loop_ahead;
+    F16, V16 => rmsnorm_fwd_f16_v16_loop_ahead;
+    F16, Scalar => rmsnorm_fwd_f16_scalar_loop_ahead;
+    Bf16, V16 => rmsnorm_fwd_bf16_v16_loop_ahead;
+    Bf16, Scalar => rmsnorm_fwd_bf16_scalar_loop_ahead;
 }
 
 macro_rules! narrow_bwd_entries {
