@@ -860,7 +860,6 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
     let y_row = Row::of(p.y, p.y_stride, row);
     let mut sum_sq = 0.0f32;
     let mut tile = 0u64;
-    let mut first = me.t;
     // SAFETY (every load below): when its predicate holds, row < rows and c < nchunks
     // (host-checked extents). A thread loads only chunks it owns, and the next tile's chunks
     // are not this tile's, so loads issued ahead of this tile's stores read no byte those
@@ -872,25 +871,34 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
         load_tile_bits::<E, M>(res_row, first, &me, k, nchunks, hidden, live && has_res)
     };
     let (mut x_next, mut r_next) = if AHEAD {
-        (load_x(first), load_res(first))
+        (load_x(me.t), load_res(me.t))
     } else {
         Default::default()
     };
     while tile < tiles {
-        let next = first + per_tile;
-        let (x_bits, r_bits) = if AHEAD {
-            let this = (x_next, r_next);
-            (x_next, r_next) = (load_x(next), load_res(next));
-            this
+        let first = tile * per_tile + me.t;
+        let mut x = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut r = [[0.0f32; 8]; MAX_CHUNKS];
+        if AHEAD {
+            let (x_bits, r_bits) = (x_next, r_next);
+            (x_next, r_next) = (load_x(first + per_tile), load_res(first + per_tile));
+            unroll!(j < k => {
+                x[j] = widen_chunk::<E, M>(&x_bits[j]);
+                r[j] = widen_chunk::<E, M>(&r_bits[j]);
+            });
         } else {
-            (load_x(first), load_res(first))
-        };
+            unroll!(j < k => {
+                let c = first + j as u64 * me.tpr;
+                let ok = live && c < nchunks;
+                // SAFETY: as for the loads above.
+                unsafe {
+                    x[j] = load_chunk_if::<E, M>(x_row, c, hidden, ok);
+                    r[j] = load_chunk_if::<E, M>(res_row, c, hidden, ok && has_res);
+                }
+            });
+        }
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-        unroll!(j < k => {
-            let x = widen_chunk::<E, M>(&x_bits[j]);
-            let r = widen_chunk::<E, M>(&r_bits[j]);
-            h[j] = add_residual::<E>(&x, &r, has_res, hf);
-        });
+        unroll!(j < k => { h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf); });
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as for the loads.
@@ -904,7 +912,6 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
         // RMSNORM_LOOP_SMEM_BYTES.
         sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, &me, tile, tiles) };
         tile += 1;
-        first = next;
     }
     let rstd = rstd_of(sum_sq, hidden, p.eps);
     if !live {
@@ -918,7 +925,6 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
     // chunk read here was written (pass 1) by this same thread.
     let src_row = if has_res { h_row } else { x_row };
     let mut tile = 0u64;
-    let mut first = me.t;
     // SAFETY (every load below): as in pass 1; the host checked the weight.
     let load_h = |first: u64| unsafe {
         load_tile_bits::<E, M>(src_row, first, &me, k, nchunks, hidden, true)
@@ -927,28 +933,34 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
         load_w_bits_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32)
     };
     let (mut h_next, mut w_next) = if AHEAD {
-        (load_h(first), load_w(first))
+        (load_h(me.t), load_w(me.t))
     } else {
         Default::default()
     };
     while tile < tiles {
-        let next = first + per_tile;
-        let (h_bits, w_bits) = if AHEAD {
-            let this = (h_next, w_next);
-            (h_next, w_next) = (load_h(next), load_w(next));
-            this
+        let first = tile * per_tile + me.t;
+        let mut hv = [[0.0f32; 8]; MAX_CHUNKS];
+        let w = if AHEAD {
+            let (h_bits, w_bits) = (h_next, w_next);
+            (h_next, w_next) = (load_h(first + per_tile), load_w(first + per_tile));
+            unroll!(j < k => { hv[j] = widen_chunk::<E, M>(&h_bits[j]); });
+            widen_w::<E, M>(&w_bits, k, w_f32, gemma)
         } else {
-            (load_h(first), load_w(first))
+            unroll!(j < k => {
+                let c = first + j as u64 * me.tpr;
+                // SAFETY: as in pass 1.
+                hv[j] = unsafe { load_chunk_if::<E, M>(src_row, c, hidden, c < nchunks) };
+            });
+            // SAFETY: the host checked the weight.
+            unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) }
         };
-        let w = widen_w::<E, M>(&w_bits, k, w_f32, gemma);
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
-            let y = normalize::<E>(&widen_chunk::<E, M>(&h_bits[j]), rstd, &w[j], hf);
+            let y = normalize::<E>(&hv[j], rstd, &w[j], hf);
             // SAFETY: as in pass 1; y may be x, this chunk of which was read above.
             unsafe { store_chunk::<E, M>(y_row, c, hidden, c < nchunks, &y) };
         });
         tile += 1;
-        first = next;
     }
 }
 
