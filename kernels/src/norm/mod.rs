@@ -34,8 +34,10 @@
 //! program order makes them visible. In the f32 numerics mode the looped path therefore
 //! normalises `h` as stored (rounded to the storage dtype); the statistics still use the f32
 //! sum. Recomputing `x + residual` instead would need two more reads and is impossible when
-//! `h` was written over one of them. At few rows (sm_90), a looped row can instead run on a
-//! thread-block cluster, a tile or two per block, with the same bits (`split.rs`).
+//! `h` was written over one of them. In calls of few rows the `loop_ahead` entries issue each
+//! tile's loads while the tile before it is worked on (more registers, one block per
+//! multiprocessor); at few rows on sm_90 a looped row can instead run on a thread-block
+//! cluster, a tile or two per block (`split.rs`). All of them give the same bits.
 //!
 //! # Aliasing
 //! A chunk is read and written by one thread only, and each thread issues a chunk's loads
