@@ -84,8 +84,8 @@ pub enum KernelId {
     RmsNormFwdSplitNarrow(DType, NormPath),
     /// The looped form of [`KernelId::RmsNormFwd`] that issues each tile's loads while the
     /// tile before it is worked on: two tiles in flight per block, at more registers than
-    /// two 512-thread blocks per multiprocessor allow, for calls of at most one block per
-    /// multiprocessor (`rmsnorm_fwd_{dtype}_{v16|scalar}_loop_ahead`; planned where
+    /// two 512-thread blocks per multiprocessor allow, for calls of few rows (at most one per
+    /// two multiprocessors; `rmsnorm_fwd_{dtype}_{v16|scalar}_loop_ahead`, planned where
     /// `GridLimits::loop_ahead` is set, by default). The same bits as the looped kernel.
     RmsNormFwdLoopAhead(DType, VecMode),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).

@@ -254,10 +254,11 @@ fn grid_u32(what: &'static str, blocks: u64) -> Result<u32> {
 /// Looped rows take the loads-ahead kernel in calls of at most one row per this many
 /// multiprocessors. It holds two tiles of loads in flight per block but leaves room for one
 /// 512-thread block per multiprocessor where the other looped kernel has two: with few rows
-/// each block has a multiprocessor to itself either way, and on an H200 it was 6-17% faster at
-/// 50-64 rows of 3-6 tiles; with more rows than multiprocessors it needs twice the waves (bf16
-/// 256 x 32768 11% slower, 16384 x 20480 24%), and at 100 rows of 6 tiles it lost 16% in graph
-/// replay (`bench/TUNING.md`, "The looped forward's next tile loaded ahead").
+/// each block has a multiprocessor to itself either way, and at 50-66 rows of 3-6 tiles it was
+/// faster on an H200 and an H100; with more rows than multiprocessors it needs twice the waves,
+/// and at 100 rows, whose next launch's early blocks (programmatic dependent launch) then find
+/// few idle multiprocessors, it lost in graph replay (`bench/TUNING.md`, "The looped forward's
+/// next tile loaded ahead").
 const LOOP_AHEAD_SMS_PER_ROW: u64 = 2;
 
 /// The forward kernel for a grid of `blocks`: the w-first form (the weight loaded with the
