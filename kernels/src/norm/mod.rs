@@ -478,7 +478,8 @@ unsafe fn load_w_if<E: Elem, const M: Path>(
 }
 
 /// [`load_w_if`] on the vector and scalar paths before its widening ([`widen_w`]), as
-/// [`load_chunk_bits_if`] loads the inputs.
+/// [`load_chunk_bits_if`] loads the inputs. `load_w_if` is not built on it: its kernels widen
+/// each load where it lands, the schedule their SASS was measured with.
 ///
 /// # Safety
 /// As for [`load_w`].
