@@ -1763,9 +1763,9 @@ fn narrow_split_plan() {
 }
 
 /// Looped rows on the vector and scalar paths take the loads-ahead kernel exactly in calls of
-/// at most one row per two multiprocessors, with clusters or without (then below the split's
-/// rows), and never with it switched off; the launch is otherwise the looped kernel's. The
-/// realigned path's looped kernel has no such form.
+/// at most one row per two multiprocessors that the looped kernel would run (with clusters,
+/// only past the split's rows), and never with it switched off; the launch is otherwise the
+/// looped kernel's. The realigned path's looped kernel has no such form.
 #[test]
 fn loop_ahead_plan() {
     let opts = opts();
