@@ -184,16 +184,16 @@ unsafe fn fwd_scalar<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
 fn realign(lo: [u32; 4], hi: [u32; 4], sh: u64) -> [u32; 4] {
     let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
     let (q, bits) = (sh >> 2, ((sh & 3) * 8) as u32);
-    // Word `k + q` for k < 5 by selects (a run-time index into registers would go through
-    // local memory).
+    // Word `k + q` for k < 5, by two rounds of selects on the bits of `q`: a run-time index
+    // into registers would go through local memory, and a `match` on `q` compiles to a jump
+    // table, one indirect branch per word.
+    let mut by2 = [0u32; 6];
+    unroll!(k < 6 => {
+        by2[k] = if q & 2 != 0 { w[k + 2] } else { w[k] };
+    });
     let mut u = [0u32; 5];
     unroll!(k < 5 => {
-        u[k] = match q {
-            0 => w[k],
-            1 => w[k + 1],
-            2 => w[k + 2],
-            _ => w[k + 3],
-        };
+        u[k] = if q & 1 != 0 { by2[k + 1] } else { by2[k] };
     });
     let mut out = [0u32; 4];
     unroll!(j < 4 => {
