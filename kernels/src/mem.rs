@@ -782,6 +782,16 @@ pub unsafe fn ld_shared_window(p: *const u32, shift: u32) -> [u32; 4] {
     o
 }
 
+/// `v` through an opaque copy: the compiler cannot tell the result equals `v`, so it does not
+/// merge computations on it with earlier ones on `v` (nor a test of it with an earlier test
+/// of `v`).
+#[inline(always)]
+pub fn opaque_u32(mut v: u32) -> u32 {
+    // SAFETY: a register move; no memory access. Not `pure`, so it is not merged either.
+    unsafe { asm!("mov.b32 {0}, {0};", inout(reg32) v, options(nomem, nostack, preserves_flags)) };
+    v
+}
+
 /// The low word of `(hi:lo) >> n` (`shf.r.clamp`; `n` is at most 32).
 #[inline(always)]
 pub fn funnel_shift_right(lo: u32, hi: u32, n: u32) -> u32 {

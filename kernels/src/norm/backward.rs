@@ -18,7 +18,7 @@ use super::{
 use crate::mem::{
     Elem, F32, cp_async_4x4_shared_if, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all,
     cp_async_wait_group, div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v2_if,
-    ld_v4_if, prefetch_l2, shared_addr, st_shared_v4,
+    ld_v4_if, opaque_u32, prefetch_l2, shared_addr, st_shared_v4,
 };
 use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
 
@@ -1122,14 +1122,5 @@ unsafe fn load4(p: u64, ok: bool, vector: bool, left: u64) -> [f32; 4] {
             v[l] = unsafe { ld_f32_if(p + 4 * l as u64, ok && (l as u64) < left) };
         });
     }
-    v
-}
-
-/// `v` through an opaque copy: the compiler cannot tell the result equals `v`, so it does not
-/// merge computations on it with earlier ones on `v` (see [`bwd_regs`]).
-#[inline(always)]
-fn opaque_u32(mut v: u32) -> u32 {
-    // SAFETY: a register move; no memory access. Not `pure`, so it is not merged either.
-    unsafe { asm!("mov.b32 {0}, {0};", inout(reg32) v, options(nomem, nostack, preserves_flags)) };
     v
 }
