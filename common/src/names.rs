@@ -60,6 +60,10 @@ pub enum KernelId {
     /// Gated forward for operands at any element offset and row stride: aligned 16-byte
     /// vectors of `y`, the inputs realigned in registers (`gated_fwd_{dtype}_realigned`).
     GatedFwdRealigned(DType),
+    /// [`KernelId::GatedFwdRealigned`] with a warp's row ends run before its vector lanes,
+    /// so that their loads wait together (`gated_fwd_{dtype}_realigned_ends_first`): more
+    /// registers, for grids that fit on the device at once.
+    GatedFwdRealignedEndsFirst(DType),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
     /// Residual-add + RMSNorm forward on the realigned path ([`NormPath::Realigned`])
@@ -229,6 +233,9 @@ kernel_table! {
     gated_fwd_f32_realigned = GatedFwdRealigned(F32),
     gated_fwd_f16_realigned = GatedFwdRealigned(F16),
     gated_fwd_bf16_realigned = GatedFwdRealigned(BF16),
+    gated_fwd_f32_realigned_ends_first = GatedFwdRealignedEndsFirst(F32),
+    gated_fwd_f16_realigned_ends_first = GatedFwdRealignedEndsFirst(F16),
+    gated_fwd_bf16_realigned_ends_first = GatedFwdRealignedEndsFirst(BF16),
     gated_bwd_f32_v16 = GatedBwd(F32, V16),
     gated_bwd_f32_scalar = GatedBwd(F32, Scalar),
     gated_bwd_f16_v16 = GatedBwd(F16, V16),
@@ -429,6 +436,7 @@ impl KernelId {
             self,
             KernelId::GatedFwd(..)
                 | KernelId::GatedFwdRealigned(..)
+                | KernelId::GatedFwdRealignedEndsFirst(..)
                 | KernelId::GatedBwd(..)
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Group(..)
@@ -460,6 +468,7 @@ impl KernelId {
         match self {
             KernelId::GatedFwd(..)
             | KernelId::GatedFwdRealigned(..)
+            | KernelId::GatedFwdRealignedEndsFirst(..)
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,

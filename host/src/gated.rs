@@ -66,7 +66,9 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
             VecMode::V16 => ((cols / dtype.lanes_per_16b()) as u64, true),
             VecMode::Scalar => (cols as u64, false),
         },
-        KernelId::GatedFwdRealigned(dtype) => (realigned_per_row(dtype, cols), true),
+        KernelId::GatedFwdRealigned(dtype) | KernelId::GatedFwdRealignedEndsFirst(dtype) => {
+            (realigned_per_row(dtype, cols), true)
+        }
         _ => unreachable!("grid_for sizes gated kernels only"),
     };
     let total = rows as u64 * per_row;
@@ -201,7 +203,7 @@ fn forward_launch(
 ) -> Launch<GatedFwdParams> {
     let (dtype, (rows, cols)) = (a.dtype, a.shape());
     let kernel = match vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]) {
-        VecMode::Scalar if realign => KernelId::GatedFwdRealigned(dtype),
+        VecMode::Scalar if realign => realigned_kernel(dtype, rows, cols, limits),
         mode => KernelId::GatedFwd(dtype, mode),
     };
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
@@ -223,6 +225,19 @@ fn forward_launch(
             act: act as u32,
             _pad: 0,
         },
+    }
+}
+
+/// The realigned forward's entry: the one that runs a warp's row ends first where the call's
+/// accesses, one thread each, fit on the device at once (latency sets the time there), the one
+/// of fewer registers and more threads per multiprocessor past that (see the kernels' docs).
+fn realigned_kernel(dtype: DType, rows: usize, cols: usize, limits: &GridLimits) -> KernelId {
+    let ends_first = KernelId::GatedFwdRealignedEndsFirst(dtype);
+    let accesses = rows as u64 * realigned_per_row(dtype, cols);
+    if accesses <= limits.resident_blocks(ends_first) as u64 * GATED_THREADS as u64 {
+        ends_first
+    } else {
+        KernelId::GatedFwdRealigned(dtype)
     }
 }
 

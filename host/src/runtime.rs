@@ -448,6 +448,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
         kernel,
         KernelId::GatedFwd(..)
             | KernelId::GatedFwdRealigned(..)
+            | KernelId::GatedFwdRealignedEndsFirst(..)
             | KernelId::GatedBwd(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..)

@@ -89,7 +89,7 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     // can touch, ceil(4097 * 2 / 16) + 1 = 514 per row, one per thread.
     let (a, b, y) = abc(DType::BF16, 3, 4097);
     let l = fwd(&a, &b, &y).unwrap();
-    assert_eq!(l.kernel, KernelId::GatedFwdRealigned(DType::BF16));
+    assert_eq!(l.kernel, KernelId::GatedFwdRealignedEndsFirst(DType::BF16));
     assert_eq!(l.grid, (3 * 514usize).div_ceil(128) as u32);
     assert_eq!(l.params.walk, GridWalk::new(514, l.grid as u64 * 128));
     // Beyond four waves of the resident threads, one access per thread: 3000 x 11001 in rows
@@ -213,6 +213,34 @@ fn grid_walk_matches_division() {
     }
 }
 
+/// The realigned forward runs a warp's row ends first while the call's accesses, one thread
+/// each, fit on the device at once, and on the entry of more threads per multiprocessor past
+/// that.
+#[test]
+fn realigned_entry_by_grid() {
+    // 528 accesses per row of 4216 (8432 / 16 + 1); 64 rows are 33792, the resident
+    // threads (132 multiprocessors x 2 blocks x 128).
+    let resident = SMS as usize * 2 * 128;
+    for (rows, kernel) in [
+        (1, KernelId::GatedFwdRealignedEndsFirst(DType::BF16)),
+        (
+            resident / 528,
+            KernelId::GatedFwdRealignedEndsFirst(DType::BF16),
+        ),
+        (resident / 528 + 1, KernelId::GatedFwdRealigned(DType::BF16)),
+        (4 * resident / 528, KernelId::GatedFwdRealigned(DType::BF16)),
+    ] {
+        let (a, b, mut y) = abc(DType::BF16, rows, 4216);
+        y.addr += 2;
+        let l = fwd(&a, &b, &y).unwrap();
+        assert_eq!(l.kernel, kernel, "{rows} rows");
+        assert!(
+            l.grid as usize * 128 >= (rows * 528).min(resident),
+            "{rows} rows"
+        );
+    }
+}
+
 /// Forward calls off the 16-byte grid that are not one flat range run the realigned kernel.
 #[test]
 fn realigned_path_when_vectors_do_not_fit() {
@@ -222,20 +250,20 @@ fn realigned_path_when_vectors_do_not_fit() {
     let y = mat(BASE + (1 << 30), DType::BF16, 64, 4097);
     assert_eq!(
         fwd(&gate, &up, &y).unwrap().kernel,
-        KernelId::GatedFwdRealigned(DType::BF16)
+        KernelId::GatedFwdRealignedEndsFirst(DType::BF16)
     );
     // Row length not a multiple of the vector.
     let (a, b, y) = abc(DType::BF16, 5, 4097);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().kernel,
-        KernelId::GatedFwdRealigned(DType::BF16)
+        KernelId::GatedFwdRealignedEndsFirst(DType::BF16)
     );
     // An address aligned to the element but not to 16 bytes.
     let (a, b, mut y) = abc(DType::F16, 4, 64);
     y.addr += 2;
     assert_eq!(
         fwd(&a, &b, &y).unwrap().kernel,
-        KernelId::GatedFwdRealigned(DType::F16)
+        KernelId::GatedFwdRealignedEndsFirst(DType::F16)
     );
     // A row stride that breaks the alignment of later rows.
     let (mut a, b, y) = abc(DType::F32, 4, 64);
@@ -243,7 +271,7 @@ fn realigned_path_when_vectors_do_not_fit() {
     a.len = 4 * 66;
     assert_eq!(
         fwd(&a, &b, &y).unwrap().kernel,
-        KernelId::GatedFwdRealigned(DType::F32)
+        KernelId::GatedFwdRealignedEndsFirst(DType::F32)
     );
     // One row: its stride does not matter.
     let (mut a, b, y) = abc(DType::F32, 1, 64);

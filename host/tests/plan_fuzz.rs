@@ -987,7 +987,11 @@ fn check_gated_forward(c: &GatedFwdCase, plan: &GatedPlan<GatedFwdParams>) -> Ve
         let p = &l.params;
         let vector = match l.kernel {
             KernelId::GatedFwd(d, mode) if d == dtype => mode == VecMode::V16,
-            KernelId::GatedFwdRealigned(d) if d == dtype => false,
+            KernelId::GatedFwdRealigned(d) | KernelId::GatedFwdRealignedEndsFirst(d)
+                if d == dtype =>
+            {
+                false
+            }
             k => {
                 v.add(format!("launch {i}: kernel {k:?} for {dtype:?}"));
                 false

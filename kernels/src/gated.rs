@@ -32,7 +32,12 @@
 //! lane's access, so it mostly comes from L1 and HBM still sees each byte once. The few
 //! accesses at a row's ends (at most two or three per row and operand) go element by element,
 //! predicated. Only bytes of the operands' own rows are read, so padding and the other half of
-//! an interleaved row are never touched.
+//! an interleaved row are never touched. A warp that holds a row end runs both branches; in
+//! `gated_fwd_{dtype}_realigned_ends_first` the row ends go first, so their loads issue while
+//! the warp's vector loads are in flight and the warp waits for memory once, not twice. That
+//! keeps the vector loads' registers live across the element branch (about 56 registers
+//! against 40), so the host runs it where the grid fits on the device at once (one access per
+//! thread, latency first) and the other entry where occupancy sets the speed.
 //!
 //! # Programmatic dependent launch (sm_90)
 //! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
@@ -219,9 +224,10 @@ unsafe fn load_realigned(
     (ok, v0, v1, sh)
 }
 
-/// The realigned forward; see the module docs.
+/// The realigned forward; see the module docs. `ENDS_FIRST`: a warp's row ends before its
+/// vector lanes (see there).
 #[inline(always)]
-unsafe fn fwd_realigned<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
+unsafe fn fwd_realigned<E: Elem, A: GatedAct, const ENDS_FIRST: bool>(p: &GatedFwdParams) {
     grid_dependency_sync();
     let walk = &p.walk;
     let (mut i, step, total) = start(p.rows, walk);
@@ -247,46 +253,81 @@ unsafe fn fwd_realigned<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
         let (b_ok, b0, b1, b_sh) =
             unsafe { load_realigned(ba.wrapping_add(off), ba, ba + row_bytes, whole) };
         let vector = a_ok && b_ok;
-        // A row's ends, element by element, the lanes inside the row. Before the vector lanes'
-        // math rather than as its `else`: a warp that holds a row end then issues these loads
-        // while its vector loads are in flight, and waits for both once, not one after the
-        // other (the vector branch first, then this one).
-        if !vector {
-            let mut a = [0u32; 8];
-            let mut b = [0u32; 8];
-            let mut ok = [false; 8];
-            unroll!(l < E::LANES => {
-                let o = off.wrapping_add(l as u64 * size);
-                ok[l] = o < row_bytes;
-                // SAFETY: where `ok[l]`, element `o / size` of the row is inside `a` and `b`.
-                unsafe {
-                    a[l] = E::load_bits_if(aa.wrapping_add(o), ok[l]);
-                    b[l] = E::load_bits_if(ba.wrapping_add(o), ok[l]);
-                }
-            });
-            unroll!(l < E::LANES => {
-                let y = A::value(E::widen(a[l])) * E::widen(b[l]);
-                // SAFETY: as for the loads, inside `y`'s row.
-                unsafe { E::store_if(v + l as u64 * size, y, ok[l]) };
-            });
-        }
-        // An opaque copy of the test, so that the compiler keeps the two branches in this
-        // order instead of making them one `if`-`else`.
-        if opaque_u32(vector as u32) != 0 {
-            let a = E::unpack(realign(a0, a1, a_sh));
-            let b = E::unpack(realign(b0, b1, b_sh));
-            let mut y = [0.0f32; 8];
-            unroll!(l < E::LANES => {
-                y[l] = A::value(a[l]) * b[l];
-            });
-            // SAFETY: `v` is an aligned 16-byte vector inside row `at.row` of `y`. Every byte
-            // this thread loaded from `b` precedes the store; when `y` is exactly `b`, `b`'s
-            // bytes are this vector's own (same offset, so one aligned load).
-            unsafe { st_v4(v, E::pack(&y)) };
+        let (a, b) = ((a0, a1, a_sh), (b0, b1, b_sh));
+        if ENDS_FIRST {
+            // The row ends' loads issue while the warp's vector loads are in flight, and the
+            // warp waits for both once; as an `else` after the vector lanes, they would wait
+            // in turn. An opaque copy of the test keeps the two branches in this order
+            // instead of one `if`-`else`.
+            if !vector {
+                // SAFETY: `v` is this access's vector of row `at.row` of `y`, at `off` from
+                // the row's start; `aa` and `ba` are the row's starts in `a` and `b`.
+                unsafe { row_end::<E, A>(v, off, aa, ba, row_bytes) };
+            }
+            if opaque_u32(vector as u32) != 0 {
+                // SAFETY: `vector`: `v` and the loaded vectors lie inside their rows.
+                unsafe { store_vector::<E, A>(v, a, b) };
+            }
+        } else if vector {
+            // SAFETY: as above.
+            unsafe { store_vector::<E, A>(v, a, b) };
+        } else {
+            // SAFETY: as above.
+            unsafe { row_end::<E, A>(v, off, aa, ba, row_bytes) };
         }
         at = advance(walk, at);
         i += step;
     }
+}
+
+/// One whole vector of `y` at `v` from the loads of its `a` and `b` bytes (two aligned
+/// vectors and the byte offset in them, as [`load_realigned`] returns them).
+///
+/// # Safety
+/// `v` is an aligned 16-byte vector inside a row of `y`; every byte this thread loaded from
+/// `b` precedes the store (when `y` is exactly `b`, `b`'s bytes are this vector's own: same
+/// offset, so one aligned load).
+#[inline(always)]
+unsafe fn store_vector<E: Elem, A: GatedAct>(
+    v: u64,
+    (a0, a1, a_sh): ([u32; 4], [u32; 4], u64),
+    (b0, b1, b_sh): ([u32; 4], [u32; 4], u64),
+) {
+    let a = E::unpack(realign(a0, a1, a_sh));
+    let b = E::unpack(realign(b0, b1, b_sh));
+    let mut y = [0.0f32; 8];
+    unroll!(l < E::LANES => {
+        y[l] = A::value(a[l]) * b[l];
+    });
+    // SAFETY: the caller's contract.
+    unsafe { st_v4(v, E::pack(&y)) };
+}
+
+/// A vector of `y` at a row's end, element by element: the lanes inside the row.
+///
+/// # Safety
+/// `v` is the vector at byte offset `off` (wrapped when negative) from the start of a row of
+/// `y` of `row_bytes` bytes, `aa` and `ba` the starts of the same row in `a` and `b`.
+#[inline(always)]
+unsafe fn row_end<E: Elem, A: GatedAct>(v: u64, off: u64, aa: u64, ba: u64, row_bytes: u64) {
+    let size = E::BYTES;
+    let mut a = [0u32; 8];
+    let mut b = [0u32; 8];
+    let mut ok = [false; 8];
+    unroll!(l < E::LANES => {
+        let o = off.wrapping_add(l as u64 * size);
+        ok[l] = o < row_bytes;
+        // SAFETY: where `ok[l]`, element `o / size` of the row is inside `a` and `b`.
+        unsafe {
+            a[l] = E::load_bits_if(aa.wrapping_add(o), ok[l]);
+            b[l] = E::load_bits_if(ba.wrapping_add(o), ok[l]);
+        }
+    });
+    unroll!(l < E::LANES => {
+        let y = A::value(E::widen(a[l])) * E::widen(b[l]);
+        // SAFETY: as for the loads, inside `y`'s row.
+        unsafe { E::store_if(v + l as u64 * size, y, ok[l]) };
+    });
 }
 
 #[inline(always)]
@@ -383,12 +424,12 @@ macro_rules! dispatch_act {
 
 /// [`dispatch_act!`] for a body without a memory-path parameter.
 macro_rules! dispatch_act_realigned {
-    ($body:ident, $e:ty, $p:expr) => {
+    ($body:ident, $e:ty, $c:expr, $p:expr) => {
         match Activation::from_u32($p.act) {
-            Some(Activation::Silu) => $body::<$e, Silu>($p),
-            Some(Activation::GeluErf) => $body::<$e, GeluErf>($p),
-            Some(Activation::GeluTanh) => $body::<$e, GeluTanh>($p),
-            Some(Activation::Relu) => $body::<$e, Relu>($p),
+            Some(Activation::Silu) => $body::<$e, Silu, { $c }>($p),
+            Some(Activation::GeluErf) => $body::<$e, GeluErf, { $c }>($p),
+            Some(Activation::GeluTanh) => $body::<$e, GeluTanh, { $c }>($p),
+            Some(Activation::Relu) => $body::<$e, Relu, { $c }>($p),
             // The host only passes valid activations.
             None => {}
         }
@@ -396,7 +437,7 @@ macro_rules! dispatch_act_realigned {
 }
 
 macro_rules! realigned_entries {
-    ($($fwd:ident: $e:ty;)*) => {$(
+    ($($fwd:ident, $ends_first:ident: $e:ty;)*) => {$(
         /// Gated forward on the realigned path; see the module docs. Launch: `GATED_THREADS`
         /// threads, the planned grid.
         ///
@@ -405,15 +446,24 @@ macro_rules! realigned_entries {
         /// aliasing only.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(p: GatedFwdParams) {
-            unsafe { dispatch_act_realigned!(fwd_realigned, $e, &p) }
+            unsafe { dispatch_act_realigned!(fwd_realigned, $e, false, &p) }
+        }
+
+        /// The same, a warp's row ends before its vector lanes; see the module docs.
+        ///
+        /// # Safety
+        /// As for the other realigned entry.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ends_first(p: GatedFwdParams) {
+            unsafe { dispatch_act_realigned!(fwd_realigned, $e, true, &p) }
         }
     )*};
 }
 
 realigned_entries! {
-    gated_fwd_f32_realigned: F32;
-    gated_fwd_f16_realigned: F16;
-    gated_fwd_bf16_realigned: Bf16;
+    gated_fwd_f32_realigned, gated_fwd_f32_realigned_ends_first: F32;
+    gated_fwd_f16_realigned, gated_fwd_f16_realigned_ends_first: F16;
+    gated_fwd_bf16_realigned, gated_fwd_bf16_realigned_ends_first: Bf16;
 }
 
 macro_rules! entries {
