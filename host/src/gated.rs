@@ -230,7 +230,7 @@ fn forward_launch(
 
 /// The realigned forward's entry: the one that runs a warp's row ends first where the call's
 /// accesses, one thread each, fit on the device at once (latency sets the time there), the one
-/// of fewer registers and more threads per multiprocessor past that (see the kernels' docs).
+/// of fewer registers and more threads per multiprocessor past that (`kernels/src/gated.rs`).
 fn realigned_kernel(dtype: DType, rows: usize, cols: usize, limits: &GridLimits) -> KernelId {
     let ends_first = KernelId::GatedFwdRealignedEndsFirst(dtype);
     let accesses = rows as u64 * realigned_per_row(dtype, cols);

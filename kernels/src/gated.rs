@@ -422,7 +422,8 @@ macro_rules! dispatch_act {
     };
 }
 
-/// [`dispatch_act!`] for a body without a memory-path parameter.
+/// [`dispatch_act!`] for the realigned body: a `bool` const parameter (`ENDS_FIRST`) in place of
+/// the memory path.
 macro_rules! dispatch_act_realigned {
     ($body:ident, $e:ty, $c:expr, $p:expr) => {
         match Activation::from_u32($p.act) {
