@@ -64,6 +64,10 @@ pub enum KernelId {
     /// so that their loads wait together (`gated_fwd_{dtype}_realigned_ends_first`): more
     /// registers, for grids that fit on the device at once.
     GatedFwdRealignedEndsFirst(DType),
+    /// Gated backward on the realigned path: aligned 16-byte vectors of `da` and of `db`, the
+    /// inputs realigned in registers to each (`gated_bwd_{dtype}_realigned`); gradients that
+    /// overlap no input.
+    GatedBwdRealigned(DType),
     /// Residual-add + RMSNorm forward (`rmsnorm_fwd_{dtype}_{v16|scalar}_{e16|e32|loop}`).
     RmsNormFwd(DType, VecMode, NormFwdVariant),
     /// Residual-add + RMSNorm forward on the realigned path ([`NormPath::Realigned`])
@@ -242,6 +246,9 @@ kernel_table! {
     gated_bwd_f16_scalar = GatedBwd(F16, Scalar),
     gated_bwd_bf16_v16 = GatedBwd(BF16, V16),
     gated_bwd_bf16_scalar = GatedBwd(BF16, Scalar),
+    gated_bwd_f32_realigned = GatedBwdRealigned(F32),
+    gated_bwd_f16_realigned = GatedBwdRealigned(F16),
+    gated_bwd_bf16_realigned = GatedBwdRealigned(BF16),
     rmsnorm_fwd_f32_v16_e16 = RmsNormFwd(F32, V16, Fwd::E16),
     rmsnorm_fwd_f32_v16_e32 = RmsNormFwd(F32, V16, Fwd::E32),
     rmsnorm_fwd_f32_v16_loop = RmsNormFwd(F32, V16, Fwd::Loop),
@@ -438,6 +445,7 @@ impl KernelId {
                 | KernelId::GatedFwdRealigned(..)
                 | KernelId::GatedFwdRealignedEndsFirst(..)
                 | KernelId::GatedBwd(..)
+                | KernelId::GatedBwdRealigned(..)
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
@@ -470,6 +478,7 @@ impl KernelId {
             | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedFwdRealignedEndsFirst(..)
             | KernelId::GatedBwd(..)
+            | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)

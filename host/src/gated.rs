@@ -66,9 +66,9 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
             VecMode::V16 => ((cols / dtype.lanes_per_16b()) as u64, true),
             VecMode::Scalar => (cols as u64, false),
         },
-        KernelId::GatedFwdRealigned(dtype) | KernelId::GatedFwdRealignedEndsFirst(dtype) => {
-            (realigned_per_row(dtype, cols), true)
-        }
+        KernelId::GatedFwdRealigned(dtype)
+        | KernelId::GatedFwdRealignedEndsFirst(dtype)
+        | KernelId::GatedBwdRealigned(dtype) => (realigned_per_row(dtype, cols), true),
         _ => unreachable!("grid_for sizes gated kernels only"),
     };
     let total = rows as u64 * per_row;
@@ -277,29 +277,36 @@ pub fn plan_gated_backward(
     check_row_length(a.cols)?;
     let all = [a, b, dy, da, db];
     let Some(split) = flat_split(dtype, &all) else {
-        return Ok(GatedPlan::single(backward_launch(act, all, limits)));
+        return Ok(GatedPlan::single(backward_launch(act, all, true, limits)));
     };
     Ok(GatedPlan::flat(split, |start, len| {
         let flat = all.map(|m| m.flat(start, len));
-        backward_launch(act, flat.each_ref(), limits)
+        backward_launch(act, flat.each_ref(), false, limits)
     }))
 }
 
 /// The launch of a validated backward call over `a`'s shape; operands `[a, b, dy, da, db]`.
+/// Off the vector grid: the realigned path when `realign` (a whole call) and no gradient
+/// overlaps an input (the realigned kernel reads each input vector's neighbours, which other
+/// threads would be overwriting in place), the scalar path otherwise.
 fn backward_launch(
     act: Activation,
     [a, b, dy, da, db]: [&MatDesc; 5],
+    realign: bool,
     limits: &GridLimits,
 ) -> Launch<GatedBwdParams> {
     let (dtype, (rows, cols)) = (a.dtype, a.shape());
-    let kernel = KernelId::GatedBwd(
+    let in_place = [da, db]
+        .iter()
+        .any(|g| [a, b, dy].iter().any(|m| g.overlaps(m)));
+    let kernel = match vec_mode(
         dtype,
-        vec_mode(
-            dtype,
-            cols,
-            &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
-        ),
-    );
+        cols,
+        &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
+    ) {
+        VecMode::Scalar if realign && !in_place => KernelId::GatedBwdRealigned(dtype),
+        mode => KernelId::GatedBwd(dtype, mode),
+    };
     let (grid, walk) = grid_for(kernel, rows, cols, limits);
     Launch {
         kernel,

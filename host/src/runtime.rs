@@ -450,6 +450,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedFwdRealignedEndsFirst(..)
             | KernelId::GatedBwd(..)
+            | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..)
             | KernelId::GatedFp8Row(..)

@@ -100,10 +100,14 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     assert_eq!(l.kernel, KernelId::GatedFwdRealigned(DType::BF16));
     assert_eq!(l.grid, (3000 * 1377usize).div_ceil(128) as u32);
     assert_eq!(l.params.walk, GridWalk::new(1377, l.grid as u64 * 128));
-    // The backward's scalar path: one element per access, a thread per batch of them, at
-    // most one wave (132 x 2 x 128 threads).
+    // The realigned backward: as the realigned forward, 514 accesses per row, one per thread.
     let [a, b, dy, da, db] = backward_mats(DType::BF16, 3, 4097, 20);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+    assert_eq!(p.body.kernel, KernelId::GatedBwdRealigned(DType::BF16));
+    assert_eq!(p.body.grid, (3 * 514usize).div_ceil(128) as u32);
+    // In place (`db` over `b`), the scalar path: one element per access, a thread per batch
+    // of them, at most one wave (132 x 2 x 128 threads).
+    let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &b, &limits()).unwrap();
     assert_eq!(
         p.body.kernel,
         KernelId::GatedBwd(DType::BF16, VecMode::Scalar)
@@ -132,6 +136,18 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
         },
     );
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+    assert_eq!(p.body.kernel, KernelId::GatedBwdRealigned(DType::BF16));
+    assert_eq!(p.body.grid, (3000 * 1377usize).div_ceil(128) as u32);
+    assert_eq!(
+        p.body.params.walk,
+        GridWalk::new(1377, p.body.grid as u64 * 128)
+    );
+    // In place (`da` over `a`, its own buffer here), the scalar path at one wave.
+    let a = MatDesc {
+        addr: BASE + (3 << 30),
+        ..a
+    };
+    let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &a, &db, &limits()).unwrap();
     assert_eq!(
         p.body.kernel,
         KernelId::GatedBwd(DType::BF16, VecMode::Scalar)

@@ -1176,6 +1176,19 @@ fn check_gated_backward(c: &GatedBwdCase, plan: &GatedPlan<GatedBwdParams>) -> V
         let p = &l.params;
         let vector = match l.kernel {
             KernelId::GatedBwd(d, mode) if d == dtype => mode == VecMode::V16,
+            KernelId::GatedBwdRealigned(d) if d == dtype => {
+                // It reads the neighbours of each input vector, which other threads would be
+                // overwriting in place.
+                if [da, db]
+                    .iter()
+                    .any(|g| [a, b, dy].iter().any(|m| g.overlaps(m)))
+                {
+                    v.add(format!(
+                        "launch {i}: the realigned backward with a gradient in place"
+                    ));
+                }
+                false
+            }
             k => {
                 v.add(format!("launch {i}: kernel {k:?} for {dtype:?}"));
                 false

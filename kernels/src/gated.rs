@@ -39,13 +39,21 @@
 //! against 40), so the host runs it where the grid fits on the device at once (one access per
 //! thread, latency first) and the other entry where occupancy sets the speed.
 //!
+//! # The realigned backward (`gated_bwd_{dtype}_realigned`)
+//! The same for the gradient, whose two outputs may sit at different offsets (`da` and `db`
+//! are the halves of an interleaved gradient): access `q` of a row is aligned vector `q` of
+//! `da`, formed from `a`, `b` and `dy` realigned to it, then vector `q` of `db` from `a` and
+//! `dy` realigned to that one. A vector's inputs are other threads' vectors' neighbours, so no
+//! gradient may overlap an input: in-place calls off the grid take the scalar path.
+//!
 //! # Programmatic dependent launch (sm_90)
 //! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
 //! then let the next one launch); see `mem.rs`.
 //!
 //! # Aliasing
 //! Each element is read and written by the same thread, and all of a thread's loads for one
-//! step precede its stores, so an output that exactly equals an input (in place) is safe.
+//! step precede its stores, so an output that exactly equals an input (in place) is safe
+//! (the realigned backward excepted, see above).
 //!
 //! # Dtype contract
 //! Loads widen to f32, all math is f32 (`ferrofuse_common::act`), the store rounds to nearest
@@ -374,6 +382,127 @@ unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
     }
 }
 
+/// The realigned backward; see the module docs. Each access is one aligned vector of `da`
+/// and the vector of the same index of `db` (their rows may sit at different offsets from
+/// the grid), each with the inputs it needs realigned to it, one after the other: the second's
+/// loads mostly hit the lines the first brought into L1.
+#[inline(always)]
+unsafe fn bwd_realigned<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
+    grid_dependency_sync();
+    let walk = &p.walk;
+    let (mut i, step, total) = start(p.rows, walk);
+    let mut at = cursor(walk, i);
+    let size = E::BYTES;
+    let row_bytes = p.cols * size;
+    while i < total {
+        let row_of = |base: u64, stride: u64| base + at.row * stride * size;
+        let (aa, ba, ga) = (
+            row_of(p.a, p.a_stride),
+            row_of(p.b, p.b_stride),
+            row_of(p.dy, p.dy_stride),
+        );
+        // `da`'s vector: `off` is its byte offset from the row's start (wrapped when the
+        // vector starts before the row), as in `fwd_realigned`.
+        let da_row = row_of(p.da, p.da_stride);
+        let v = (da_row & !15) + at.col * 16;
+        let off = v.wrapping_sub(da_row);
+        let whole = v >= da_row && v + 16 <= da_row + row_bytes;
+        // SAFETY: `[x, x + row_bytes)` is this row of each input (the host checked the
+        // allocations cover rows x cols at these strides).
+        let (a_ok, a0, a1, a_sh) =
+            unsafe { load_realigned(aa.wrapping_add(off), aa, aa + row_bytes, whole) };
+        // SAFETY: as above.
+        let (b_ok, b0, b1, b_sh) =
+            unsafe { load_realigned(ba.wrapping_add(off), ba, ba + row_bytes, whole) };
+        // SAFETY: as above.
+        let (g_ok, g0, g1, g_sh) =
+            unsafe { load_realigned(ga.wrapping_add(off), ga, ga + row_bytes, whole) };
+        if a_ok && b_ok && g_ok {
+            let a = E::unpack(realign(a0, a1, a_sh));
+            let b = E::unpack(realign(b0, b1, b_sh));
+            let dy = E::unpack(realign(g0, g1, g_sh));
+            let mut da = [0.0f32; 8];
+            unroll!(l < E::LANES => {
+                da[l] = dy[l] * b[l] * A::value_and_grad(a[l]).1;
+            });
+            // SAFETY: `v` is an aligned 16-byte vector inside row `at.row` of `da`, which
+            // overlaps no input (host rule for this kernel).
+            unsafe { st_v4(v, E::pack(&da)) };
+        } else {
+            // SAFETY: `v` is this access's vector of row `at.row` of `da`, at `off` from the
+            // row's start; `aa`, `ba`, `ga` are the row's starts in the inputs.
+            unsafe {
+                row_end_with::<E, 3>(v, off, [aa, ba, ga], row_bytes, |[a, b, dy]| {
+                    dy * b * A::value_and_grad(a).1
+                })
+            };
+        }
+        // `db`'s vector, the same way from `a` and `dy`. The activation and its gradient as
+        // the other backward paths compute them (`value_and_grad`), so the same bits.
+        let db_row = row_of(p.db, p.db_stride);
+        let v = (db_row & !15) + at.col * 16;
+        let off = v.wrapping_sub(db_row);
+        let whole = v >= db_row && v + 16 <= db_row + row_bytes;
+        // SAFETY: as above.
+        let (a_ok, a0, a1, a_sh) =
+            unsafe { load_realigned(aa.wrapping_add(off), aa, aa + row_bytes, whole) };
+        // SAFETY: as above.
+        let (g_ok, g0, g1, g_sh) =
+            unsafe { load_realigned(ga.wrapping_add(off), ga, ga + row_bytes, whole) };
+        if a_ok && g_ok {
+            let a = E::unpack(realign(a0, a1, a_sh));
+            let dy = E::unpack(realign(g0, g1, g_sh));
+            let mut db = [0.0f32; 8];
+            unroll!(l < E::LANES => {
+                db[l] = dy[l] * A::value_and_grad(a[l]).0;
+            });
+            // SAFETY: as for `da`.
+            unsafe { st_v4(v, E::pack(&db)) };
+        } else {
+            // SAFETY: as for `da`.
+            unsafe {
+                row_end_with::<E, 2>(v, off, [aa, ga], row_bytes, |[a, dy]| {
+                    dy * A::value_and_grad(a).0
+                })
+            };
+        }
+        at = advance(walk, at);
+        i += step;
+    }
+}
+
+/// An output vector at a row's end, element by element (the lanes inside the row): element
+/// `l` is `f` of the inputs' elements of the same column.
+///
+/// # Safety
+/// `v` is the vector at byte offset `off` (wrapped when negative) from the start of a row of
+/// the output of `row_bytes` bytes, `starts` the starts of the same row in the inputs.
+#[inline(always)]
+unsafe fn row_end_with<E: Elem, const N: usize>(
+    v: u64,
+    off: u64,
+    starts: [u64; N],
+    row_bytes: u64,
+    f: impl Fn([f32; N]) -> f32,
+) {
+    let size = E::BYTES;
+    let mut x = [[0u32; N]; 8];
+    let mut ok = [false; 8];
+    unroll!(l < E::LANES => {
+        let o = off.wrapping_add(l as u64 * size);
+        ok[l] = o < row_bytes;
+        unroll!(n < N => {
+            // SAFETY: where `ok[l]`, element `o / size` of the row is inside each input.
+            x[l][n] = unsafe { E::load_bits_if(starts[n].wrapping_add(o), ok[l]) };
+        });
+    });
+    unroll!(l < E::LANES => {
+        let y = f(x[l].map(E::widen));
+        // SAFETY: as for the loads, inside the output's row.
+        unsafe { E::store_if(v + l as u64 * size, y, ok[l]) };
+    });
+}
+
 /// [`bwd`] with the batching of [`fwd_scalar`].
 #[inline(always)]
 unsafe fn bwd_scalar<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
@@ -465,6 +594,36 @@ realigned_entries! {
     gated_fwd_f32_realigned, gated_fwd_f32_realigned_ends_first: F32;
     gated_fwd_f16_realigned, gated_fwd_f16_realigned_ends_first: F16;
     gated_fwd_bf16_realigned, gated_fwd_bf16_realigned_ends_first: Bf16;
+}
+
+macro_rules! realigned_backward_entries {
+    ($($bwd:ident: $e:ty;)*) => {$(
+        /// Gated backward on the realigned path; see the module docs. Launch: `GATED_THREADS`
+        /// threads, the planned grid.
+        ///
+        /// # Safety
+        /// The host launcher's checks: valid, element-aligned, in-bounds tensors; no gradient
+        /// overlapping an input.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd(p: GatedBwdParams) {
+            unsafe {
+                match Activation::from_u32(p.act) {
+                    Some(Activation::Silu) => bwd_realigned::<$e, Silu>(&p),
+                    Some(Activation::GeluErf) => bwd_realigned::<$e, GeluErf>(&p),
+                    Some(Activation::GeluTanh) => bwd_realigned::<$e, GeluTanh>(&p),
+                    Some(Activation::Relu) => bwd_realigned::<$e, Relu>(&p),
+                    // The host only passes valid activations.
+                    None => {}
+                }
+            }
+        }
+    )*};
+}
+
+realigned_backward_entries! {
+    gated_bwd_f32_realigned: F32;
+    gated_bwd_f16_realigned: F16;
+    gated_bwd_bf16_realigned: Bf16;
 }
 
 macro_rules! entries {

@@ -1,7 +1,6 @@
 //! The backward: per row `dx` from the saved `h` and `rstd`, each block's share of `dw` in
 //! registers and then in its rows of the workspace, and the fixed-order sum of those rows.
 
-use core::arch::asm;
 use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
 
