@@ -538,24 +538,38 @@ fn desc<T: Element>(s: &Arc<CudaStream>, d: &CudaSlice<T>, rows: usize, cols: us
     MatDesc::contiguous(addr(s, d), d.len(), T::DTYPE, rows, cols)
 }
 
-/// The raw backward in its in-place forms: `da` over `dy` and `db` over `b`.
-fn raw_backward_inplace_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng) {
-    let (rows, cols) = (9, 4104);
-    let n = rows * cols;
+/// The raw backward in its in-place forms: `da` over `dy` and `db` over `b`, rows of `cols`
+/// elements `stride` apart (on the vector grid, or off it and not one flat range: the scalar
+/// path, which in-place calls off the grid take).
+fn raw_backward_inplace_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    (cols, stride): (usize, usize),
+) {
+    let rows = 9;
+    let n = rows * stride;
     let (a, af) = random::<T>(rng, n, 8.0);
     let (b, bf) = random::<T>(rng, n, 2.0);
     let (dy, dyf) = random::<T>(rng, n, 2.0);
+    // The elements of the rows, without the padding after each.
+    let rows_of =
+        |v: &[f64]| -> Vec<f64> { v.chunks(stride).flat_map(|r| r[..cols].to_vec()).collect() };
+    let (af, bf, dyf) = (rows_of(&af), rows_of(&bf), rows_of(&dyf));
     let (want_da, want_db) = reference::gated_backward(Activation::GeluErf, &af, &bf, &dyf);
     let (da_in, db_in, ddy) = (upload(s, &a), upload(s, &b), upload(s, &dy));
-    let (ma, mb, mdy) = (
-        desc(s, &da_in, rows, cols),
-        desc(s, &db_in, rows, cols),
-        desc(s, &ddy, rows, cols),
-    );
+    let strided = |d: &CudaSlice<T>| MatDesc {
+        row_stride: stride,
+        ..desc(s, d, rows, cols)
+    };
+    let (ma, mb, mdy) = (strided(&da_in), strided(&db_in), strided(&ddy));
     // SAFETY: the descriptions are of live buffers of this context, synchronised below.
     unsafe { k.gated_backward_raw(s, Activation::GeluErf, &ma, &mb, &mdy, &mdy, &mb) }.unwrap();
     let d = T::DTYPE;
-    let (got_da, got_db) = (to_f64(&download(s, &ddy)), to_f64(&download(s, &db_in)));
+    let (got_da, got_db) = (
+        rows_of(&to_f64(&download(s, &ddy))),
+        rows_of(&to_f64(&download(s, &db_in))),
+    );
     let floor = da_floor(&bf, &dyf);
     check(
         "da gelu_erf",
@@ -578,7 +592,9 @@ fn raw_backward_inplace_case<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: 
 #[test]
 fn raw_backward_inplace() {
     for_each_dtype("raw_backward_inplace", |k, s, rng, dtype| {
-        typed!(dtype, raw_backward_inplace_case::<T>(k, s, rng))
+        for shape in [(4104, 4104), (4097, 4100)] {
+            typed!(dtype, raw_backward_inplace_case::<T>(k, s, rng, shape))
+        }
     });
 }
 
