@@ -286,9 +286,12 @@ pub fn plan_gated_backward(
 }
 
 /// The launch of a validated backward call over `a`'s shape; operands `[a, b, dy, da, db]`.
-/// Off the vector grid: the realigned path when `realign` (a whole call) and no gradient
+/// Off the vector grid: the realigned path when `realign` (a whole call), no gradient
 /// overlaps an input (the realigned kernel reads each input vector's neighbours, which other
-/// threads would be overwriting in place), the scalar path otherwise.
+/// threads would be overwriting in place) and the call's accesses, one thread each, fill more
+/// than half the threads the device holds at once; the scalar path otherwise. Below that,
+/// latency sets the time: the scalar path issues all of a thread's loads at once, the
+/// realigned one waits for `da`'s inputs, then for `db`'s.
 fn backward_launch(
     act: Activation,
     [a, b, dy, da, db]: [&MatDesc; 5],
@@ -299,12 +302,15 @@ fn backward_launch(
     let in_place = [da, db]
         .iter()
         .any(|g| [a, b, dy].iter().any(|m| g.overlaps(m)));
+    let realigned = KernelId::GatedBwdRealigned(dtype);
+    let accesses = (rows as u64).saturating_mul(realigned_per_row(dtype, cols));
+    let fills_half = accesses > limits.resident_blocks(realigned) as u64 * GATED_THREADS as u64 / 2;
     let kernel = match vec_mode(
         dtype,
         cols,
         &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
     ) {
-        VecMode::Scalar if realign && !in_place => KernelId::GatedBwdRealigned(dtype),
+        VecMode::Scalar if realign && !in_place && fills_half => realigned,
         mode => KernelId::GatedBwd(dtype, mode),
     };
     let (grid, walk) = grid_for(kernel, rows, cols, limits);

@@ -100,14 +100,10 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     assert_eq!(l.kernel, KernelId::GatedFwdRealigned(DType::BF16));
     assert_eq!(l.grid, (3000 * 1377usize).div_ceil(128) as u32);
     assert_eq!(l.params.walk, GridWalk::new(1377, l.grid as u64 * 128));
-    // The realigned backward: as the realigned forward, 514 accesses per row, one per thread.
+    // The backward's scalar path (few accesses, see `realigned_backward_by_grid`): one element
+    // per access, a thread per batch of them, at most one wave (132 x 2 x 128 threads).
     let [a, b, dy, da, db] = backward_mats(DType::BF16, 3, 4097, 20);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
-    assert_eq!(p.body.kernel, KernelId::GatedBwdRealigned(DType::BF16));
-    assert_eq!(p.body.grid, (3 * 514usize).div_ceil(128) as u32);
-    // In place (`db` over `b`), the scalar path: one element per access, a thread per batch
-    // of them, at most one wave (132 x 2 x 128 threads).
-    let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &b, &limits()).unwrap();
     assert_eq!(
         p.body.kernel,
         KernelId::GatedBwd(DType::BF16, VecMode::Scalar)
@@ -135,6 +131,7 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
             ..a
         },
     );
+    // The realigned backward: as the realigned forward, 1377 accesses per row, one per thread.
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
     assert_eq!(p.body.kernel, KernelId::GatedBwdRealigned(DType::BF16));
     assert_eq!(p.body.grid, (3000 * 1377usize).div_ceil(128) as u32);
@@ -254,6 +251,30 @@ fn realigned_entry_by_grid() {
             l.grid as usize * 128 >= (rows * 528).min(resident),
             "{rows} rows"
         );
+    }
+}
+
+/// A backward call off the grid takes the realigned kernel once its accesses, one thread each,
+/// fill more than half the resident threads; fewer, or a gradient in place, the scalar path.
+#[test]
+fn realigned_backward_by_grid() {
+    // 528 accesses per row of 4216 (8432 / 16 + 1); 32 rows are 16896, half the resident
+    // threads (132 multiprocessors x 2 blocks x 128).
+    let half = SMS as usize * 128;
+    let scalar = KernelId::GatedBwd(DType::BF16, VecMode::Scalar);
+    for (rows, kernel) in [
+        (1, scalar),
+        (half / 528, scalar),
+        (half / 528 + 1, KernelId::GatedBwdRealigned(DType::BF16)),
+        (16 * half / 528, KernelId::GatedBwdRealigned(DType::BF16)),
+    ] {
+        let [a, b, mut dy, da, db] = backward_mats(DType::BF16, rows, 4216, 30);
+        dy.addr += 2;
+        let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+        assert_eq!(p.body.kernel, kernel, "{rows} rows");
+        // In place (`db` over `b`): the scalar path at any size.
+        let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &b, &limits()).unwrap();
+        assert_eq!(p.body.kernel, scalar, "{rows} rows, in place");
     }
 }
 

@@ -44,7 +44,9 @@
 //! are the halves of an interleaved gradient): access `q` of a row is aligned vector `q` of
 //! `da`, formed from `a`, `b` and `dy` realigned to it, then vector `q` of `db` from `a` and
 //! `dy` realigned to that one. A vector's inputs are other threads' vectors' neighbours, so no
-//! gradient may overlap an input: in-place calls off the grid take the scalar path.
+//! gradient may overlap an input: in-place calls off the grid take the scalar path. So do
+//! calls of fewer accesses than half the threads the device holds at once: there a thread's
+//! two waits, one per half, set the time, where the scalar path issues all its loads at once.
 //!
 //! # Programmatic dependent launch (sm_90)
 //! Every entry starts with `grid_dependency_sync` (wait for the previous grid in the stream,
