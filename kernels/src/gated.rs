@@ -403,22 +403,15 @@ unsafe fn bwd_realigned<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
             row_of(p.b, p.b_stride),
             row_of(p.dy, p.dy_stride),
         );
-        // `da`'s vector: `off` is its byte offset from the row's start (wrapped when the
-        // vector starts before the row), as in `fwd_realigned`.
-        let da_row = row_of(p.da, p.da_stride);
-        let v = (da_row & !15) + at.col * 16;
-        let off = v.wrapping_sub(da_row);
-        let whole = v >= da_row && v + 16 <= da_row + row_bytes;
-        // SAFETY: `[x, x + row_bytes)` is this row of each input (the host checked the
-        // allocations cover rows x cols at these strides).
-        let (a_ok, a0, a1, a_sh) =
-            unsafe { load_realigned(aa.wrapping_add(off), aa, aa + row_bytes, whole) };
-        // SAFETY: as above.
-        let (b_ok, b0, b1, b_sh) =
-            unsafe { load_realigned(ba.wrapping_add(off), ba, ba + row_bytes, whole) };
-        // SAFETY: as above.
-        let (g_ok, g0, g1, g_sh) =
-            unsafe { load_realigned(ga.wrapping_add(off), ga, ga + row_bytes, whole) };
+        let (v, off, whole) = output_vector(row_of(p.da, p.da_stride), at.col, row_bytes);
+        let input = |x: u64| {
+            // SAFETY: `x` starts this row of an input (the host checked the allocations cover
+            // rows x cols at these strides).
+            unsafe { load_realigned(x.wrapping_add(off), x, x + row_bytes, whole) }
+        };
+        let (a_ok, a0, a1, a_sh) = input(aa);
+        let (b_ok, b0, b1, b_sh) = input(ba);
+        let (g_ok, g0, g1, g_sh) = input(ga);
         if a_ok && b_ok && g_ok {
             let a = E::unpack(realign(a0, a1, a_sh));
             let b = E::unpack(realign(b0, b1, b_sh));
@@ -441,16 +434,13 @@ unsafe fn bwd_realigned<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
         }
         // `db`'s vector, the same way from `a` and `dy`. The activation and its gradient as
         // the other backward paths compute them (`value_and_grad`), so the same bits.
-        let db_row = row_of(p.db, p.db_stride);
-        let v = (db_row & !15) + at.col * 16;
-        let off = v.wrapping_sub(db_row);
-        let whole = v >= db_row && v + 16 <= db_row + row_bytes;
-        // SAFETY: as above.
-        let (a_ok, a0, a1, a_sh) =
-            unsafe { load_realigned(aa.wrapping_add(off), aa, aa + row_bytes, whole) };
-        // SAFETY: as above.
-        let (g_ok, g0, g1, g_sh) =
-            unsafe { load_realigned(ga.wrapping_add(off), ga, ga + row_bytes, whole) };
+        let (v, off, whole) = output_vector(row_of(p.db, p.db_stride), at.col, row_bytes);
+        let input = |x: u64| {
+            // SAFETY: as above.
+            unsafe { load_realigned(x.wrapping_add(off), x, x + row_bytes, whole) }
+        };
+        let (a_ok, a0, a1, a_sh) = input(aa);
+        let (g_ok, g0, g1, g_sh) = input(ga);
         if a_ok && g_ok {
             let a = E::unpack(realign(a0, a1, a_sh));
             let dy = E::unpack(realign(g0, g1, g_sh));
@@ -471,6 +461,19 @@ unsafe fn bwd_realigned<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
         at = advance(walk, at);
         i += step;
     }
+}
+
+/// Access column `col`'s aligned 16-byte vector of an output row that starts at `row` (an
+/// address) and holds `row_bytes` bytes: the vector's address, its byte offset from the row's
+/// start (wrapped when the vector starts before the row) and whether it lies wholly inside.
+#[inline(always)]
+fn output_vector(row: u64, col: u64, row_bytes: u64) -> (u64, u64, bool) {
+    let v = (row & !15) + col * 16;
+    (
+        v,
+        v.wrapping_sub(row),
+        v >= row && v + 16 <= row + row_bytes,
+    )
 }
 
 /// An output vector at a row's end, element by element (the lanes inside the row): element
