@@ -73,7 +73,7 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
     };
     let total = rows as u64 * per_row;
     let block = GATED_THREADS as u64;
-    let resident = limits.resident_blocks(kernel) as u64 * block;
+    let resident = resident_threads(kernel, limits);
     let threads = match vector {
         true if total > resident && total <= 4 * resident => resident,
         true => total.min(1 << 31),
@@ -87,6 +87,16 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
 /// of `cols` elements can touch, at any offset.
 fn realigned_per_row(dtype: DType, cols: usize) -> u64 {
     (cols as u64 * dtype.size_bytes() as u64).div_ceil(16) + 1
+}
+
+/// Accesses of a realigned call (one thread each; saturating, for the size rules).
+fn realigned_accesses(dtype: DType, rows: usize, cols: usize) -> u64 {
+    (rows as u64).saturating_mul(realigned_per_row(dtype, cols))
+}
+
+/// Threads of a gated kernel's blocks the device holds at once.
+fn resident_threads(kernel: KernelId, limits: &GridLimits) -> u64 {
+    limits.resident_blocks(kernel) as u64 * GATED_THREADS as u64
 }
 
 /// The launches of one gated call, in stream order: the body and, where the call runs as one
@@ -233,8 +243,7 @@ fn forward_launch(
 /// of fewer registers and more threads per multiprocessor past that (`kernels/src/gated.rs`).
 fn realigned_kernel(dtype: DType, rows: usize, cols: usize, limits: &GridLimits) -> KernelId {
     let ends_first = KernelId::GatedFwdRealignedEndsFirst(dtype);
-    let accesses = rows as u64 * realigned_per_row(dtype, cols);
-    if accesses <= limits.resident_blocks(ends_first) as u64 * GATED_THREADS as u64 {
+    if realigned_accesses(dtype, rows, cols) <= resident_threads(ends_first, limits) {
         ends_first
     } else {
         KernelId::GatedFwdRealigned(dtype)
@@ -303,8 +312,8 @@ fn backward_launch(
         .iter()
         .any(|g| [a, b, dy].iter().any(|m| g.overlaps(m)));
     let realigned = KernelId::GatedBwdRealigned(dtype);
-    let accesses = (rows as u64).saturating_mul(realigned_per_row(dtype, cols));
-    let fills_half = accesses > limits.resident_blocks(realigned) as u64 * GATED_THREADS as u64 / 2;
+    let fills_half =
+        realigned_accesses(dtype, rows, cols) > resident_threads(realigned, limits) / 2;
     let kernel = match vec_mode(
         dtype,
         cols,
@@ -742,7 +751,7 @@ pub fn plan_gated_forward_fp8(
         params.batch = GATED_FP8_SCALAR_BATCH as u32;
     }
     let block = GATED_THREADS as u64;
-    let resident = limits.resident_blocks(kernel) as u64 * block;
+    let resident = resident_threads(kernel, limits);
     let paired = mode == VecMode::V16 && matches!(scaling, Fp8Scaling::PerGroup { .. });
     let threads = match mode {
         // Per group, a pair per thread and step: beyond two waves of the resident threads, a
