@@ -93,22 +93,20 @@ fn advance(w: &GridWalk, c: Cursor) -> Cursor {
     Cursor { row, col }
 }
 
-/// This thread's first access index, the grid-wide step and the total number of accesses.
+/// A gated body's start, after the wait for the previous grid (programmatic dependent launch;
+/// every body waits before its first access): this thread's first access index, the grid-wide
+/// step, the total number of accesses, and the first access's cursor (its index < 2^32).
 #[inline(always)]
-fn start(rows: u64, w: &GridWalk) -> (u64, u64, u64) {
+fn begin(rows: u64, w: &GridWalk) -> (u64, u64, u64, Cursor) {
+    grid_dependency_sync();
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let first = grid::block_x() * grid::block_dim_x() + grid::thread_x();
-    (first, step, rows * w.per_row)
-}
-
-/// The cursor of access `i` (< 2^32: the first access of a thread).
-#[inline(always)]
-fn cursor(w: &GridWalk, i: u64) -> Cursor {
-    let row = w.row_of(i);
-    Cursor {
+    let row = w.row_of(first);
+    let at = Cursor {
         row,
-        col: i - row * w.per_row,
-    }
+        col: first - row * w.per_row,
+    };
+    (first, step, rows * w.per_row, at)
 }
 
 /// See [`GATED_SCALAR_BATCH`].
@@ -140,10 +138,8 @@ unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
         // SAFETY: the caller's contract.
         return unsafe { fwd_scalar::<E, A>(p) };
     }
-    grid_dependency_sync();
     let walk = &p.walk;
-    let (mut i, step, total) = start(p.rows, walk);
-    let mut at = cursor(walk, i);
+    let (mut i, step, total, mut at) = begin(p.rows, walk);
     while i < total {
         // SAFETY: the access is inside every matrix: i < total, and `at` is access i's row and
         // column because the walk was built for this grid; the host checked that the
@@ -170,10 +166,8 @@ unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
 #[inline(always)]
 unsafe fn fwd_scalar<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
     const S: VecMode = VecMode::Scalar;
-    grid_dependency_sync();
     let walk = &p.walk;
-    let (mut i, step, total) = start(p.rows, walk);
-    let mut at = cursor(walk, i);
+    let (mut i, step, total, mut at) = begin(p.rows, walk);
     while i < total {
         let (ats, ok) = batch(walk, i, step, total, &mut at);
         let mut a = [0u32; SCALAR_BATCH];
@@ -238,10 +232,8 @@ unsafe fn load_realigned(
 /// vector lanes (see there).
 #[inline(always)]
 unsafe fn fwd_realigned<E: Elem, A: GatedAct, const ENDS_FIRST: bool>(p: &GatedFwdParams) {
-    grid_dependency_sync();
     let walk = &p.walk;
-    let (mut i, step, total) = start(p.rows, walk);
-    let mut at = cursor(walk, i);
+    let (mut i, step, total, mut at) = begin(p.rows, walk);
     let size = E::BYTES;
     let row_bytes = p.cols * size;
     while i < total {
@@ -346,10 +338,8 @@ unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
         // SAFETY: the caller's contract.
         return unsafe { bwd_scalar::<E, A>(p) };
     }
-    grid_dependency_sync();
     let walk = &p.walk;
-    let (mut i, step, total) = start(p.rows, walk);
-    let mut at = cursor(walk, i);
+    let (mut i, step, total, mut at) = begin(p.rows, walk);
     while i < total {
         // SAFETY: as in `fwd`; all three loads precede both stores, so da/db may be exactly
         // a/b/dy.
@@ -390,10 +380,8 @@ unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
 /// loads mostly hit the lines the first brought into L1.
 #[inline(always)]
 unsafe fn bwd_realigned<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
-    grid_dependency_sync();
     let walk = &p.walk;
-    let (mut i, step, total) = start(p.rows, walk);
-    let mut at = cursor(walk, i);
+    let (mut i, step, total, mut at) = begin(p.rows, walk);
     let size = E::BYTES;
     let row_bytes = p.cols * size;
     while i < total {
@@ -512,10 +500,8 @@ unsafe fn row_end_with<E: Elem, const N: usize>(
 #[inline(always)]
 unsafe fn bwd_scalar<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
     const S: VecMode = VecMode::Scalar;
-    grid_dependency_sync();
     let walk = &p.walk;
-    let (mut i, step, total) = start(p.rows, walk);
-    let mut at = cursor(walk, i);
+    let (mut i, step, total, mut at) = begin(p.rows, walk);
     while i < total {
         let (ats, ok) = batch(walk, i, step, total, &mut at);
         let mut a = [0u32; SCALAR_BATCH];
