@@ -535,6 +535,11 @@ impl KernelId {
             // so registers, not bytes in flight, set the rows per SM (an uncapped build took
             // 88 at 32 per thread, one row of 352-512 threads per SM: 1.4x slower).
             KernelId::RmsNormFwdRealigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 2)),
+            // The scalar path holds every element load of the thread in flight: at 32 per
+            // thread, one 512-thread row per SM (128 registers).
+            KernelId::RmsNormFwd(_, VecMode::Scalar, NormFwdVariant::E32) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
+            }
             // Two 512-thread rows per SM (64 registers) on the 16-per-thread vector path,
             // which holds the weight through the reduction.
             KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::E16, _) => {

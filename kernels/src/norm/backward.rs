@@ -12,7 +12,8 @@ use ferrofuse_common::{
 
 use super::realign::{self, Shifted, window};
 use super::{
-    MAX_CHUNKS, Me, Path, Row, load_chunk, load_w, prefetch_first, store_chunk, store_f32s,
+    MAX_CHUNKS, Me, Path, Row, load_chunk_if, load_w, load_w_if, prefetch_first, store_chunk,
+    store_f32s,
 };
 use crate::mem::{
     Elem, F32, cp_async_4x4_shared_if, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all,
@@ -716,14 +717,13 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
                 let ok = live && c < nchunks;
                 // SAFETY: when ok, row < rows and c < nchunks (host-checked extents).
                 unsafe {
-                    h[j] = load_chunk::<E, M>(h_row, c, hidden, ok);
-                    dy[j] = load_chunk::<E, M>(dy_row, c, hidden, ok);
+                    h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
+                    dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
                 }
             });
             // SAFETY: the host checked the weight.
-            let w = unsafe {
-                load_w::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, live)
-            };
+            let w =
+                unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
             unroll!(j < k => {
                 unroll!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
             });
@@ -751,8 +751,7 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     while tile < tiles {
         let first = tile * per_tile + me.t;
         // SAFETY: the host checked the weight.
-        let w =
-            unsafe { load_w::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+        let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
         let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
         let mut g = grid::block_x();
         while g < groups {
@@ -777,9 +776,9 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
                     let ok = c < nchunks;
                     // SAFETY: row < rows; when ok, c < nchunks.
                     unsafe {
-                        h[j] = load_chunk::<E, M>(h_row, c, hidden, ok);
-                        dy[j] = load_chunk::<E, M>(dy_row, c, hidden, ok);
-                        dres[j] = load_chunk::<E, M>(dres_row, c, hidden, ok && has_dres);
+                        h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
+                        dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
+                        dres[j] = load_chunk_if::<E, M>(dres_row, c, hidden, ok && has_dres);
                     }
                 });
                 unroll!(j < k => {

@@ -738,20 +738,36 @@ unsafe fn fwd_regs_in<
     let mut x = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(j < k => {
-        let (c, inside) = chunk(j);
-        let ok = live && inside;
-        // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
-        unsafe {
-            x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
-            r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
-        }
-        if M == Path::Scalar {
-            // One element per load: holding every chunk's loads would take more than the
-            // 128 registers a 512-thread block allows, so combine each chunk at once.
-            h[j] = add_residual::<E>(&x[j], &r[j], has_res, hf);
-        }
-    });
+    if M == Path::Scalar {
+        // One predicated load per element, every one of the thread's issued before the first
+        // use, each into a word of its own (a branch per element made each load wait for the
+        // one before: a chain of memory latencies per thread).
+        let mut x_raw = [[0u32; 8]; MAX_CHUNKS];
+        let mut r_raw = [[0u32; 8]; MAX_CHUNKS];
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            let ok = live && inside;
+            // SAFETY: when ok, row < rows and c < nchunks; columns below `hidden` only.
+            unsafe {
+                x_raw[j] = load_chunk_bits_if::<E, M>(x_row, c as u64, hidden, ok);
+                r_raw[j] = load_chunk_bits_if::<E, M>(res_row, c as u64, hidden, ok && has_res);
+            }
+        });
+        unroll!(j < k => {
+            let (xj, rj) = (widen_chunk::<E, M>(&x_raw[j]), widen_chunk::<E, M>(&r_raw[j]));
+            h[j] = add_residual::<E>(&xj, &rj, has_res, hf);
+        });
+    } else {
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            let ok = live && inside;
+            // SAFETY: when ok, row < rows and c < nchunks: inside every operand (host-checked).
+            unsafe {
+                x[j] = load_chunk::<E, M>(x_row, c as u64, hidden, ok);
+                r[j] = load_chunk::<E, M>(res_row, c as u64, hidden, ok && has_res);
+            }
+        });
+    }
     let mut w_first = [[0.0f32; 8]; MAX_CHUNKS];
     if matches!(wl, WeightLoad::WithInputs) {
         // SAFETY: the host checked the weight.
@@ -804,7 +820,7 @@ unsafe fn fwd_regs_in<
         // SAFETY (the loads of w): the host checked the weight.
         unroll!(j < k => {
             store_y!(j, |c| &unsafe {
-                load_w::<E, M>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma, true)
+                load_w_if::<E, M>(p.w, c as u64, me.tpr, 1, nchunks, hidden, w_f32, gemma)
             }[0])
         });
     }
