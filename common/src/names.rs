@@ -144,8 +144,9 @@ pub enum KernelId {
     RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
     /// [`KernelId::RmsNormFp8`] on the realigned path ([`NormPath::Realigned`]): rows of any
     /// offset and row stride, staged as [`KernelId::RmsNormFwdRealigned`] stages them, where
-    /// that kernel would take the row (`rmsnorm_fp8_{static|token|group}_{dtype}_realigned_{e16|e32}`,
-    /// no f32 `e32`). The same bits as the scalar entry.
+    /// that kernel would take the row
+    /// (`rmsnorm_fp8_{static|token|group}_{dtype}_realigned_{e16|e32}`, no f32 `e32`). The
+    /// same bits as the scalar entry.
     RmsNormFp8Realigned(DType, NormFwdVariant, u32),
     /// Residual-add + RMSNorm forward of rows of 32 elements per thread on the vector path,
     /// streamed: one block per SM takes row after row, the next one copied into shared memory
