@@ -142,6 +142,12 @@ pub enum KernelId {
     /// `RmsNormFp8Params`. One entry per scheme: ptxas allocates registers and schedules a
     /// whole entry at once, so a scheme's body is compiled alone, unaffected by the others'.
     RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
+    /// [`KernelId::RmsNormFp8`] on the realigned path ([`NormPath::Realigned`]): rows of any
+    /// offset and row stride, staged as [`KernelId::RmsNormFwdRealigned`] stages them, where
+    /// that kernel would take the row
+    /// (`rmsnorm_fp8_{static|token|group}_{dtype}_realigned_{e16|e32}`, no f32 `e32`). The
+    /// same bits as the scalar entry.
+    RmsNormFp8Realigned(DType, NormFwdVariant, u32),
     /// Residual-add + RMSNorm forward of rows of 32 elements per thread on the vector path,
     /// streamed: one block per SM takes row after row, the next one copied into shared memory
     /// while it works on the current one (`rmsnorm_fwd_{dtype}_v16_stream`, sm_90; the sm_80
@@ -383,6 +389,21 @@ kernel_table! {
     rmsnorm_fp8_group_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_token_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fwd_f32_v16_stream = RmsNormFwdStream(F32),
     rmsnorm_fwd_f16_v16_stream = RmsNormFwdStream(F16),
     rmsnorm_fwd_bf16_v16_stream = RmsNormFwdStream(BF16),
@@ -453,6 +474,7 @@ impl KernelId {
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
                 | KernelId::RmsNormFp8(..)
+                | KernelId::RmsNormFp8Realigned(..)
                 | KernelId::RmsNormFp8Stream(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdStream(..)
@@ -493,6 +515,7 @@ impl KernelId {
             | KernelId::RmsNormFwdLoopAhead(..)
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8(..)
+            | KernelId::RmsNormFp8Realigned(..)
             | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) | KernelId::RmsNormBwdFused(d, _) => {
                 rmsnorm_bwd_max_threads_per_row(d)
@@ -550,6 +573,14 @@ impl KernelId {
             KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
             }
+            // The rows are staged in shared memory, and the registers hold a thread's chunks
+            // (`h`, then `y`) from the reduction to the stores: 16 per thread of a 16-bit row
+            // fit two 512-thread rows per SM (64 registers); f32 rows and 32 per thread spilled
+            // there (up to 528 bytes), so the register budget of one row per SM.
+            KernelId::RmsNormFp8Realigned(DType::BF16 | DType::F16, NormFwdVariant::E16, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
+            }
+            KernelId::RmsNormFp8Realigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
@@ -620,6 +651,7 @@ impl KernelId {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             KernelId::RmsNormFwdRealigned(..)
+            | KernelId::RmsNormFp8Realigned(..)
             | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _)
             | KernelId::RmsNormFwdSplitNarrow(_, NormPath::Realigned) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)

@@ -20,6 +20,7 @@ use ferrofuse::{
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -107,14 +108,25 @@ fn plans_the_norm_geometry_for_each_scheme() {
 
 #[test]
 fn paths_variants_and_flags() {
-    // A row of 16384 takes the 32-per-thread geometry; an odd one the scalar path.
+    // A row of 16384 takes the 32-per-thread geometry; an odd one the realigned path, with the
+    // realigned staging (the weight on the grid) or the scalar path (the weight off it).
     let t = descs(DType::BF16, 2, 16384, (1, 1));
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         l.kernel,
         KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::E32, FP8_STATIC)
     );
-    let t = descs(DType::F16, 3, 4097, (3, 1));
+    let mut t = descs(DType::F16, 3, 4097, (3, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
+    let realigned = KernelId::RmsNormFp8Realigned(DType::F16, NormFwdVariant::E16, FP8_PER_TOKEN);
+    assert_eq!(l.kernel, realigned);
+    let (_, g) = rmsnorm_fwd_geometry(DType::F16, 4097);
+    assert_eq!(
+        l.shared_mem_bytes,
+        rmsnorm_realigned_smem_bytes(&g, DType::F16, false)
+    );
+    assert_eq!(l.block, g.block_threads());
+    t.weight.addr += 2;
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
     assert_eq!(
         l.kernel,
@@ -125,18 +137,21 @@ fn paths_variants_and_flags() {
             FP8_PER_TOKEN
         )
     );
-    // The FP8 output off the 16-byte grid: the scalar path.
+    assert_eq!(l.shared_mem_bytes, RMSNORM_SMEM_BYTES);
+    // The FP8 output off the 16-byte grid, every other operand on it: the realigned path.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
     t.y.addr += 8;
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::RmsNormFp8(
-            DType::BF16,
-            VecMode::Scalar,
-            NormFwdVariant::E16,
-            FP8_STATIC
-        )
+        KernelId::RmsNormFp8Realigned(DType::BF16, NormFwdVariant::E16, FP8_STATIC)
+    );
+    // f32 rows of 32 per thread: no realigned entry, the scalar path.
+    let t = descs(DType::F32, 2, 12287, (1, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::RmsNormFp8(DType::F32, VecMode::Scalar, NormFwdVariant::E32, FP8_STATIC)
     );
     // Plain norm: no residual, no h; Gemma and HF flags as the storage forward's.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
@@ -195,7 +210,7 @@ fn streams_rows_of_32_per_thread_past_one_wave() {
     let l = plan(DType::BF16, 1000, 16383, &streamed);
     assert!(matches!(
         l.kernel,
-        KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::E32, _)
+        KernelId::RmsNormFp8Realigned(_, NormFwdVariant::E32, _)
     ));
     for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
         for d in DType::ALL {
@@ -222,6 +237,27 @@ fn every_fp8_norm_kernel_is_in_the_table() {
                         1
                     };
                     assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                    assert!(k.rmsnorm_forward_form().is_none());
+                }
+            }
+        }
+    }
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
+                let k = KernelId::RmsNormFp8Realigned(d, v, s);
+                // As the storage-dtype realigned forward: no f32 rows of 32 per thread.
+                let built = KernelId::RmsNormFwdRealigned(d, v).exists();
+                assert_eq!(k.exists(), built, "{k:?}");
+                if built {
+                    assert!(k.syncs_grid_dependency());
+                    let blocks = if d != DType::F32 && v == NormFwdVariant::E16 {
+                        2
+                    } else {
+                        1
+                    };
+                    assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                    assert!(k.dynamic_smem_opt_in().is_some());
                     assert!(k.rmsnorm_forward_form().is_none());
                 }
             }

@@ -48,6 +48,7 @@ use ferrofuse_common::{
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
     RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
     RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2138,8 +2139,24 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     let mut accesses = norm_accesses(&mut v, call, n, x, residual, &t.weight, h, rstd, &c.opts);
     let work = rows > 0 && hidden > 0;
     v.launch(0, l, work);
+    let mut realigned = false;
     let vector = match l.kernel {
         KernelId::RmsNormFp8(d, mode, _, s) if d == dtype && s == p.scheme => mode == VecMode::V16,
+        KernelId::RmsNormFp8Realigned(d, variant, s) if d == dtype && s == p.scheme => {
+            // The realigned staging of the storage-dtype forward, for the same geometry.
+            let (want, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            let w_f32 = t.weight.dtype == DType::F32;
+            if variant != want
+                || l.shared_mem_bytes != rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32)
+            {
+                v.add(format!(
+                    "{:?} with {} bytes of shared memory for rows of {hidden}",
+                    l.kernel, l.shared_mem_bytes
+                ));
+            }
+            realigned = true;
+            false
+        }
         KernelId::RmsNormFp8Stream(d, s) if d == dtype && s == p.scheme => {
             let shape = (l.kernel, l.grid, l.block, l.shared_mem_bytes);
             let sizes = (rows, hidden, t.weight.dtype.size_bytes());
@@ -2188,6 +2205,9 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
                 "rstd" | "scales" => {}
                 name => v.vectors(a, name == "weight"),
             }
+        } else if realigned && a.name == "weight" {
+            // The realigned kernels stage the weight in aligned vectors.
+            v.vectors(a, true);
         }
     }
     let accesses: Vec<Access> = accesses.into_iter().map(|(a, _)| a).collect();

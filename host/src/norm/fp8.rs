@@ -17,8 +17,9 @@
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    KernelId, NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params,
-    rmsnorm_fwd_geometry,
+    DType, KernelId, NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
+    RmsNormFp8Params, VecMode, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes,
 };
 
 use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut, streamed_forward};
@@ -116,10 +117,22 @@ pub fn plan_rmsnorm_forward_fp8(
         Fp8Scaling::PerGroup { .. } => (scales.row_stride as u64, 1),
         _ => (scales.row_stride as u64, 0),
     };
+    // Off the vector grid, the realigned kernel where the storage-dtype forward would take it
+    // (its geometry's staging fits, the weight 16-byte aligned): the same bits as the scalar
+    // kernel, with 16-byte loads and word stores.
+    let w_f32 = w.dtype == DType::F32;
+    let realigned = mode == VecMode::Scalar
+        && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
+        && w.addr % 16 == 0;
     let stream = KernelId::RmsNormFp8Stream(dtype, scheme);
     let (kernel, grid, shared_mem_bytes) =
         match streamed_forward(stream, mode, variant, rows, limits) {
             Some(blocks) => (stream, blocks, RMSNORM_STREAM_SMEM_BYTES),
+            None if realigned => (
+                KernelId::RmsNormFp8Realigned(dtype, variant, scheme),
+                grid,
+                rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32),
+            ),
             None => (
                 KernelId::RmsNormFp8(dtype, mode, variant, scheme),
                 grid,
