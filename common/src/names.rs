@@ -123,6 +123,10 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
+    /// The per-token kernel for rows off the 16-byte grid: each access an aligned word of `y`
+    /// (8 bytes for 16-bit inputs, 4 for f32), its inputs realigned in registers, a row's words
+    /// in one tile of a block (`gated_fp8_row_realigned_{dtype}`).
+    GatedFp8RowRealigned(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
     GatedFp8RowLong(DType, VecMode),
@@ -431,6 +435,9 @@ kernel_table! {
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
     gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
+    gated_fp8_row_realigned_f32 = GatedFp8RowRealigned(F32),
+    gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
+    gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
 }
 
 impl KernelId {
@@ -449,6 +456,7 @@ impl KernelId {
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
+                | KernelId::GatedFp8RowRealigned(..)
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
@@ -482,6 +490,7 @@ impl KernelId {
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
+            | KernelId::GatedFp8RowRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..) => GATED_FP8_ROW_MAX_THREADS,
@@ -526,6 +535,10 @@ impl KernelId {
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
                 Some((GATED_FP8_ROW_MAX_THREADS, 2))
             }
+            // One row of 512 threads per SM (128 registers): every access's two aligned
+            // vectors of each input in flight at once (at 64 registers it spilled 150-240
+            // bytes).
+            KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {

@@ -651,7 +651,18 @@ pub fn plan_gated_forward_fp8(
             } else {
                 !split && long_fits
             };
-        let (kernel, chunks, row_blocks) = if stream {
+        // Off the 16-byte grid, where a row's aligned words of `y` (one per 16-byte vector of
+        // the inputs, at any offset) fit one tile: the realigned row kernel.
+        let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+        let realigned = mode == VecMode::Scalar && words.div_ceil(tpr) <= tile_chunks;
+        let (kernel, chunks, row_blocks) = if realigned {
+            params.walk = GridWalk::new(words, 0);
+            (
+                KernelId::GatedFp8RowRealigned(dtype),
+                words.div_ceil(tpr),
+                1,
+            )
+        } else if stream {
             (
                 KernelId::GatedFp8RowStream(dtype, per_thread as u32),
                 per_thread,

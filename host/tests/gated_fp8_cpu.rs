@@ -225,10 +225,29 @@ fn per_token_plans_rows_in_registers() {
         &streamed,
     )
     .unwrap();
-    assert_eq!(
-        l.kernel,
-        KernelId::GatedFp8RowLong(DType::F32, VecMode::Scalar)
-    );
+    // Off the 16-byte grid: the realigned row kernel where a row's aligned words of `y`
+    // (ceil(cols / L) + 1 of them) fit one tile, the scalar row kernels beyond.
+    assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::F32));
+    assert_eq!((l.params.walk.per_row, l.params.chunks), (1025, 3));
+    assert_eq!((l.grid, l.block, l.params.prefetch_rows), (4096, 512, 0));
+    assert_eq!(l.shared_mem_bytes, GATED_FP8_ROW_SMEM_BYTES);
+    for (dtype, cols, realigned) in [
+        (DType::BF16, 14335, true),
+        (DType::BF16, 16375, true),
+        (DType::BF16, 16377, false),
+        (DType::F32, 8187, true),
+        (DType::F32, 8189, false),
+    ] {
+        let (a, b, y) = abq(dtype, 64, cols);
+        let s = scales(64, 1);
+        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
+        assert_eq!(
+            l.kernel == KernelId::GatedFp8RowRealigned(dtype),
+            realigned,
+            "{dtype:?} {cols}: {:?}",
+            l.kernel
+        );
+    }
 }
 
 #[test]
@@ -533,6 +552,10 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
         }
+        let k = KernelId::GatedFp8RowRealigned(d);
+        assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+        assert_eq!(KernelId::ALL[k.index()], k);
+        assert_eq!(k.launch_bounds(), Some((512, 1)));
         for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);
             assert!(k.exists(), "{k:?}");

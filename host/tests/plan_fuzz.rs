@@ -1499,6 +1499,7 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             mode
         }
         KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
+        KernelId::GatedFp8RowRealigned(d) if d == dtype && per_token => VecMode::Scalar,
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
@@ -1512,7 +1513,21 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     // The per-group vector path walks pairs of accesses (two per lane, half a group apart).
     let pairs = scheme == FP8_PER_GROUP && mode == VecMode::V16;
     let walk_unit = if pairs { 2 * width } else { width };
-    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != cols / walk_unit {
+    // The realigned row kernel walks the aligned words of `y` a row can touch, one per
+    // 16-byte vector of the inputs, all in one tile of its block.
+    let realigned = matches!(l.kernel, KernelId::GatedFp8RowRealigned(..));
+    let per_row = if realigned {
+        cols.div_ceil(lanes) + 1
+    } else {
+        cols / walk_unit
+    };
+    if realigned && per_row > GATED_FP8_ROW_MAX_THREADS as u64 * p.chunks as u64 {
+        v.add(format!(
+            "the realigned row kernel for {per_row} words in {} chunks",
+            p.chunks
+        ));
+    }
+    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != per_row {
         v.add(format!(
             "{rows} x {cols} in rows of {} steps of {walk_unit}",
             p.walk.per_row

@@ -76,6 +76,7 @@ use ferrofuse_common::{
 };
 
 use crate::cluster;
+use crate::gated::{load_realigned, realign};
 use crate::mem::{
     Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync, ld_v4_if,
 };
@@ -833,6 +834,121 @@ unsafe fn per_token<
     }
 }
 
+/// The per-token row kernel for rows off the 16-byte grid whose words fit one tile
+/// (`gated_fp8_row_realigned_*`): access `c` of a row is aligned `L`-byte word `c` of the row
+/// of `y` (`L` the lanes of a 16-byte vector of the inputs: 8 bytes for 16-bit inputs, 4 for
+/// f32), computed from the 16 bytes of `a` and of `b` at its columns, which are loaded as the
+/// realigned gated forward loads them (the one or two aligned vectors they span, moved into
+/// place in registers; the second vector is the next lane's first, mostly an L1 hit). A word
+/// whose input vectors leave the row loads its columns inside the row element by element
+/// (predicated, every load in flight); a word that straddles an end of `y`'s row stores its
+/// columns byte by byte. Thread `t` holds accesses `t + 512 j`, `j < chunks`, as the row
+/// kernel; the row's maximum, its scale and the stores as there. Columns outside the row are
+/// zeros, whose `y` is 0 for every activation, so they leave the maximum alone.
+///
+/// # Safety
+/// The host's plan: `walk.per_row` the words a row can touch (`ceil(cols / L) + 1`), at most
+/// `512 * chunks`; one block of 512 threads per row; `GATED_FP8_ROW_SMEM_BYTES` of dynamic
+/// shared memory; the operands checked (rows inside their allocations, no overlaps).
+#[inline(always)]
+unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
+    const CHUNKS: usize = GATED_FP8_ROW_CHUNKS;
+    const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
+    grid_dependency_sync();
+    let t_row = grid::thread_x();
+    let row = grid::block_x();
+    let live = row < p.rows;
+    let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (TPR / 32) as u32);
+    let (size, l) = (E::BYTES, E::LANES as u64);
+    let row_bytes = p.cols * size;
+    let ya = p.y + row * p.y_stride;
+    let (aa, ba) = (p.a + row * p.a_stride * size, p.b + row * p.b_stride * size);
+    // Word `c`'s address, and the column of its first byte (wrapped when before the row).
+    let word = |c: u64| {
+        let v = (ya & !(l - 1)) + c * l;
+        (v, v.wrapping_sub(ya))
+    };
+    let mut a = [[0u32; 4]; CHUNKS];
+    let mut b = [[0u32; 4]; CHUNKS];
+    let mut touches = [false; CHUNKS];
+    unroll!(j < CHUNKS => {
+        let c = t_row + j as u64 * TPR;
+        let (v, col) = word(c);
+        let mine = live && (j as u32) < p.chunks && c < p.walk.per_row;
+        touches[j] = mine && v < ya + p.cols && v + l > ya;
+        let whole = mine && v >= ya && v + l <= ya + p.cols;
+        let at = col.wrapping_mul(size);
+        // SAFETY: `[aa, aa + row_bytes)` and `[ba, ba + row_bytes)` are rows of `a` and `b`
+        // (host-checked); `load_realigned` reads only vectors inside them.
+        let ((a_ok, a0, a1, a_sh), (b_ok, b0, b1, b_sh)) = unsafe {
+            (
+                load_realigned(aa.wrapping_add(at), aa, aa + row_bytes, whole),
+                load_realigned(ba.wrapping_add(at), ba, ba + row_bytes, whole),
+            )
+        };
+        if a_ok && b_ok {
+            (a[j], b[j]) = (realign(a0, a1, a_sh), realign(b0, b1, b_sh));
+        } else if touches[j] {
+            // The columns inside the row, each a predicated load into a word of its own,
+            // all issued before the first is used.
+            let mut bits = [[0u32; 8]; 2];
+            unroll!(i < E::LANES => {
+                let k = col.wrapping_add(i as u64);
+                let inside = k < p.cols;
+                // SAFETY: column k < cols of the row, when inside.
+                unsafe {
+                    bits[0][i] = E::load_bits_if(aa.wrapping_add(k.wrapping_mul(size)), inside);
+                    bits[1][i] = E::load_bits_if(ba.wrapping_add(k.wrapping_mul(size)), inside);
+                }
+            });
+            (a[j], b[j]) = (pack_lanes::<E>(&bits[0]), pack_lanes::<E>(&bits[1]));
+        }
+    });
+    let mut amax = 0.0f32;
+    unroll!(j < CHUNKS => {
+        let y = gated::<E, { VecMode::V16 }, A>(a[j], b[j]);
+        amax = amax.max(access_amax(l, &y, touches[j]));
+    });
+    // SAFETY: the warps' slots are inside the dynamic shared memory; every thread of the
+    // block gets here once.
+    let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, 0) };
+    let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
+    // SAFETY: the row's scale is inside the scale matrix for a live row.
+    unsafe { store_f32_if(p.scale + row * p.scale_row * 4, scale, live && t_row == 0) };
+    let inv = reciprocal(scale);
+    unroll!(j < CHUNKS => {
+        let c = t_row + j as u64 * TPR;
+        let (v, col) = word(c);
+        let whole = v >= ya && v + l <= ya + p.cols;
+        let y = gated::<E, { VecMode::V16 }, A>(a[j], b[j]);
+        let q = quantize(l, &y, scale, inv);
+        // SAFETY: a whole word of the row of `y`, aligned to L bytes.
+        unsafe { store_q(l, v, q, touches[j] && whole) };
+        if touches[j] && !whole {
+            unroll!(i < E::LANES => {
+                let k = col.wrapping_add(i as u64);
+                let byte = (q[i / 4] >> (8 * (i % 4))) & 0xff;
+                // SAFETY: column k < cols of the row of `y`, when stored.
+                unsafe { store_q(1, ya.wrapping_add(k), [byte, 0], k < p.cols) };
+            });
+        }
+    });
+}
+
+/// `L` elements' bits (`bits[i]` element `i`, in the low bits) packed as a 16-byte vector.
+#[inline(always)]
+fn pack_lanes<E: Elem>(bits: &[u32; 8]) -> [u32; 4] {
+    let mut v = [0u32; 4];
+    unroll!(i < E::LANES => {
+        if E::BYTES == 2 {
+            v[i / 2] |= (bits[i] & 0xffff) << (16 * (i % 2));
+        } else {
+            v[i] = bits[i];
+        }
+    });
+    v
+}
+
 /// Byte offsets in the streamed kernel's dynamic shared memory (`GATED_FP8_STREAM_SMEM_BYTES`):
 /// the warps' maxima from 0 ([`row_max`]'s slots), the copy barrier, the row's `a`, its `b`.
 #[cfg(ferrofuse_bulk_copy)]
@@ -1060,6 +1176,28 @@ entries! {
         gated_fp8_row_long_bf16_v16, gated_fp8_row_split_bf16_v16: Bf16, VecMode::V16;
     gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar,
         gated_fp8_row_long_bf16_scalar, gated_fp8_row_split_bf16_scalar: Bf16, VecMode::Scalar;
+}
+
+macro_rules! realigned_row_entries {
+    ($($row:ident: $e:ty;)*) => {$(
+        /// Gated forward with FP8 output and per-token scales for rows off the 16-byte grid
+        /// (see `per_token_realigned`). Launch: one block of `GATED_FP8_ROW_MAX_THREADS`
+        /// threads per row, `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
+        ///
+        /// # Safety
+        /// The host launcher's checks: valid, in-bounds tensors; no overlaps.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
+            unsafe { dispatch!(per_token_realigned, $e, VecMode::Scalar, &p) }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name`.
+realigned_row_entries! {
+    gated_fp8_row_realigned_f32: F32;
+    gated_fp8_row_realigned_f16: F16;
+    gated_fp8_row_realigned_bf16: Bf16;
 }
 
 macro_rules! stream_entries {
