@@ -127,6 +127,10 @@ pub enum KernelId {
     /// (8 bytes for 16-bit inputs, 4 for f32), its inputs realigned in registers, a row's words
     /// in one tile of a block (`gated_fp8_row_realigned_{dtype}`).
     GatedFp8RowRealigned(DType),
+    /// The static-scale kernel for rows off the 16-byte grid: the flat walk over the aligned
+    /// words of `y` a row can touch, each word's inputs realigned in registers
+    /// (`gated_fp8_flat_realigned_{dtype}`).
+    GatedFp8FlatRealigned(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
     GatedFp8RowLong(DType, VecMode),
@@ -438,6 +442,9 @@ kernel_table! {
     gated_fp8_row_realigned_f32 = GatedFp8RowRealigned(F32),
     gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
     gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
+    gated_fp8_flat_realigned_f32 = GatedFp8FlatRealigned(F32),
+    gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
+    gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
 }
 
 impl KernelId {
@@ -457,6 +464,7 @@ impl KernelId {
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
                 | KernelId::GatedFp8RowRealigned(..)
+                | KernelId::GatedFp8FlatRealigned(..)
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
@@ -488,6 +496,7 @@ impl KernelId {
             | KernelId::GatedBwd(..)
             | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowRealigned(..)
@@ -529,7 +538,9 @@ impl KernelId {
             }
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
-            KernelId::GatedFp8Flat(..) | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
+            KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
             // Two rows (or tiles of rows) of 512 threads per SM (64 registers): a row's loads
             // in flight while the other row reduces or stores.
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {

@@ -731,6 +731,34 @@ pub fn plan_gated_forward_fp8(
             params,
         });
     }
+    // A static scale off the 16-byte grid: the realigned kernel, walking the aligned words of
+    // `y` a row can touch (one per 16-byte vector of the inputs, at any offset), where they
+    // are counted in 32 bits as the flat walk's accesses are.
+    let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+    let realigned = mode == VecMode::Scalar
+        && scaling == Fp8Scaling::Static
+        && (rows as u64).saturating_mul(words) < (1u64 << 32) - 1024;
+    if realigned {
+        let kernel = KernelId::GatedFp8FlatRealigned(dtype);
+        let total = rows as u64 * words;
+        let resident = resident_threads(kernel, limits);
+        // One word per thread and step: the resident threads between one and four waves of
+        // them, else a thread per word (as the realigned forward).
+        let threads = if total > resident && total <= 4 * resident {
+            resident
+        } else {
+            total.min(1 << 31)
+        };
+        let grid = threads.div_ceil(GATED_THREADS as u64);
+        params.walk = GridWalk::new(words, grid * GATED_THREADS as u64);
+        return Ok(Launch {
+            kernel,
+            grid: grid as u32,
+            block: GATED_THREADS,
+            shared_mem_bytes: 0,
+            params,
+        });
+    }
     let kernel = match scaling {
         Fp8Scaling::PerGroup { .. } => KernelId::GatedFp8Group(dtype, mode),
         _ => KernelId::GatedFp8Flat(dtype, mode),

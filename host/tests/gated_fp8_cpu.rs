@@ -62,15 +62,38 @@ fn static_scale_plans_the_flat_vector_kernel() {
     assert_eq!(l.params.scheme, FP8_STATIC);
     assert_eq!(l.block, 128);
     assert_eq!(l.params.walk.per_row, 14336 / 8);
-    // Off the 16-byte grid: the scalar path, a warp per 32 x 4 elements.
+    // Off the 16-byte grid: the realigned kernel over the aligned words of `y` a row can
+    // touch, a thread per word up to one wave of the device.
     let a1 = MatDesc {
         addr: a.addr + 2,
         ..a
     };
     let l = plan(&a1, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8FlatRealigned(DType::BF16));
+    assert_eq!(l.params.walk.per_row, 14336 / 8 + 1);
+    assert_eq!(l.block, 128);
+    let (words, resident) = (
+        64 * (14336 / 8 + 1),
+        limits().resident_blocks(l.kernel) as u64 * 128,
+    );
+    let threads = if words > resident && words <= 4 * resident {
+        resident
+    } else {
+        words
+    };
+    assert_eq!(l.grid as u64, threads.div_ceil(128));
+    // Per group off the grid: the scalar path, a warp per group.
+    let l = plan(
+        &a1,
+        &b,
+        &y,
+        Fp8Scaling::per_group(128, ScaleLayout::RowMajor),
+        &scales(64, 14336 / 128),
+    )
+    .unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::GatedFp8Flat(DType::BF16, VecMode::Scalar)
+        KernelId::GatedFp8Group(DType::BF16, VecMode::Scalar)
     );
     assert_eq!(l.params.batch, 4);
 }
@@ -556,6 +579,10 @@ fn kernel_table_has_every_storage_dtype_and_path() {
         assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
         assert_eq!(KernelId::ALL[k.index()], k);
         assert_eq!(k.launch_bounds(), Some((512, 1)));
+        let k = KernelId::GatedFp8FlatRealigned(d);
+        assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+        assert_eq!(KernelId::ALL[k.index()], k);
+        assert_eq!(k.launch_bounds(), Some((128, 8)));
         for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);
             assert!(k.exists(), "{k:?}");
