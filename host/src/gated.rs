@@ -740,7 +740,8 @@ pub fn plan_gated_forward_fp8(
         && (rows as u64).saturating_mul(words) < (1u64 << 32) - 1024;
     if realigned {
         let kernel = KernelId::GatedFp8FlatRealigned(dtype);
-        let total = rows as u64 * words;
+        // Rows of no columns store nothing: no launch.
+        let total = if cols == 0 { 0 } else { rows as u64 * words };
         let resident = resident_threads(kernel, limits);
         // One word per thread and step: the resident threads between one and four waves of
         // them, else a thread per word (as the realigned forward).
