@@ -125,8 +125,9 @@ pub enum KernelId {
     GatedFp8Row(DType, VecMode),
     /// The per-token kernel for rows off the 16-byte grid: each access an aligned word of `y`
     /// (8 bytes for 16-bit inputs, 4 for f32), its inputs realigned in registers, a row's words
-    /// in one tile of a block (`gated_fp8_row_realigned_{dtype}`).
-    GatedFp8RowRealigned(DType),
+    /// in one tile of a block of at most 2 or 4 accesses per thread
+    /// (`gated_fp8_row_realigned_{dtype}_c{2|4}`).
+    GatedFp8RowRealigned(DType, u32),
     /// The static-scale kernel for rows off the 16-byte grid: the flat walk over the aligned
     /// words of `y` a row can touch, each word's inputs realigned in registers
     /// (`gated_fp8_flat_realigned_{dtype}`).
@@ -226,6 +227,7 @@ macro_rules! kernel_table {
 }
 
 // The streamed per-token entries' accesses per thread, as the table's arguments.
+const C2: u32 = 2;
 const C3: u32 = 3;
 const C4: u32 = 4;
 const C5: u32 = 5;
@@ -439,9 +441,12 @@ kernel_table! {
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
     gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
-    gated_fp8_row_realigned_f32 = GatedFp8RowRealigned(F32),
-    gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
-    gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
+    gated_fp8_row_realigned_f32_c2 = GatedFp8RowRealigned(F32, C2),
+    gated_fp8_row_realigned_f32_c4 = GatedFp8RowRealigned(F32, C4),
+    gated_fp8_row_realigned_f16_c2 = GatedFp8RowRealigned(F16, C2),
+    gated_fp8_row_realigned_f16_c4 = GatedFp8RowRealigned(F16, C4),
+    gated_fp8_row_realigned_bf16_c2 = GatedFp8RowRealigned(BF16, C2),
+    gated_fp8_row_realigned_bf16_c4 = GatedFp8RowRealigned(BF16, C4),
     gated_fp8_flat_realigned_f32 = GatedFp8FlatRealigned(F32),
     gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
     gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
@@ -546,9 +551,10 @@ impl KernelId {
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
                 Some((GATED_FP8_ROW_MAX_THREADS, 2))
             }
-            // One row of 512 threads per SM (128 registers): every access's two aligned
-            // vectors of each input in flight at once (at 64 registers it spilled 150-240
-            // bytes).
+            // Every access's two aligned vectors of each input in flight at once: two accesses
+            // per thread fit two rows of 512 threads per SM (64 registers); four spilled
+            // 150-240 bytes there, so one row per SM (128 registers).
+            KernelId::GatedFp8RowRealigned(_, 2) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.

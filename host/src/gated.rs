@@ -657,9 +657,16 @@ pub fn plan_gated_forward_fp8(
         let realigned = mode == VecMode::Scalar && words.div_ceil(tpr) <= tile_chunks;
         let (kernel, chunks, row_blocks) = if realigned {
             params.walk = GridWalk::new(words, 0);
+            // The entry of two accesses per thread where they suffice (two rows per SM).
+            let per_thread = words.div_ceil(tpr);
+            let capacity = if per_thread <= 2 {
+                2
+            } else {
+                tile_chunks as u32
+            };
             (
-                KernelId::GatedFp8RowRealigned(dtype),
-                words.div_ceil(tpr),
+                KernelId::GatedFp8RowRealigned(dtype, capacity),
+                per_thread,
                 1,
             )
         } else if stream {

@@ -250,26 +250,30 @@ fn per_token_plans_rows_in_registers() {
     .unwrap();
     // Off the 16-byte grid: the realigned row kernel where a row's aligned words of `y`
     // (ceil(cols / L) + 1 of them) fit one tile, the scalar row kernels beyond.
-    assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::F32));
+    assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::F32, 4));
     assert_eq!((l.params.walk.per_row, l.params.chunks), (1025, 3));
     assert_eq!((l.grid, l.block, l.params.prefetch_rows), (4096, 512, 0));
     assert_eq!(l.shared_mem_bytes, GATED_FP8_ROW_SMEM_BYTES);
-    for (dtype, cols, realigned) in [
-        (DType::BF16, 14335, true),
-        (DType::BF16, 16375, true),
-        (DType::BF16, 16377, false),
-        (DType::F32, 8187, true),
-        (DType::F32, 8189, false),
+    // The entry of two accesses per thread up to 1024 words (two rows per SM), of four
+    // beyond.
+    for (dtype, cols, capacity) in [
+        (DType::BF16, 8183, Some(2)),
+        (DType::BF16, 8185, Some(4)),
+        (DType::BF16, 14335, Some(4)),
+        (DType::BF16, 16375, Some(4)),
+        (DType::BF16, 16377, None),
+        (DType::F32, 4091, Some(2)),
+        (DType::F32, 8187, Some(4)),
+        (DType::F32, 8189, None),
     ] {
         let (a, b, y) = abq(dtype, 64, cols);
         let s = scales(64, 1);
         let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
-        assert_eq!(
-            l.kernel == KernelId::GatedFp8RowRealigned(dtype),
-            realigned,
-            "{dtype:?} {cols}: {:?}",
-            l.kernel
-        );
+        let got = match l.kernel {
+            KernelId::GatedFp8RowRealigned(d, c) if d == dtype => Some(c),
+            _ => None,
+        };
+        assert_eq!(got, capacity, "{dtype:?} {cols}: {:?}", l.kernel);
     }
 }
 
@@ -575,10 +579,12 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
         }
-        let k = KernelId::GatedFp8RowRealigned(d);
-        assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
-        assert_eq!(KernelId::ALL[k.index()], k);
-        assert_eq!(k.launch_bounds(), Some((512, 1)));
+        for (capacity, blocks) in [(2, 2), (4, 1)] {
+            let k = KernelId::GatedFp8RowRealigned(d, capacity);
+            assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+            assert_eq!(KernelId::ALL[k.index()], k);
+            assert_eq!(k.launch_bounds(), Some((512, blocks)));
+        }
         let k = KernelId::GatedFp8FlatRealigned(d);
         assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
         assert_eq!(KernelId::ALL[k.index()], k);

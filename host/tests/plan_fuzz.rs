@@ -1499,7 +1499,14 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             mode
         }
         KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
-        KernelId::GatedFp8RowRealigned(d) if d == dtype && per_token => VecMode::Scalar,
+        KernelId::GatedFp8RowRealigned(d, capacity)
+            if d == dtype && per_token && l.kernel.exists() =>
+        {
+            if p.chunks > capacity {
+                v.add(format!("{} chunks on {:?}", p.chunks, l.kernel));
+            }
+            VecMode::Scalar
+        }
         KernelId::GatedFp8FlatRealigned(d) if d == dtype && scheme == FP8_STATIC => VecMode::Scalar,
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
