@@ -123,6 +123,15 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
+    /// The per-token kernel for rows off the 16-byte grid: each access an aligned word of `y`
+    /// (8 bytes for 16-bit inputs, 4 for f32), its inputs realigned in registers, a row's words
+    /// in one tile of a block of at most 2 or 4 accesses per thread
+    /// (`gated_fp8_row_realigned_{dtype}_c{2|4}`).
+    GatedFp8RowRealigned(DType, u32),
+    /// The static-scale kernel for rows off the 16-byte grid: the flat walk over the aligned
+    /// words of `y` a row can touch, each word's inputs realigned in registers
+    /// (`gated_fp8_flat_realigned_{dtype}`).
+    GatedFp8FlatRealigned(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
     GatedFp8RowLong(DType, VecMode),
@@ -224,6 +233,7 @@ macro_rules! kernel_table {
 }
 
 // The streamed per-token entries' accesses per thread, as the table's arguments.
+const C2: u32 = 2;
 const C3: u32 = 3;
 const C4: u32 = 4;
 const C5: u32 = 5;
@@ -452,6 +462,15 @@ kernel_table! {
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
     gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
+    gated_fp8_row_realigned_f32_c2 = GatedFp8RowRealigned(F32, C2),
+    gated_fp8_row_realigned_f32_c4 = GatedFp8RowRealigned(F32, C4),
+    gated_fp8_row_realigned_f16_c2 = GatedFp8RowRealigned(F16, C2),
+    gated_fp8_row_realigned_f16_c4 = GatedFp8RowRealigned(F16, C4),
+    gated_fp8_row_realigned_bf16_c2 = GatedFp8RowRealigned(BF16, C2),
+    gated_fp8_row_realigned_bf16_c4 = GatedFp8RowRealigned(BF16, C4),
+    gated_fp8_flat_realigned_f32 = GatedFp8FlatRealigned(F32),
+    gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
+    gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
 }
 
 impl KernelId {
@@ -470,6 +489,8 @@ impl KernelId {
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
+                | KernelId::GatedFp8RowRealigned(..)
+                | KernelId::GatedFp8FlatRealigned(..)
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
@@ -502,8 +523,10 @@ impl KernelId {
             | KernelId::GatedBwd(..)
             | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
+            | KernelId::GatedFp8RowRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..) => GATED_FP8_ROW_MAX_THREADS,
@@ -543,12 +566,19 @@ impl KernelId {
             }
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
-            KernelId::GatedFp8Flat(..) | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
+            KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
             // Two rows (or tiles of rows) of 512 threads per SM (64 registers): a row's loads
             // in flight while the other row reduces or stores.
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
                 Some((GATED_FP8_ROW_MAX_THREADS, 2))
             }
+            // Every access's two aligned vectors of each input in flight at once: two accesses
+            // per thread fit two rows of 512 threads per SM (64 registers); four spilled
+            // 150-240 bytes there, so one row per SM (128 registers).
+            KernelId::GatedFp8RowRealigned(_, 2) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
+            KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {

@@ -651,7 +651,25 @@ pub fn plan_gated_forward_fp8(
             } else {
                 !split && long_fits
             };
-        let (kernel, chunks, row_blocks) = if stream {
+        // Off the 16-byte grid, where a row's aligned words of `y` (one per 16-byte vector of
+        // the inputs, at any offset) fit one tile: the realigned row kernel.
+        let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+        let realigned = mode == VecMode::Scalar && words.div_ceil(tpr) <= tile_chunks;
+        let (kernel, chunks, row_blocks) = if realigned {
+            params.walk = GridWalk::new(words, 0);
+            // The entry of two accesses per thread where they suffice (two rows per SM).
+            let per_thread = words.div_ceil(tpr);
+            let capacity = if per_thread <= 2 {
+                2
+            } else {
+                tile_chunks as u32
+            };
+            (
+                KernelId::GatedFp8RowRealigned(dtype, capacity),
+                per_thread,
+                1,
+            )
+        } else if stream {
             (
                 KernelId::GatedFp8RowStream(dtype, per_thread as u32),
                 per_thread,
@@ -717,6 +735,35 @@ pub fn plan_gated_forward_fp8(
                 KernelId::GatedFp8RowStream(..) => GATED_FP8_STREAM_SMEM_BYTES,
                 _ => GATED_FP8_ROW_SMEM_BYTES,
             },
+            params,
+        });
+    }
+    // A static scale off the 16-byte grid: the realigned kernel, walking the aligned words of
+    // `y` a row can touch (one per 16-byte vector of the inputs, at any offset), where they
+    // are counted in 32 bits as the flat walk's accesses are.
+    let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+    let realigned = mode == VecMode::Scalar
+        && scaling == Fp8Scaling::Static
+        && (rows as u64).saturating_mul(words) < (1u64 << 32) - 1024;
+    if realigned {
+        let kernel = KernelId::GatedFp8FlatRealigned(dtype);
+        // Rows of no columns store nothing: no launch.
+        let total = if cols == 0 { 0 } else { rows as u64 * words };
+        let resident = resident_threads(kernel, limits);
+        // One word per thread and step: the resident threads between one and four waves of
+        // them, else a thread per word (as the realigned forward).
+        let threads = if total > resident && total <= 4 * resident {
+            resident
+        } else {
+            total.min(1 << 31)
+        };
+        let grid = threads.div_ceil(GATED_THREADS as u64);
+        params.walk = GridWalk::new(words, grid * GATED_THREADS as u64);
+        return Ok(Launch {
+            kernel,
+            grid: grid as u32,
+            block: GATED_THREADS,
+            shared_mem_bytes: 0,
             params,
         });
     }

@@ -62,15 +62,38 @@ fn static_scale_plans_the_flat_vector_kernel() {
     assert_eq!(l.params.scheme, FP8_STATIC);
     assert_eq!(l.block, 128);
     assert_eq!(l.params.walk.per_row, 14336 / 8);
-    // Off the 16-byte grid: the scalar path, a warp per 32 x 4 elements.
+    // Off the 16-byte grid: the realigned kernel over the aligned words of `y` a row can
+    // touch, a thread per word up to one wave of the device.
     let a1 = MatDesc {
         addr: a.addr + 2,
         ..a
     };
     let l = plan(&a1, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8FlatRealigned(DType::BF16));
+    assert_eq!(l.params.walk.per_row, 14336 / 8 + 1);
+    assert_eq!(l.block, 128);
+    let (words, resident) = (
+        64 * (14336 / 8 + 1),
+        limits().resident_blocks(l.kernel) as u64 * 128,
+    );
+    let threads = if words > resident && words <= 4 * resident {
+        resident
+    } else {
+        words
+    };
+    assert_eq!(l.grid as u64, threads.div_ceil(128));
+    // Per group off the grid: the scalar path, a warp per group.
+    let l = plan(
+        &a1,
+        &b,
+        &y,
+        Fp8Scaling::per_group(128, ScaleLayout::RowMajor),
+        &scales(64, 14336 / 128),
+    )
+    .unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::GatedFp8Flat(DType::BF16, VecMode::Scalar)
+        KernelId::GatedFp8Group(DType::BF16, VecMode::Scalar)
     );
     assert_eq!(l.params.batch, 4);
 }
@@ -225,10 +248,33 @@ fn per_token_plans_rows_in_registers() {
         &streamed,
     )
     .unwrap();
-    assert_eq!(
-        l.kernel,
-        KernelId::GatedFp8RowLong(DType::F32, VecMode::Scalar)
-    );
+    // Off the 16-byte grid: the realigned row kernel where a row's aligned words of `y`
+    // (ceil(cols / L) + 1 of them) fit one tile, the scalar row kernels beyond.
+    assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::F32, 4));
+    assert_eq!((l.params.walk.per_row, l.params.chunks), (1025, 3));
+    assert_eq!((l.grid, l.block, l.params.prefetch_rows), (4096, 512, 0));
+    assert_eq!(l.shared_mem_bytes, GATED_FP8_ROW_SMEM_BYTES);
+    // The entry of two accesses per thread up to 1024 words (two rows per SM), of four
+    // beyond.
+    for (dtype, cols, capacity) in [
+        (DType::BF16, 8183, Some(2)),
+        (DType::BF16, 8185, Some(4)),
+        (DType::BF16, 14335, Some(4)),
+        (DType::BF16, 16375, Some(4)),
+        (DType::BF16, 16377, None),
+        (DType::F32, 4091, Some(2)),
+        (DType::F32, 8187, Some(4)),
+        (DType::F32, 8189, None),
+    ] {
+        let (a, b, y) = abq(dtype, 64, cols);
+        let s = scales(64, 1);
+        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
+        let got = match l.kernel {
+            KernelId::GatedFp8RowRealigned(d, c) if d == dtype => Some(c),
+            _ => None,
+        };
+        assert_eq!(got, capacity, "{dtype:?} {cols}: {:?}", l.kernel);
+    }
 }
 
 #[test]
@@ -533,6 +579,16 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
         }
+        for (capacity, blocks) in [(2, 2), (4, 1)] {
+            let k = KernelId::GatedFp8RowRealigned(d, capacity);
+            assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+            assert_eq!(KernelId::ALL[k.index()], k);
+            assert_eq!(k.launch_bounds(), Some((512, blocks)));
+        }
+        let k = KernelId::GatedFp8FlatRealigned(d);
+        assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+        assert_eq!(KernelId::ALL[k.index()], k);
+        assert_eq!(k.launch_bounds(), Some((128, 8)));
         for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);
             assert!(k.exists(), "{k:?}");

@@ -38,7 +38,8 @@ use rand::rngs::StdRng;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Layout {
     Split,
-    /// Every operand one element into its buffer: the scalar path.
+    /// Every operand one element into its buffer: off the 16-byte grid (the realigned kernels
+    /// for static scales and per-token rows of one tile, the scalar path otherwise).
     SplitOffset,
     Interleaved,
 }

@@ -1500,6 +1500,15 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             mode
         }
         KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
+        KernelId::GatedFp8RowRealigned(d, capacity)
+            if d == dtype && per_token && l.kernel.exists() =>
+        {
+            if p.chunks > capacity {
+                v.add(format!("{} chunks on {:?}", p.chunks, l.kernel));
+            }
+            VecMode::Scalar
+        }
+        KernelId::GatedFp8FlatRealigned(d) if d == dtype && scheme == FP8_STATIC => VecMode::Scalar,
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
@@ -1513,7 +1522,24 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     // The per-group vector path walks pairs of accesses (two per lane, half a group apart).
     let pairs = scheme == FP8_PER_GROUP && mode == VecMode::V16;
     let walk_unit = if pairs { 2 * width } else { width };
-    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != cols / walk_unit {
+    // The realigned kernels walk the aligned words of `y` a row can touch, one per 16-byte
+    // vector of the inputs (the row kernel all in one tile of its block).
+    let realigned = matches!(
+        l.kernel,
+        KernelId::GatedFp8RowRealigned(..) | KernelId::GatedFp8FlatRealigned(..)
+    );
+    let per_row = if realigned {
+        cols.div_ceil(lanes) + 1
+    } else {
+        cols / walk_unit
+    };
+    if per_token && realigned && per_row > GATED_FP8_ROW_MAX_THREADS as u64 * p.chunks as u64 {
+        v.add(format!(
+            "the realigned row kernel for {per_row} words in {} chunks",
+            p.chunks
+        ));
+    }
+    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != per_row {
         v.add(format!(
             "{rows} x {cols} in rows of {} steps of {walk_unit}",
             p.walk.per_row
