@@ -145,9 +145,10 @@ pub enum KernelId {
     /// (`gated_fp8_row_stream_{dtype}_c{count}`, sm_90; the sm_80 module has the entries but
     /// never runs them).
     GatedFp8RowStream(DType, u32),
-    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers, for one
-    /// scaling scheme (`FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
-    /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32}`; see
+    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers or
+    /// looped (rows of more than 16384 elements), for one scaling scheme (`FP8_STATIC`,
+    /// `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
+    /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32|loop}`; see
     /// `RmsNormFp8Params`. One entry per scheme: ptxas allocates registers and schedules a
     /// whole entry at once, so a scheme's body is compiled alone, unaffected by the others'.
     RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
@@ -399,6 +400,24 @@ kernel_table! {
     rmsnorm_fp8_group_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f32_v16_loop = RmsNormFp8(F32, V16, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_loop = RmsNormFp8(F32, Scalar, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_loop = RmsNormFp8(F16, V16, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_loop = RmsNormFp8(F32, V16, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_loop = RmsNormFp8(F32, Scalar, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_loop = RmsNormFp8(F16, V16, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_loop = RmsNormFp8(F32, V16, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_loop = RmsNormFp8(F32, Scalar, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_loop = RmsNormFp8(F16, V16, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_PER_GROUP),
     rmsnorm_fp8_static_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_STATIC),
     rmsnorm_fp8_static_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_STATIC),
     rmsnorm_fp8_static_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_STATIC),
@@ -611,6 +630,15 @@ impl KernelId {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
             KernelId::RmsNormFp8Realigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
+            // Looped rows: two 512-thread rows per SM (64 registers), as the looped
+            // storage-dtype forward runs, a tile of each in flight; f32 rows on the scalar
+            // path spilled there (up to 28 bytes), so one row per SM.
+            KernelId::RmsNormFp8(DType::F32, VecMode::Scalar, NormFwdVariant::Loop, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
+            }
+            KernelId::RmsNormFp8(_, _, NormFwdVariant::Loop, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
+            }
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
             KernelId::RmsNormFp8(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),

@@ -1,7 +1,8 @@
 //! GPU tests of add + RMSNorm with FP8 E4M3 outputs: every dtype x placement x scaling scheme
 //! (static, with a scale that saturates some values; per token, with and without an upper
 //! bound; per group of 128 row-major and of 64 column-major), vector and scalar paths, the
-//! 16- and 32-per-thread geometries, Gemma and Hugging Face numerics, an f32 weight.
+//! 16- and 32-per-thread geometries and the looped one (rows of more than 16384 elements),
+//! Gemma and Hugging Face numerics, an f32 weight.
 //!
 //! Checks per case:
 //! - **bit for bit** against the reference quantisation (`reference::fp8::quantize_rows`) of
@@ -28,7 +29,9 @@ use common::*;
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::norm::{Fp8Placement, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
+use ferrofuse::norm::{
+    Fp8Placement, RmsNormFp8Descs, plan_rmsnorm_forward_fp8, rmsnorm_forward_geometry,
+};
 use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
@@ -54,7 +57,7 @@ const PLACES: [Place; 4] = [
 
 fn shapes() -> Vec<(usize, usize)> {
     if quick() {
-        return vec![(3, 384), (2, 16384), (5, 100)];
+        return vec![(3, 384), (2, 16384), (5, 100), (2, 20480)];
     }
     vec![
         (1, 128),
@@ -69,6 +72,10 @@ fn shapes() -> Vec<(usize, usize)> {
         (64, 4096),
         (2, 7),
         (9, 2048),
+        // Looped rows: more than one tile, a multiple of both group widths, odd.
+        (3, 16512),
+        (2, 40960),
+        (2, 20001),
     ]
 }
 
@@ -311,7 +318,8 @@ fn case<T: Element>(
         eps: 1e-5,
         gemma,
         hf,
-        normalize_stored_h: false,
+        // Looped rows normalise `h` as stored.
+        normalize_stored_h: rmsnorm_forward_geometry(T::DTYPE, cols).1.looped,
     };
     let mut y32 = Vec::with_capacity(n);
     let mut y64 = Vec::with_capacity(n);
@@ -538,7 +546,7 @@ fn norm_fp8_batch_invariance() {
     let sizes: &[usize] = if quick() {
         &[1024]
     } else {
-        &[256, 4096, 8192, 16384]
+        &[256, 4096, 8192, 16384, 20001]
     };
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
@@ -693,7 +701,8 @@ fn assert_same_outputs<T: Element>(what: &str, a: &Out<T>, b: &Out<T>) {
 /// The sm_80 module (the E4M3 conversion in software; no clusters, bulk copies or
 /// programmatic launch) loaded beside the device's own on a newer GPU writes the same bits:
 /// bytes, scales, `h` and `rstd`, every scheme, placement and dtype, on the vector and scalar
-/// paths, rows in registers and rows of 32 per thread past one wave (streamed on sm_90).
+/// paths, rows in registers, rows of 32 per thread past one wave (streamed on sm_90) and
+/// looped rows.
 #[test]
 fn norm_fp8_oldest_module_gives_the_same_bits() {
     let test = "norm_fp8_oldest_module_gives_the_same_bits";

@@ -9,9 +9,7 @@ use common::assert_matches;
 
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::bf16;
-use ferrofuse::norm::{
-    NormNumerics, RMSNORM_FP8_MAX_HIDDEN, RmsNormFp8Descs, plan_rmsnorm_forward_fp8,
-};
+use ferrofuse::norm::{NormNumerics, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
     DType, Error, Fp8Scaling, GridLimits, KernelId, MatDesc, NormPath, RmsNormOptions, ScaleLayout,
@@ -19,8 +17,8 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_smem_bytes,
+    NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -223,19 +221,58 @@ fn streams_rows_of_32_per_thread_past_one_wave() {
 }
 
 #[test]
+fn plans_looped_rows_past_16384() {
+    // Rows longer than the register geometries: the looped geometry and its ring, one row of
+    // 512 threads per block, on the vector path or (off the grid) the scalar one; never the
+    // realigned or streamed entries.
+    for (d, hidden) in [
+        (DType::BF16, 16512),
+        (DType::F16, 20480),
+        (DType::F32, 65536),
+    ] {
+        let (variant, g) = rmsnorm_fwd_geometry(d, hidden as u64);
+        assert_eq!(variant, NormFwdVariant::Loop);
+        let group = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
+        for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
+            let t = descs(d, 3, hidden, s.scale_shape(3, hidden).unwrap());
+            let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &limits()).unwrap();
+            assert!(matches!(
+                l.kernel,
+                KernelId::RmsNormFp8(k, VecMode::V16, NormFwdVariant::Loop, _) if k == d
+            ));
+            assert_eq!(
+                (l.grid, l.block, l.shared_mem_bytes),
+                (3, g.block_threads(), RMSNORM_LOOP_SMEM_BYTES)
+            );
+            assert_eq!(l.params.norm.threads_per_row, 512);
+        }
+        let t = descs(d, 3, hidden + 1, (3, 1));
+        let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
+        assert!(matches!(
+            l.kernel,
+            KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::Loop, FP8_PER_TOKEN)
+        ));
+    }
+}
+
+#[test]
 fn every_fp8_norm_kernel_is_in_the_table() {
     for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
         for d in DType::ALL {
             for m in [VecMode::V16, VecMode::Scalar] {
-                for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
+                for v in [
+                    NormFwdVariant::E16,
+                    NormFwdVariant::E32,
+                    NormFwdVariant::Loop,
+                ] {
                     let k = KernelId::RmsNormFp8(d, m, v, s);
                     assert!(k.exists(), "{k:?}");
                     assert!(k.syncs_grid_dependency());
-                    let blocks = if (m, v) == (VecMode::V16, NormFwdVariant::E16) {
-                        2
-                    } else {
-                        1
-                    };
+                    // Looped f32 rows on the scalar path spilled at two blocks per SM.
+                    let looped =
+                        v == NormFwdVariant::Loop && (d, m) != (DType::F32, VecMode::Scalar);
+                    let two = (m, v) == (VecMode::V16, NormFwdVariant::E16) || looped;
+                    let blocks = if two { 2 } else { 1 };
                     assert_eq!(k.launch_bounds(), Some((512, blocks)));
                     assert!(k.rmsnorm_forward_form().is_none());
                 }
@@ -263,7 +300,8 @@ fn every_fp8_norm_kernel_is_in_the_table() {
             }
         }
     }
-    let loop_form = KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::Loop, 0);
+    // Looped rows off the grid take the scalar entries: no realigned looped FP8 entry.
+    let loop_form = KernelId::RmsNormFp8Realigned(DType::BF16, NormFwdVariant::Loop, FP8_STATIC);
     assert!(!loop_form.exists());
     let _ = NormPath::V16;
 }
@@ -382,9 +420,6 @@ fn rejects_bad_operands() {
         plan_rmsnorm_forward_fp8(&base, &RmsNormOptions::new(0.0), tok, &limits()),
         Err(Error::InvalidArgument { what: "eps", .. })
     );
-    // Rows longer than the register path.
-    let t = descs(DType::BF16, 2, RMSNORM_FP8_MAX_HIDDEN + 128, (2, 1));
-    assert_matches!(plan(&t, tok), Err(Error::TooLarge { .. }));
 }
 
 #[test]

@@ -31,9 +31,9 @@ use ferrofuse::gated::{
     GatedPlan, plan_gated_backward, plan_gated_forward, plan_gated_forward_fp8,
 };
 use ferrofuse::norm::{
-    BwdNarrow, NormBwdVariant, RMSNORM_FP8_MAX_HIDDEN, RmsNormBwdDescs, RmsNormBwdPlan,
-    RmsNormFp8Descs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
-    plan_rmsnorm_forward_fp8, rmsnorm_backward_workspace_len,
+    BwdNarrow, NormBwdVariant, RmsNormBwdDescs, RmsNormBwdPlan, RmsNormFp8Descs, RmsNormFwdDescs,
+    plan_rmsnorm_backward, plan_rmsnorm_forward, plan_rmsnorm_forward_fp8,
+    rmsnorm_backward_workspace_len,
 };
 use ferrofuse::runtime::KernelParams;
 use ferrofuse::{
@@ -45,10 +45,10 @@ use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
     GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
-    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
-    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_smem_bytes,
+    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2157,9 +2157,6 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     let (scale_shape, scheme, group) = accepted_scaling(&mut v, &c.scaling, (rows, hidden));
     v.desc("y", &t.y, DType::F8E4M3, (rows, hidden));
     v.desc("scales", &t.scales, DType::F32, scale_shape);
-    if hidden > RMSNORM_FP8_MAX_HIDDEN {
-        v.add(format!("accepted rows of {hidden}"));
-    }
     let p = &l.params;
     let n = &p.norm;
     let mut accesses = norm_accesses(&mut v, call, n, x, residual, &t.weight, h, rstd, &c.opts);
@@ -2167,7 +2164,22 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     v.launch(0, l, work);
     let mut realigned = false;
     let vector = match l.kernel {
-        KernelId::RmsNormFp8(d, mode, _, s) if d == dtype && s == p.scheme => mode == VecMode::V16,
+        KernelId::RmsNormFp8(d, mode, variant, s) if d == dtype && s == p.scheme => {
+            // The storage-dtype forward's geometry; looped rows with the looped ring.
+            let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            let smem = if want == NormFwdVariant::Loop {
+                RMSNORM_LOOP_SMEM_BYTES
+            } else {
+                RMSNORM_SMEM_BYTES
+            };
+            if work && (variant != want || l.shared_mem_bytes != smem) {
+                v.add(format!(
+                    "{:?} with {} bytes of shared memory for rows of {hidden}",
+                    l.kernel, l.shared_mem_bytes
+                ));
+            }
+            mode == VecMode::V16
+        }
         KernelId::RmsNormFp8Realigned(d, variant, s) if d == dtype && s == p.scheme => {
             // The realigned staging of the storage-dtype forward, for the same geometry.
             let (want, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);

@@ -39,7 +39,13 @@
 //! ([`store_chunk_q_realigned`]). The scalar path (a weight off the grid) loads and stores
 //! element by element.
 //!
-//! Rows of more than 16384 elements (the looped norm) are not planned: the host rejects them.
+//! # Rows of more than 16384 elements
+//! The looped norm's geometry (one row of 512 threads per block, tiles of 16 elements per
+//! thread): its first pass as it is (`h` stored, the same sum of squares in the same order),
+//! then its second pass with the FP8 tail above applied tile by tile (static and per group;
+//! a group's chunks are consecutive lanes of one tile). Per token the second pass runs twice:
+//! once for the row's maximum, then again for the stores, the same `y` recomputed (read back
+//! from `h` as stored, which the looped storage-dtype forward normalises too).
 //!
 //! # Aliasing
 //! As the norm forward: `h` may be `x` or `residual` (each chunk loaded before it is stored,
@@ -55,8 +61,8 @@ use ferrofuse_common::{RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormFp8Param
 
 use super::realign::{self, Shifted, Stage, stage_row, staged_weight, weight_vectors};
 use super::{
-    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_w, normalize,
-    prefetch_first, rstd_of, store_chunk,
+    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_w, loop_normalized,
+    loop_sum_sq, normalize, prefetch_first, rstd_of, store_chunk,
 };
 use crate::gated_fp8::{WarpMax, load_f32, quantize, row_max, run_max, store_f32_if, store_q};
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, shfl_up_1};
@@ -391,6 +397,84 @@ pub(super) unsafe fn store_fp8<E: Elem, const M: Path, const S: u32>(
     });
 }
 
+/// The forward with FP8 output for rows too long for registers (scheme `S`, no loads ahead);
+/// see the module docs.
+///
+/// # Safety
+/// The host's plan: params checked as for [`fwd_fp8`], the looped geometry (one row of
+/// `RMSNORM_MAX_THREADS_PER_ROW` threads per block) and `RMSNORM_LOOP_SMEM_BYTES` of shared
+/// memory.
+#[inline(always)]
+unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
+    let n = &p.norm;
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(n.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<false>(tpr);
+    let row = grid::block_x() * n.rows_per_block as u64 + me.r_local;
+    let live = row < n.rows;
+    let nchunks = n.hidden.div_ceil(E::LANES as u64);
+    prefetch_first(n.x);
+    grid_dependency_sync();
+    // The static scale, read once, after the wait (the previous kernel may write it).
+    let fixed = if S == FP8_STATIC {
+        // SAFETY: the host checked that `scale` is one readable, aligned f32.
+        unsafe { load_f32(p.scale) }
+    } else {
+        1.0
+    };
+    let rows = [
+        Row::of(n.x, n.x_stride, row),
+        Row::of(n.residual, n.residual_stride, row),
+        Row::of(n.h, n.h_stride, row),
+    ];
+    // SAFETY: the caller's contract; every thread of the block gets here.
+    let sum_sq = unsafe { loop_sum_sq::<E, M>(n, &me, live, rows) };
+    let rstd = rstd_of(sum_sq, n.hidden, n.eps);
+    // The block is one row: the whole block leaves, or none of it.
+    if !live {
+        return;
+    }
+    if me.t == 0 && n.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(n.rstd + row * n.rstd_stride * 4, rstd) };
+    }
+    let scale = if S == FP8_PER_TOKEN {
+        let mut amax = 0.0f32;
+        // SAFETY: after pass 1, for a live row.
+        unsafe {
+            loop_normalized::<E, M>(n, &me, row, rstd, |_, y| {
+                unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&y[j])); });
+            })
+        };
+        // SAFETY: every thread of the block gets here; buffer 1's slots lie in the ring of
+        // `RMSNORM_LOOP_SMEM_BYTES`, whose last reads were before pass 1's last barrier.
+        let amax = unsafe { row_max(WarpMax::Redux, amax, me.lane, me.warp, me.warps, me.slot(1)) };
+        let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
+        // SAFETY: the row's scale, inside the scale vector (row < rows).
+        unsafe { store_f32_if(p.scale + row * p.scale_row * 4, s, me.t == 0) };
+        s
+    } else {
+        fixed
+    };
+    // SAFETY: after pass 1, for a live row; `y` and the scales as the host checked them.
+    // Neither tail below runs a barrier (static: none; per group: warp shuffles only).
+    unsafe {
+        loop_normalized::<E, M>(n, &me, row, rstd, |first, y| {
+            let chunk = |j: usize| {
+                let c = first + j as u64 * me.tpr;
+                (c, c < nchunks)
+            };
+            if S == FP8_PER_GROUP {
+                store_fp8::<E, M, FP8_PER_GROUP>(p, &me, row, true, k, chunk, y, scale);
+            } else {
+                store_fp8::<E, M, FP8_STATIC>(p, &me, row, true, k, chunk, y, scale);
+            }
+        })
+    };
+}
+
 /// [`fwd_fp8`] with the block shape as a constant, picked once per launch.
 ///
 /// # Safety
@@ -454,6 +538,20 @@ macro_rules! fp8_entries {
     )*};
 }
 
+macro_rules! fp8_loop_entries {
+    ($($s:ident, $e:ty, $m:ident => $name:ident;)*) => {$(
+        /// Add + RMSNorm forward with FP8 output, rows of more than 16384 elements (looped);
+        /// see the module docs.
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFp8Params) {
+            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s>(&p) }
+        }
+    )*};
+}
+
 // Names must match `ferrofuse_common::KernelId::name` (checked when `cargo xtask ptx` builds).
 fp8_entries! {
     FP8_STATIC, F32, V16 =>
@@ -508,4 +606,26 @@ fp8_realigned_entries! {
     FP8_PER_GROUP, F16 => rmsnorm_fp8_group_f16_realigned_e16, rmsnorm_fp8_group_f16_realigned_e32;
     FP8_PER_GROUP, Bf16 =>
         rmsnorm_fp8_group_bf16_realigned_e16, rmsnorm_fp8_group_bf16_realigned_e32;
+}
+
+// As above.
+fp8_loop_entries! {
+    FP8_STATIC, F32, V16 => rmsnorm_fp8_static_f32_v16_loop;
+    FP8_STATIC, F32, Scalar => rmsnorm_fp8_static_f32_scalar_loop;
+    FP8_STATIC, F16, V16 => rmsnorm_fp8_static_f16_v16_loop;
+    FP8_STATIC, F16, Scalar => rmsnorm_fp8_static_f16_scalar_loop;
+    FP8_STATIC, Bf16, V16 => rmsnorm_fp8_static_bf16_v16_loop;
+    FP8_STATIC, Bf16, Scalar => rmsnorm_fp8_static_bf16_scalar_loop;
+    FP8_PER_TOKEN, F32, V16 => rmsnorm_fp8_token_f32_v16_loop;
+    FP8_PER_TOKEN, F32, Scalar => rmsnorm_fp8_token_f32_scalar_loop;
+    FP8_PER_TOKEN, F16, V16 => rmsnorm_fp8_token_f16_v16_loop;
+    FP8_PER_TOKEN, F16, Scalar => rmsnorm_fp8_token_f16_scalar_loop;
+    FP8_PER_TOKEN, Bf16, V16 => rmsnorm_fp8_token_bf16_v16_loop;
+    FP8_PER_TOKEN, Bf16, Scalar => rmsnorm_fp8_token_bf16_scalar_loop;
+    FP8_PER_GROUP, F32, V16 => rmsnorm_fp8_group_f32_v16_loop;
+    FP8_PER_GROUP, F32, Scalar => rmsnorm_fp8_group_f32_scalar_loop;
+    FP8_PER_GROUP, F16, V16 => rmsnorm_fp8_group_f16_v16_loop;
+    FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_loop;
+    FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_loop;
+    FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_loop;
 }
