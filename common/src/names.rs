@@ -123,14 +123,13 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
-    /// The per-token kernel for rows off the 16-byte grid: each access an aligned word of `y`
-    /// (8 bytes for 16-bit inputs, 4 for f32), its inputs realigned in registers, a row's words
-    /// in one tile of a block of at most 2 or 4 accesses per thread
-    /// (`gated_fp8_row_realigned_{dtype}_c{2|4}`).
-    GatedFp8RowRealigned(DType, u32),
-    /// The static-scale kernel for rows off the 16-byte grid: the flat walk over the aligned
-    /// words of `y` a row can touch, each word's inputs realigned in registers
-    /// (`gated_fp8_flat_realigned_{dtype}`).
+    /// The per-token kernel for 16-bit rows off the 16-byte grid: each access an aligned
+    /// 8-byte word of `y`, its inputs realigned in registers, a row's words in one tile of a
+    /// block of at most 4 accesses per thread (`gated_fp8_row_realigned_{f16|bf16}`).
+    GatedFp8RowRealigned(DType),
+    /// The static-scale kernel for 16-bit rows off the 16-byte grid: the flat walk over the
+    /// aligned words of `y` a row can touch, each word's inputs realigned in registers
+    /// (`gated_fp8_flat_realigned_{f16|bf16}`).
     GatedFp8FlatRealigned(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
@@ -152,11 +151,11 @@ pub enum KernelId {
     /// `RmsNormFp8Params`. One entry per scheme: ptxas allocates registers and schedules a
     /// whole entry at once, so a scheme's body is compiled alone, unaffected by the others'.
     RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
-    /// [`KernelId::RmsNormFp8`] on the realigned path ([`NormPath::Realigned`]): rows of any
-    /// offset and row stride, staged as [`KernelId::RmsNormFwdRealigned`] stages them, where
-    /// that kernel would take the row
-    /// (`rmsnorm_fp8_{static|token|group}_{dtype}_realigned_{e16|e32}`, no f32 `e32`). The
-    /// same bits as the scalar entry.
+    /// [`KernelId::RmsNormFp8`] on the realigned path ([`NormPath::Realigned`]), 16-bit
+    /// dtypes: rows of any offset and row stride, staged as [`KernelId::RmsNormFwdRealigned`]
+    /// stages them, where that kernel would take the row
+    /// (`rmsnorm_fp8_{static|token|group}_{f16|bf16}_realigned_{e16|e32}`). The same bits as
+    /// the scalar entry.
     RmsNormFp8Realigned(DType, NormFwdVariant, u32),
     /// Residual-add + RMSNorm forward of rows of 32 elements per thread on the vector path,
     /// streamed: one block per SM takes row after row, the next one copied into shared memory
@@ -234,7 +233,6 @@ macro_rules! kernel_table {
 }
 
 // The streamed per-token entries' accesses per thread, as the table's arguments.
-const C2: u32 = 2;
 const C3: u32 = 3;
 const C4: u32 = 4;
 const C5: u32 = 5;
@@ -418,17 +416,14 @@ kernel_table! {
     rmsnorm_fp8_group_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_PER_GROUP),
-    rmsnorm_fp8_static_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_STATIC),
     rmsnorm_fp8_static_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_STATIC),
     rmsnorm_fp8_static_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_STATIC),
     rmsnorm_fp8_static_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_STATIC),
     rmsnorm_fp8_static_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_STATIC),
-    rmsnorm_fp8_token_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_PER_TOKEN),
     rmsnorm_fp8_token_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_PER_TOKEN),
     rmsnorm_fp8_token_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_PER_TOKEN),
     rmsnorm_fp8_token_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_PER_TOKEN),
     rmsnorm_fp8_token_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_PER_TOKEN),
-    rmsnorm_fp8_group_f32_realigned_e16 = RmsNormFp8Realigned(F32, Fwd::E16, FP8_PER_GROUP),
     rmsnorm_fp8_group_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_PER_GROUP),
     rmsnorm_fp8_group_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_PER_GROUP),
@@ -481,13 +476,8 @@ kernel_table! {
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
     gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
-    gated_fp8_row_realigned_f32_c2 = GatedFp8RowRealigned(F32, C2),
-    gated_fp8_row_realigned_f32_c4 = GatedFp8RowRealigned(F32, C4),
-    gated_fp8_row_realigned_f16_c2 = GatedFp8RowRealigned(F16, C2),
-    gated_fp8_row_realigned_f16_c4 = GatedFp8RowRealigned(F16, C4),
-    gated_fp8_row_realigned_bf16_c2 = GatedFp8RowRealigned(BF16, C2),
-    gated_fp8_row_realigned_bf16_c4 = GatedFp8RowRealigned(BF16, C4),
-    gated_fp8_flat_realigned_f32 = GatedFp8FlatRealigned(F32),
+    gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
+    gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
     gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
     gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
 }
@@ -593,10 +583,9 @@ impl KernelId {
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
                 Some((GATED_FP8_ROW_MAX_THREADS, 2))
             }
-            // Every access's two aligned vectors of each input in flight at once: two accesses
-            // per thread fit two rows of 512 threads per SM (64 registers); four spilled
-            // 150-240 bytes there, so one row per SM (128 registers).
-            KernelId::GatedFp8RowRealigned(_, 2) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
+            // Every access's two aligned vectors of each input in flight at once: four accesses
+            // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
+            // registers).
             KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
@@ -624,8 +613,8 @@ impl KernelId {
             }
             // The rows are staged in shared memory, and the registers hold a thread's chunks
             // (`h`, then `y`) from the reduction to the stores: 16 per thread of a 16-bit row
-            // fit two 512-thread rows per SM (64 registers); f32 rows and 32 per thread spilled
-            // there (up to 528 bytes), so the register budget of one row per SM.
+            // fit two 512-thread rows per SM (64 registers); 32 per thread spilled there (up to
+            // 528 bytes), so the register budget of one row per SM.
             KernelId::RmsNormFp8Realigned(DType::BF16 | DType::F16, NormFwdVariant::E16, _) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }

@@ -651,24 +651,21 @@ pub fn plan_gated_forward_fp8(
             } else {
                 !split && long_fits
             };
-        // Off the 16-byte grid, where a row's aligned words of `y` (one per 16-byte vector of
-        // the inputs, at any offset) fit one tile: the realigned row kernel.
+        // Off the 16-byte grid, 16-bit inputs, rows whose aligned words of `y` (one per 16-byte
+        // vector of the inputs, at any offset) take three or four per thread of one tile, at
+        // least a wave of them: the realigned row kernel. Elsewhere it lost to the scalar row
+        // kernel (f32 rows, rows of up to two words per thread, fewer rows than SMs:
+        // `bench/TUNING.md`, "The gated FP8 kernels off the grid realigned, measured").
         let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
-        let realigned = mode == VecMode::Scalar && words.div_ceil(tpr) <= tile_chunks;
+        let word_chunks = words.div_ceil(tpr);
+        let realigned = mode == VecMode::Scalar
+            && dtype.size_bytes() == 2
+            && word_chunks > 2
+            && word_chunks <= tile_chunks
+            && rows >= limits.sm_count as usize;
         let (kernel, chunks, row_blocks) = if realigned {
             params.walk = GridWalk::new(words, 0);
-            // The entry of two accesses per thread where they suffice (two rows per SM).
-            let per_thread = words.div_ceil(tpr);
-            let capacity = if per_thread <= 2 {
-                2
-            } else {
-                tile_chunks as u32
-            };
-            (
-                KernelId::GatedFp8RowRealigned(dtype, capacity),
-                per_thread,
-                1,
-            )
+            (KernelId::GatedFp8RowRealigned(dtype), word_chunks, 1)
         } else if stream {
             (
                 KernelId::GatedFp8RowStream(dtype, per_thread as u32),
@@ -738,15 +735,22 @@ pub fn plan_gated_forward_fp8(
             params,
         });
     }
-    // A static scale off the 16-byte grid: the realigned kernel, walking the aligned words of
-    // `y` a row can touch (one per 16-byte vector of the inputs, at any offset), where they
-    // are counted in 32 bits as the flat walk's accesses are.
+    // A static scale off the 16-byte grid, 16-bit inputs: the realigned kernel, walking the
+    // aligned words of `y` a row can touch (one per 16-byte vector of the inputs, at any
+    // offset), where they are counted in 32 bits as the flat walk's accesses are and fill more
+    // than half the threads the device holds at once (below that, and for f32 inputs, it lost
+    // to the scalar kernel: latency sets the time there, and the scalar kernel spreads the
+    // bytes over more threads).
     let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+    let flat_realigned = KernelId::GatedFp8FlatRealigned(dtype);
+    let total_words = (rows as u64).saturating_mul(words);
     let realigned = mode == VecMode::Scalar
         && scaling == Fp8Scaling::Static
-        && (rows as u64).saturating_mul(words) < (1u64 << 32) - 1024;
+        && dtype.size_bytes() == 2
+        && total_words < (1u64 << 32) - 1024
+        && total_words > resident_threads(flat_realigned, limits) / 2;
     if realigned {
-        let kernel = KernelId::GatedFp8FlatRealigned(dtype);
+        let kernel = flat_realigned;
         // Rows of no columns store nothing: no launch.
         let total = if cols == 0 { 0 } else { rows as u64 * words };
         let resident = resident_threads(kernel, limits);

@@ -1500,15 +1500,17 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             mode
         }
         KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
-        KernelId::GatedFp8RowRealigned(d, capacity)
-            if d == dtype && per_token && l.kernel.exists() =>
-        {
-            if p.chunks > capacity {
+        KernelId::GatedFp8RowRealigned(d) if d == dtype && per_token && l.kernel.exists() => {
+            if p.chunks > GATED_FP8_ROW_CHUNKS as u32 {
                 v.add(format!("{} chunks on {:?}", p.chunks, l.kernel));
             }
             VecMode::Scalar
         }
-        KernelId::GatedFp8FlatRealigned(d) if d == dtype && scheme == FP8_STATIC => VecMode::Scalar,
+        KernelId::GatedFp8FlatRealigned(d)
+            if d == dtype && scheme == FP8_STATIC && l.kernel.exists() =>
+        {
+            VecMode::Scalar
+        }
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {

@@ -921,10 +921,9 @@ unsafe fn store_word<E: Elem>(ya: u64, cols: u64, c: u64, touches: bool, q: [u32
 
 /// The per-token row kernel for rows off the 16-byte grid whose words fit one tile
 /// (`gated_fp8_row_realigned_*`): access `c` of a row is aligned word `c` of its row of `y`
-/// ([`load_word`], [`store_word`]); thread `t` holds accesses `t + 512 j`, `j < chunks`
-/// (`chunks <= CHUNKS`, an entry per capacity: registers for two accesses fit two rows per SM,
-/// four do not), as the row kernel, and the row's maximum, its scale and the stores are the row kernel's.
-/// Columns outside the row are zeros, whose `y` is 0 for every activation, so they leave the
+/// ([`load_word`], [`store_word`]); thread `t` holds accesses `t + 512 j`, `j < chunks <=
+/// CHUNKS`, as the row kernel, and the row's maximum, its scale and the stores are the row
+/// kernel's. Columns outside the row are zeros, whose `y` is 0 for every activation, so they leave the
 /// maximum alone.
 ///
 /// # Safety
@@ -1249,25 +1248,16 @@ entries! {
 }
 
 macro_rules! realigned_row_entries {
-    ($($row2:ident, $row4:ident, $flat:ident: $e:ty;)*) => {$(
+    ($($row:ident, $flat:ident: $e:ty;)*) => {$(
         /// Gated forward with FP8 output and per-token scales for rows off the 16-byte grid
-        /// (see `per_token_realigned`), at most two accesses per thread. Launch: one block of
-        /// `GATED_FP8_ROW_MAX_THREADS` threads per row, `GATED_FP8_ROW_SMEM_BYTES` of dynamic
-        /// shared memory.
+        /// (see `per_token_realigned`), at most `GATED_FP8_ROW_CHUNKS` accesses per thread.
+        /// Launch: one block of `GATED_FP8_ROW_MAX_THREADS` threads per row,
+        /// `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
         ///
         /// # Safety
         /// The host launcher's checks: valid, in-bounds tensors; no overlaps.
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $row2(p: GatedFp8Params) {
-            unsafe { dispatch!(per_token_realigned, $e, VecMode::Scalar, &p, 2) }
-        }
-
-        /// As above, at most four accesses per thread (`GATED_FP8_ROW_CHUNKS`).
-        ///
-        /// # Safety
-        /// As above.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $row4(p: GatedFp8Params) {
+        pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
             unsafe {
                 dispatch!(per_token_realigned, $e, VecMode::Scalar, &p, GATED_FP8_ROW_CHUNKS)
             }
@@ -1285,14 +1275,11 @@ macro_rules! realigned_row_entries {
     )*};
 }
 
-// Names must match `ferrofuse_common::KernelId::name`.
+// Names must match `ferrofuse_common::KernelId::name`; 16-bit inputs only (for f32 inputs the
+// scalar kernels were as fast or faster).
 realigned_row_entries! {
-    gated_fp8_row_realigned_f32_c2, gated_fp8_row_realigned_f32_c4,
-        gated_fp8_flat_realigned_f32: F32;
-    gated_fp8_row_realigned_f16_c2, gated_fp8_row_realigned_f16_c4,
-        gated_fp8_flat_realigned_f16: F16;
-    gated_fp8_row_realigned_bf16_c2, gated_fp8_row_realigned_bf16_c4,
-        gated_fp8_flat_realigned_bf16: Bf16;
+    gated_fp8_row_realigned_f16, gated_fp8_flat_realigned_f16: F16;
+    gated_fp8_row_realigned_bf16, gated_fp8_flat_realigned_bf16: Bf16;
 }
 
 macro_rules! stream_entries {

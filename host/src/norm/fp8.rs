@@ -108,12 +108,15 @@ pub fn plan_rmsnorm_forward_fp8(
         Fp8Scaling::PerGroup { .. } => (scales.row_stride as u64, 1),
         _ => (scales.row_stride as u64, 0),
     };
-    // Off the vector grid, the realigned kernel where the storage-dtype forward would take it
-    // (its geometry's staging fits, the weight 16-byte aligned): the same bits as the scalar
-    // kernel, with 16-byte loads and word stores.
+    // Off the vector grid, 16-bit dtypes, the realigned kernel where the storage-dtype forward
+    // would take it (its geometry's staging fits, the weight 16-byte aligned): the same bits
+    // as the scalar kernel, with 16-byte loads and word stores. For f32 rows the scalar
+    // kernel was as fast or faster (`bench/TUNING.md`, "The FP8 norm off the grid realigned,
+    // measured").
     let w_f32 = w.dtype == DType::F32;
     let looped = variant == NormFwdVariant::Loop;
     let realigned = mode == VecMode::Scalar
+        && dtype.size_bytes() == 2
         && !looped
         && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
         && w.addr % 16 == 0;
