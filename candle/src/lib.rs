@@ -399,8 +399,7 @@ pub fn add_rms_norm_with(
 /// Plain RMSNorm with an FP8 E4M3 output, for the FP8 matmul that follows: `(y_q, scales)`,
 /// the scales chosen by `scaling` as for [`gated_fp8`] (`scale`: the static scale). The same
 /// statistics as [`rms_norm_with`] (the same `rstd`, bit for bit), and the bytes and scales of
-/// a row do not depend on the batch it is in. Rows of up to 16384 elements. Not tracked for
-/// backward.
+/// a row do not depend on the batch it is in. Rows of any length. Not tracked for backward.
 pub fn rms_norm_fp8(
     x: &Tensor,
     w: &Tensor,

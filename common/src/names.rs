@@ -123,6 +123,14 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and per-token scales: rows held by a block
     /// (`gated_fp8_row_{dtype}_{v16|scalar}`).
     GatedFp8Row(DType, VecMode),
+    /// The per-token kernel for 16-bit rows off the 16-byte grid: each access an aligned
+    /// 8-byte word of `y`, its inputs realigned in registers, a row's words in one tile of a
+    /// block of at most 4 accesses per thread (`gated_fp8_row_realigned_{f16|bf16}`).
+    GatedFp8RowRealigned(DType),
+    /// The static-scale kernel for 16-bit rows off the 16-byte grid: the flat walk over the
+    /// aligned words of `y` a row can touch, each word's inputs realigned in registers
+    /// (`gated_fp8_flat_realigned_{f16|bf16}`).
+    GatedFp8FlatRealigned(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
     GatedFp8RowLong(DType, VecMode),
@@ -136,12 +144,19 @@ pub enum KernelId {
     /// (`gated_fp8_row_stream_{dtype}_c{count}`, sm_90; the sm_80 module has the entries but
     /// never runs them).
     GatedFp8RowStream(DType, u32),
-    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers, for one
-    /// scaling scheme (`FP8_STATIC`, `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
-    /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32}`; see
+    /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers or
+    /// looped (rows of more than 16384 elements), for one scaling scheme (`FP8_STATIC`,
+    /// `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
+    /// `rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_{e16|e32|loop}`; see
     /// `RmsNormFp8Params`. One entry per scheme: ptxas allocates registers and schedules a
     /// whole entry at once, so a scheme's body is compiled alone, unaffected by the others'.
     RmsNormFp8(DType, VecMode, NormFwdVariant, u32),
+    /// [`KernelId::RmsNormFp8`] on the realigned path ([`NormPath::Realigned`]), 16-bit
+    /// dtypes: rows of any offset and row stride, staged as [`KernelId::RmsNormFwdRealigned`]
+    /// stages them, where that kernel would take the row
+    /// (`rmsnorm_fp8_{static|token|group}_{f16|bf16}_realigned_{e16|e32}`). The same bits as
+    /// the scalar entry.
+    RmsNormFp8Realigned(DType, NormFwdVariant, u32),
     /// Residual-add + RMSNorm forward of rows of 32 elements per thread on the vector path,
     /// streamed: one block per SM takes row after row, the next one copied into shared memory
     /// while it works on the current one (`rmsnorm_fwd_{dtype}_v16_stream`, sm_90; the sm_80
@@ -383,6 +398,36 @@ kernel_table! {
     rmsnorm_fp8_group_bf16_v16_e32 = RmsNormFp8(BF16, V16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e16 = RmsNormFp8(BF16, Scalar, Fwd::E16, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_scalar_e32 = RmsNormFp8(BF16, Scalar, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f32_v16_loop = RmsNormFp8(F32, V16, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_loop = RmsNormFp8(F32, Scalar, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_loop = RmsNormFp8(F16, V16, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_loop = RmsNormFp8(F32, V16, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_loop = RmsNormFp8(F32, Scalar, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_loop = RmsNormFp8(F16, V16, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_loop = RmsNormFp8(F32, V16, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_loop = RmsNormFp8(F32, Scalar, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_loop = RmsNormFp8(F16, V16, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_loop = RmsNormFp8(F16, Scalar, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_loop = RmsNormFp8(BF16, V16, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_loop = RmsNormFp8(BF16, Scalar, Fwd::Loop, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_STATIC),
+    rmsnorm_fp8_token_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f16_realigned_e16 = RmsNormFp8Realigned(F16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_realigned_e32 = RmsNormFp8Realigned(F16, Fwd::E32, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_realigned_e16 = RmsNormFp8Realigned(BF16, Fwd::E16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_realigned_e32 = RmsNormFp8Realigned(BF16, Fwd::E32, FP8_PER_GROUP),
     rmsnorm_fwd_f32_v16_stream = RmsNormFwdStream(F32),
     rmsnorm_fwd_f16_v16_stream = RmsNormFwdStream(F16),
     rmsnorm_fwd_bf16_v16_stream = RmsNormFwdStream(BF16),
@@ -431,6 +476,10 @@ kernel_table! {
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
     gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
+    gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
+    gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
+    gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
+    gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
 }
 
 impl KernelId {
@@ -449,10 +498,13 @@ impl KernelId {
                 | KernelId::GatedFp8Flat(..)
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
+                | KernelId::GatedFp8RowRealigned(..)
+                | KernelId::GatedFp8FlatRealigned(..)
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
                 | KernelId::RmsNormFp8(..)
+                | KernelId::RmsNormFp8Realigned(..)
                 | KernelId::RmsNormFp8Stream(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdStream(..)
@@ -480,8 +532,10 @@ impl KernelId {
             | KernelId::GatedBwd(..)
             | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
+            | KernelId::GatedFp8RowRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..) => GATED_FP8_ROW_MAX_THREADS,
@@ -493,6 +547,7 @@ impl KernelId {
             | KernelId::RmsNormFwdLoopAhead(..)
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8(..)
+            | KernelId::RmsNormFp8Realigned(..)
             | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) | KernelId::RmsNormBwdFused(d, _) => {
                 rmsnorm_bwd_max_threads_per_row(d)
@@ -520,12 +575,18 @@ impl KernelId {
             }
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
-            KernelId::GatedFp8Flat(..) | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
+            KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
             // Two rows (or tiles of rows) of 512 threads per SM (64 registers): a row's loads
             // in flight while the other row reduces or stores.
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
                 Some((GATED_FP8_ROW_MAX_THREADS, 2))
             }
+            // Every access's two aligned vectors of each input in flight at once: four accesses
+            // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
+            // registers).
+            KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {
@@ -549,6 +610,23 @@ impl KernelId {
             // shared memory meanwhile.
             KernelId::RmsNormFwdStream(..) | KernelId::RmsNormFp8Stream(..) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
+            }
+            // The rows are staged in shared memory, and the registers hold a thread's chunks
+            // (`h`, then `y`) from the reduction to the stores: 16 per thread of a 16-bit row
+            // fit two 512-thread rows per SM (64 registers); 32 per thread spilled there (up to
+            // 528 bytes), so the register budget of one row per SM.
+            KernelId::RmsNormFp8Realigned(DType::BF16 | DType::F16, NormFwdVariant::E16, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
+            }
+            KernelId::RmsNormFp8Realigned(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
+            // Looped rows: two 512-thread rows per SM (64 registers), as the looped
+            // storage-dtype forward runs, a tile of each in flight; f32 rows on the scalar
+            // path spilled there (up to 28 bytes), so one row per SM.
+            KernelId::RmsNormFp8(DType::F32, VecMode::Scalar, NormFwdVariant::Loop, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
+            }
+            KernelId::RmsNormFp8(_, _, NormFwdVariant::Loop, _) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 2))
             }
             // Its largest block, one per SM at least: the register budget of 512 threads (with
             // `.maxntid` alone ptxas held the 16-bit scalar ones to 64 registers, spilling).
@@ -620,6 +698,7 @@ impl KernelId {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
             KernelId::RmsNormFwdRealigned(..)
+            | KernelId::RmsNormFp8Realigned(..)
             | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _)
             | KernelId::RmsNormFwdSplitNarrow(_, NormPath::Realigned) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)

@@ -651,7 +651,22 @@ pub fn plan_gated_forward_fp8(
             } else {
                 !split && long_fits
             };
-        let (kernel, chunks, row_blocks) = if stream {
+        // Off the 16-byte grid, 16-bit inputs, rows whose aligned words of `y` (one per 16-byte
+        // vector of the inputs, at any offset) take three or four per thread of one tile, at
+        // least a wave of them: the realigned row kernel. Elsewhere it lost to the scalar row
+        // kernel (f32 rows, rows of up to two words per thread, fewer rows than SMs:
+        // `bench/TUNING.md`, "The gated FP8 kernels off the grid realigned, measured").
+        let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+        let word_chunks = words.div_ceil(tpr);
+        let realigned = mode == VecMode::Scalar
+            && dtype.size_bytes() == 2
+            && word_chunks > 2
+            && word_chunks <= tile_chunks
+            && rows >= limits.sm_count as usize;
+        let (kernel, chunks, row_blocks) = if realigned {
+            params.walk = GridWalk::new(words, 0);
+            (KernelId::GatedFp8RowRealigned(dtype), word_chunks, 1)
+        } else if stream {
             (
                 KernelId::GatedFp8RowStream(dtype, per_thread as u32),
                 per_thread,
@@ -717,6 +732,42 @@ pub fn plan_gated_forward_fp8(
                 KernelId::GatedFp8RowStream(..) => GATED_FP8_STREAM_SMEM_BYTES,
                 _ => GATED_FP8_ROW_SMEM_BYTES,
             },
+            params,
+        });
+    }
+    // A static scale off the 16-byte grid, 16-bit inputs: the realigned kernel, walking the
+    // aligned words of `y` a row can touch (one per 16-byte vector of the inputs, at any
+    // offset), where they are counted in 32 bits as the flat walk's accesses are and fill more
+    // than half the threads the device holds at once (below that, and for f32 inputs, it lost
+    // to the scalar kernel: latency sets the time there, and the scalar kernel spreads the
+    // bytes over more threads).
+    let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
+    let flat_realigned = KernelId::GatedFp8FlatRealigned(dtype);
+    let total_words = (rows as u64).saturating_mul(words);
+    let realigned = mode == VecMode::Scalar
+        && scaling == Fp8Scaling::Static
+        && dtype.size_bytes() == 2
+        && total_words < (1u64 << 32) - 1024
+        && total_words > resident_threads(flat_realigned, limits) / 2;
+    if realigned {
+        let kernel = flat_realigned;
+        // Rows of no columns store nothing: no launch.
+        let total = if cols == 0 { 0 } else { rows as u64 * words };
+        let resident = resident_threads(kernel, limits);
+        // One word per thread and step: the resident threads between one and four waves of
+        // them, else a thread per word (as the realigned forward).
+        let threads = if total > resident && total <= 4 * resident {
+            resident
+        } else {
+            total.min(1 << 31)
+        };
+        let grid = threads.div_ceil(GATED_THREADS as u64);
+        params.walk = GridWalk::new(words, grid * GATED_THREADS as u64);
+        return Ok(Launch {
+            kernel,
+            grid: grid as u32,
+            block: GATED_THREADS,
+            shared_mem_bytes: 0,
             params,
         });
     }

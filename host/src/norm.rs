@@ -106,7 +106,7 @@ mod fp8;
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_aliasing, check_devices, check_shape, vec_mode};
-pub use fp8::{Fp8Placement, RMSNORM_FP8_MAX_HIDDEN, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
+pub use fp8::{Fp8Placement, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
 
 /// Where the forward rounds intermediate values to the storage dtype (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -175,9 +175,10 @@ pub fn rmsnorm_forward_row<T: Element>(
 
 /// The f32 `y` of one row exactly as the forward kernels compute it, given the `rstd` they
 /// computed (its sum is the kernels' own order, which this does not repeat): `h = x +
-/// residual` (one f32 addition; rounded to `T` in the HF mode), `n = h * rstd` (rounded to
-/// `T` in the HF mode), `y = n * w_eff` with `w_eff` the weight (`w`, already f32) or Gemma's
-/// `1 + w` in f32. The FP8 outputs are this `y` quantised ([`fp8::quantize_rows`]).
+/// residual` (one f32 addition; rounded to `T` in the HF mode and, for looped rows,
+/// `normalize_stored_h`), `n = h * rstd` (rounded to `T` in the HF mode), `y = n * w_eff`
+/// with `w_eff` the weight (`w`, already f32) or Gemma's `1 + w` in f32. The FP8 outputs are
+/// this `y` quantised ([`fp8::quantize_rows`]).
 pub fn rmsnorm_y_f32<T: Element>(
     x: &[T],
     residual: Option<&[T]>,
@@ -196,6 +197,8 @@ pub fn rmsnorm_y_f32<T: Element>(
             let w_eff = if opts.gemma { 1.0 + w[i] } else { w[i] };
             if opts.hf {
                 round(round(h) * rstd) * w_eff
+            } else if opts.normalize_stored_h {
+                round(h) * rstd * w_eff
             } else {
                 h * rstd * w_eff
             }

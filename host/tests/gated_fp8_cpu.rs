@@ -62,15 +62,52 @@ fn static_scale_plans_the_flat_vector_kernel() {
     assert_eq!(l.params.scheme, FP8_STATIC);
     assert_eq!(l.block, 128);
     assert_eq!(l.params.walk.per_row, 14336 / 8);
-    // Off the 16-byte grid: the scalar path, a warp per 32 x 4 elements.
+    // Off the 16-byte grid, 16-bit inputs: the realigned kernel over the aligned words of `y`
+    // a row can touch, a thread per word up to one wave of the device, where the words fill
+    // more than half the threads the device holds; the scalar kernel below that and for f32.
     let a1 = MatDesc {
         addr: a.addr + 2,
         ..a
     };
     let l = plan(&a1, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8FlatRealigned(DType::BF16));
+    assert_eq!(l.params.walk.per_row, 14336 / 8 + 1);
+    assert_eq!(l.block, 128);
+    let (words, resident) = (
+        64 * (14336 / 8 + 1),
+        limits().resident_blocks(l.kernel) as u64 * 128,
+    );
+    let threads = if words > resident && words <= 4 * resident {
+        resident
+    } else {
+        words
+    };
+    assert_eq!(l.grid as u64, threads.div_ceil(128));
+    assert!(words > resident / 2);
+    let (a16, b16, y16) = abq(DType::BF16, 16, 14335);
+    let l = plan(&a16, &b16, &y16, Fp8Scaling::Static, &scales(1, 1)).unwrap();
     assert_eq!(
         l.kernel,
         KernelId::GatedFp8Flat(DType::BF16, VecMode::Scalar)
+    );
+    let (af, bf, yf) = abq(DType::F32, 4096, 4095);
+    let l = plan(&af, &bf, &yf, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::GatedFp8Flat(DType::F32, VecMode::Scalar)
+    );
+    // Per group off the grid: the scalar path, a warp per group.
+    let l = plan(
+        &a1,
+        &b,
+        &y,
+        Fp8Scaling::per_group(128, ScaleLayout::RowMajor),
+        &scales(64, 14336 / 128),
+    )
+    .unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::GatedFp8Group(DType::BF16, VecMode::Scalar)
     );
     assert_eq!(l.params.batch, 4);
 }
@@ -225,10 +262,45 @@ fn per_token_plans_rows_in_registers() {
         &streamed,
     )
     .unwrap();
+    // f32 rows off the 16-byte grid: the scalar row kernels (8 accesses per thread here).
     assert_eq!(
         l.kernel,
         KernelId::GatedFp8RowLong(DType::F32, VecMode::Scalar)
     );
+    // 16-bit rows off the grid: the realigned row kernel where a row's aligned words of `y`
+    // (ceil(cols / L) + 1 of them) take three or four per thread of one tile, at least a wave
+    // of rows (one per SM); the scalar row kernels elsewhere.
+    let (a, b, y) = abq(DType::BF16, 1024, 14335);
+    let l = plan_gated_forward_fp8(
+        Activation::Silu,
+        &a,
+        &b,
+        &y,
+        ub,
+        &scales(1024, 1),
+        &streamed,
+    )
+    .unwrap();
+    assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::BF16));
+    assert_eq!((l.params.walk.per_row, l.params.chunks), (1793, 4));
+    assert_eq!((l.grid, l.block, l.params.prefetch_rows), (1024, 512, 0));
+    assert_eq!(l.shared_mem_bytes, GATED_FP8_ROW_SMEM_BYTES);
+    let wave = streamed.sm_count as usize;
+    for (dtype, rows, cols, realigned) in [
+        (DType::BF16, wave, 8183, false),
+        (DType::BF16, wave, 8185, true),
+        (DType::BF16, wave - 1, 8185, false),
+        (DType::F16, wave, 14335, true),
+        (DType::BF16, wave, 16375, true),
+        (DType::BF16, wave, 16377, false),
+        (DType::F32, 4096, 8187, false),
+    ] {
+        let (a, b, y) = abq(dtype, rows, cols);
+        let s = scales(rows, 1);
+        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
+        let got = l.kernel == KernelId::GatedFp8RowRealigned(dtype);
+        assert_eq!(got, realigned, "{dtype:?} {rows} x {cols}: {:?}", l.kernel);
+    }
 }
 
 #[test]
@@ -532,6 +604,21 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert!(k.exists(), "{k:?}");
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
+        }
+        // The realigned FP8 kernels: 16-bit inputs only.
+        let (row, flat) = (
+            KernelId::GatedFp8RowRealigned(d),
+            KernelId::GatedFp8FlatRealigned(d),
+        );
+        assert_eq!(row.exists(), d != DType::F32, "{row:?}");
+        assert_eq!(flat.exists(), d != DType::F32, "{flat:?}");
+        if d != DType::F32 {
+            for k in [row, flat] {
+                assert!(k.syncs_grid_dependency());
+                assert_eq!(KernelId::ALL[k.index()], k);
+            }
+            assert_eq!(row.launch_bounds(), Some((512, 1)));
+            assert_eq!(flat.launch_bounds(), Some((128, 8)));
         }
         for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);

@@ -38,7 +38,8 @@ use rand::rngs::StdRng;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Layout {
     Split,
-    /// Every operand one element into its buffer: the scalar path.
+    /// Every operand one element into its buffer: off the 16-byte grid (the realigned kernels
+    /// for static scales and per-token rows of one tile, the scalar path otherwise).
     SplitOffset,
     Interleaved,
 }
@@ -518,6 +519,68 @@ fn fp8_per_token_long_rows() {
                     )
                 });
                 k.set_row_streaming(true);
+            }
+        }
+    }
+}
+
+/// The realigned FP8 kernels (16-bit inputs off the 16-byte grid) at shapes the planner gives
+/// them: per token, rows of three and four aligned words of `y` per thread, a row per SM and
+/// more; static, words filling more than half the device. Interleaved halves of odd width and
+/// split operands one element off the grid; every case against the references as the others.
+#[test]
+fn fp8_realigned_kernels() {
+    let test = "fp8_realigned_kernels";
+    let Some((k, s)) = gpu(test) else { return };
+    let rows = k.limits().sm_count as usize + 3;
+    for dtype in [DType::BF16, DType::F16] {
+        let (mut rng, seed) = rng();
+        // 1025 and 2048 words a row: three and four per thread.
+        for cols in [8193, 16375] {
+            for scaling in [Fp8Scaling::per_token(), Fp8Scaling::Static] {
+                let desc = |addr: u64, dtype, cols| {
+                    MatDesc::contiguous(addr + 2, rows * cols, dtype, rows, cols)
+                };
+                let scales = if scaling == Fp8Scaling::Static {
+                    1
+                } else {
+                    rows
+                };
+                let plan = plan_gated_forward_fp8(
+                    Activation::Silu,
+                    &desc(1 << 40, dtype, cols),
+                    &desc(1 << 41, dtype, cols),
+                    &MatDesc::contiguous(1 << 42, rows * cols, DType::F8E4M3, rows, cols),
+                    scaling,
+                    &MatDesc::contiguous(1 << 43, scales, DType::F32, scales, 1),
+                    k.limits(),
+                )
+                .unwrap();
+                let want = if scaling == Fp8Scaling::Static {
+                    KernelId::GatedFp8FlatRealigned(dtype)
+                } else {
+                    KernelId::GatedFp8RowRealigned(dtype)
+                };
+                assert_eq!(plan.kernel, want, "{dtype:?} {rows} x {cols}");
+                for layout in [Layout::Interleaved, Layout::SplitOffset] {
+                    with_seed(test, seed, || {
+                        typed!(
+                            dtype,
+                            case::<T>(
+                                &k,
+                                &s,
+                                &mut rng,
+                                Activation::Silu,
+                                layout,
+                                scaling,
+                                (rows, cols)
+                            )
+                        )
+                    });
+                }
+                if quick() {
+                    break;
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 //! GPU tests of add + RMSNorm with FP8 E4M3 outputs: every dtype x placement x scaling scheme
 //! (static, with a scale that saturates some values; per token, with and without an upper
 //! bound; per group of 128 row-major and of 64 column-major), vector and scalar paths, the
-//! 16- and 32-per-thread geometries, Gemma and Hugging Face numerics, an f32 weight.
+//! 16- and 32-per-thread geometries and the looped one (rows of more than 16384 elements),
+//! Gemma and Hugging Face numerics, an f32 weight.
 //!
 //! Checks per case:
 //! - **bit for bit** against the reference quantisation (`reference::fp8::quantize_rows`) of
@@ -28,7 +29,9 @@ use common::*;
 use ferrofuse::cudarc::driver::{CudaSlice, CudaStream};
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::{bf16, f16};
-use ferrofuse::norm::{Fp8Placement, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
+use ferrofuse::norm::{
+    Fp8Placement, RmsNormFp8Descs, plan_rmsnorm_forward_fp8, rmsnorm_forward_geometry,
+};
 use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
@@ -54,7 +57,7 @@ const PLACES: [Place; 4] = [
 
 fn shapes() -> Vec<(usize, usize)> {
     if quick() {
-        return vec![(3, 384), (2, 16384), (5, 100)];
+        return vec![(3, 384), (2, 16384), (5, 100), (2, 20480)];
     }
     vec![
         (1, 128),
@@ -69,6 +72,10 @@ fn shapes() -> Vec<(usize, usize)> {
         (64, 4096),
         (2, 7),
         (9, 2048),
+        // Looped rows: more than one tile, a multiple of both group widths, odd.
+        (3, 16512),
+        (2, 40960),
+        (2, 20001),
     ]
 }
 
@@ -94,8 +101,24 @@ fn random_rows<T: Element>(rng: &mut StdRng, rows: usize, cols: usize) -> (Vec<T
     (x, r, w)
 }
 
-/// Runs one FP8 forward: inputs `off` elements into their buffers (1: the scalar path),
-/// outputs poisoned; returns what it wrote.
+/// Where a call's operands start in their buffers, in elements: x, residual, h and `y`
+/// (`data`), and the weight. Off the 16-byte grid the realigned kernel takes the call when
+/// the weight is on it, the scalar kernel when it is not.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct At {
+    data: usize,
+    weight: usize,
+}
+
+/// Every operand at the start of its buffer: the vector path where the row length allows.
+const ALIGNED: At = At { data: 0, weight: 0 };
+/// The data one element in, the weight aligned: the realigned path.
+const REALIGNED: At = At { data: 1, weight: 0 };
+/// Every operand one element in: the scalar path.
+const SCALAR: At = At { data: 1, weight: 1 };
+
+/// Runs one FP8 forward with its operands `at` (see [`At`]), outputs poisoned; returns what
+/// it wrote.
 #[allow(clippy::too_many_arguments)]
 fn call<T: Element>(
     k: &Kernels,
@@ -105,10 +128,10 @@ fn call<T: Element>(
     static_scale: f32,
     (x, r, w, w32): Inputs<'_, T>,
     (rows, cols): (usize, usize),
-    off: usize,
+    at: At,
     opts: &RmsNormOptions,
 ) -> Out<T> {
-    let n = rows * cols;
+    let (n, off) = (rows * cols, at.data);
     let pad = |v: &[T]| {
         let mut out = vec![poison::<T>(); off];
         out.extend_from_slice(v);
@@ -117,10 +140,10 @@ fn call<T: Element>(
     let mut dx = upload(s, &pad(x));
     let mut dr = upload(s, &pad(r));
     let mut dh = upload(s, &vec![poison::<T>(); n + off]);
-    let dw = upload(s, w);
-    let dw32 = w32.map(|w| upload(s, w));
+    let dw = upload(s, &[vec![poison::<T>(); at.weight], w.to_vec()].concat());
+    let dw32 = w32.map(|w| upload(s, &[vec![f32::NAN; at.weight], w.to_vec()].concat()));
     let y_stride = cols + 16;
-    let mut dq = upload(s, &vec![F8E4M3::from_bits(0x7f); rows * y_stride]);
+    let mut dq = upload(s, &vec![F8E4M3::from_bits(0x7f); rows * y_stride + off]);
     let (sr, sc, s_stride) = scale_layout(scaling, rows, cols);
     let s_len = if sr == 0 { 0 } else { (sr - 1) * s_stride + sc };
     let mut ds = upload(s, &vec![f32::NAN; s_len.max(1)]);
@@ -129,7 +152,7 @@ fn call<T: Element>(
     }
     let mut drstd = upload(s, &vec![f32::NAN; rows]);
     {
-        let mut y = MatMut::strided(dq.as_view_mut(), rows, cols, y_stride);
+        let mut y = MatMut::strided(dq.slice_mut(off..), rows, cols, y_stride);
         let mut rstd = MatMut::new(drstd.as_view_mut(), rows, 1);
         // Each placement's views of the buffers (an overwritten input borrowed mutably).
         let (mut mx, mut mr, mut mh, cx, cr);
@@ -177,7 +200,7 @@ fn call<T: Element>(
             Some(w) => k.rmsnorm_fp8(
                 s,
                 io,
-                &Mat::new(w.as_view(), 1, cols),
+                &Mat::new(w.slice(at.weight..), 1, cols),
                 &mut y,
                 scaling,
                 scales,
@@ -187,7 +210,7 @@ fn call<T: Element>(
             None => k.rmsnorm_fp8(
                 s,
                 io,
-                &Mat::new(dw.as_view(), 1, cols),
+                &Mat::new(dw.slice(at.weight..), 1, cols),
                 &mut y,
                 scaling,
                 scales,
@@ -197,7 +220,7 @@ fn call<T: Element>(
         };
         res.expect("rmsnorm_fp8");
     }
-    let q_all = download(s, &dq);
+    let q_all = download(s, &dq)[off..].to_vec();
     for rr in 0..rows {
         for c in cols..y_stride {
             assert_eq!(q_all[rr * y_stride + c].to_bits(), 0x7f, "padding of y");
@@ -240,7 +263,7 @@ fn case<T: Element>(
     s: &Arc<CudaStream>,
     rng: &mut StdRng,
     place: Place,
-    off: usize,
+    at: At,
     scaling: Fp8Scaling,
     (rows, cols): (usize, usize),
     variant: usize,
@@ -276,7 +299,7 @@ fn case<T: Element>(
     // 448 * scale = 1.8: the larger values saturate (|y| reaches ~5).
     let static_scale = 0.004f32;
     let what = format!(
-        "{} {place:?} off {off} {scaling:?} {rows}x{cols} gemma {gemma} hf {hf} w_f32 {w_f32}",
+        "{} {place:?} {at:?} {scaling:?} {rows}x{cols} gemma {gemma} hf {hf} w_f32 {w_f32}",
         T::DTYPE.name()
     );
     let out = call(
@@ -287,7 +310,7 @@ fn case<T: Element>(
         static_scale,
         (&x, &r, &w, w_f32.then_some(&w32[..])),
         (rows, cols),
-        off,
+        at,
         &opts,
     );
     let has_res = place != Place::Norm;
@@ -295,7 +318,8 @@ fn case<T: Element>(
         eps: 1e-5,
         gemma,
         hf,
-        normalize_stored_h: false,
+        // Looped rows normalise `h` as stored.
+        normalize_stored_h: rmsnorm_forward_geometry(T::DTYPE, cols).1.looped,
     };
     let mut y32 = Vec::with_capacity(n);
     let mut y64 = Vec::with_capacity(n);
@@ -410,7 +434,7 @@ fn case<T: Element>(
     }
 }
 
-fn run(test: &'static str, off: usize) {
+fn run(test: &'static str, at: At) {
     let Some((k, s)) = gpu(test) else { return };
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
@@ -420,7 +444,7 @@ fn run(test: &'static str, off: usize) {
                 let body = std::panic::AssertUnwindSafe(|| {
                     typed!(
                         dtype,
-                        case::<T>(&k, &s, &mut rng, place, off, scaling, shape, si + ci)
+                        case::<T>(&k, &s, &mut rng, place, at, scaling, shape, si + ci)
                     )
                 });
                 if let Err(p) = std::panic::catch_unwind(body) {
@@ -434,16 +458,21 @@ fn run(test: &'static str, off: usize) {
 
 #[test]
 fn norm_fp8_vector_path() {
-    run("norm_fp8_vector_path", 0);
+    run("norm_fp8_vector_path", ALIGNED);
+}
+
+#[test]
+fn norm_fp8_realigned_path() {
+    run("norm_fp8_realigned_path", REALIGNED);
 }
 
 #[test]
 fn norm_fp8_scalar_path() {
-    run("norm_fp8_scalar_path", 1);
+    run("norm_fp8_scalar_path", SCALAR);
 }
 
-/// A row's bytes, scales, `h` and `rstd` are the same alone, at an offset (the scalar path)
-/// and at any position of a batch.
+/// A row's bytes, scales, `h` and `rstd` are the same alone, at an offset (the realigned and
+/// the scalar path) and at any position of a batch.
 fn invariance<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng, cols: usize) {
     let rows = if quick() { 40 } else { 700 };
     let (x, r, w) = random_rows::<T>(rng, rows, cols);
@@ -461,14 +490,14 @@ fn invariance<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng, co
             0.02,
             (&x, &r, &w, None),
             (rows, cols),
-            0,
+            ALIGNED,
             &opts,
         );
         let per = batch.scales.len() / rows;
         for rr in [0, 1, rows / 2, rows - 1] {
             let xs = &x[rr * cols..(rr + 1) * cols];
             let rs = &r[rr * cols..(rr + 1) * cols];
-            for off in [0, 1] {
+            for at in [ALIGNED, REALIGNED, SCALAR] {
                 let alone = call(
                     k,
                     s,
@@ -477,13 +506,10 @@ fn invariance<T: Element>(k: &Kernels, s: &Arc<CudaStream>, rng: &mut StdRng, co
                     0.02,
                     (xs, rs, &w, None),
                     (1, cols),
-                    off,
+                    at,
                     &opts,
                 );
-                let what = format!(
-                    "{} {scaling:?} H {cols} row {rr} off {off}",
-                    T::DTYPE.name()
-                );
+                let what = format!("{} {scaling:?} H {cols} row {rr} {at:?}", T::DTYPE.name());
                 assert_eq!(
                     alone.q,
                     batch.q[rr * cols..(rr + 1) * cols],
@@ -520,7 +546,7 @@ fn norm_fp8_batch_invariance() {
     let sizes: &[usize] = if quick() {
         &[1024]
     } else {
-        &[256, 4096, 8192, 16384]
+        &[256, 4096, 8192, 16384, 20480]
     };
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
@@ -623,7 +649,7 @@ fn streamed_case<T: Element>(
     shape: (usize, usize),
     variant: usize,
 ) {
-    case::<T>(k, s, rng, place, 0, scaling, shape, variant);
+    case::<T>(k, s, rng, place, ALIGNED, scaling, shape, variant);
     streamed_vs_registers::<T>(k, s, rng, place, scaling, shape);
 }
 
@@ -647,7 +673,7 @@ fn streamed_vs_registers<T: Element>(
             0.01,
             (&x, &r, &w, None),
             (rows, cols),
-            0,
+            ALIGNED,
             &opts,
         )
     };
@@ -675,7 +701,8 @@ fn assert_same_outputs<T: Element>(what: &str, a: &Out<T>, b: &Out<T>) {
 /// The sm_80 module (the E4M3 conversion in software; no clusters, bulk copies or
 /// programmatic launch) loaded beside the device's own on a newer GPU writes the same bits:
 /// bytes, scales, `h` and `rstd`, every scheme, placement and dtype, on the vector and scalar
-/// paths, rows in registers and rows of 32 per thread past one wave (streamed on sm_90).
+/// paths, rows in registers, rows of 32 per thread past one wave (streamed on sm_90) and
+/// looped rows.
 #[test]
 fn norm_fp8_oldest_module_gives_the_same_bits() {
     let test = "norm_fp8_oldest_module_gives_the_same_bits";
@@ -691,11 +718,11 @@ fn norm_fp8_oldest_module_gives_the_same_bits() {
         for (si, &shape) in shapes.iter().enumerate() {
             for (ci, scaling) in schemes(shape.1).into_iter().enumerate() {
                 let place = PLACES[(si + ci) % PLACES.len()];
-                let off = (si + ci) % 2;
+                let at = [ALIGNED, REALIGNED, SCALAR][(si + ci) % 3];
                 let body = std::panic::AssertUnwindSafe(|| {
                     typed!(
                         dtype,
-                        across_modules::<T>((&k, &old), &s, &mut rng, place, off, scaling, shape)
+                        across_modules::<T>((&k, &old), &s, &mut rng, place, at, scaling, shape)
                     )
                 });
                 if let Err(p) = std::panic::catch_unwind(body) {
@@ -708,25 +735,25 @@ fn norm_fp8_oldest_module_gives_the_same_bits() {
 }
 
 /// One case of [`norm_fp8_oldest_module_gives_the_same_bits`]: the same random rows through
-/// both modules, inputs `off` elements into their buffers.
+/// both modules, the operands `at` (see [`At`]).
 fn across_modules<T: Element>(
     (own, old): (&Kernels, &Kernels),
     s: &Arc<CudaStream>,
     rng: &mut StdRng,
     place: Place,
-    off: usize,
+    at: At,
     scaling: Fp8Scaling,
     (rows, cols): (usize, usize),
 ) {
     let (x, r, w) = random_rows::<T>(rng, rows, cols);
-    let opts = RmsNormOptions::new(1e-6).with_gemma(off == 1);
+    let opts = RmsNormOptions::new(1e-6).with_gemma(at.data == 1);
     let run = |k: &Kernels| {
         let io = (&x[..], &r[..], &w[..], None);
-        call(k, s, place, scaling, 0.01, io, (rows, cols), off, &opts)
+        call(k, s, place, scaling, 0.01, io, (rows, cols), at, &opts)
     };
     let (a, b) = (run(own), run(old));
     let what = format!(
-        "{} {place:?} {scaling:?} {rows}x{cols} off {off}: {} vs {}",
+        "{} {place:?} {scaling:?} {rows}x{cols} {at:?}: {} vs {}",
         T::DTYPE.name(),
         own.ptx().arch,
         old.ptx().arch
@@ -753,7 +780,7 @@ fn norm_fp8_matches_storage_forward_rstd() {
         1.0,
         (&x, &r, &w, None),
         (rows, cols),
-        0,
+        ALIGNED,
         &opts,
     );
     let (dx, dr, dw) = (upload(&s, &x), upload(&s, &r), upload(&s, &w));

@@ -9,9 +9,7 @@ use common::assert_matches;
 
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
 use ferrofuse::half::bf16;
-use ferrofuse::norm::{
-    NormNumerics, RMSNORM_FP8_MAX_HIDDEN, RmsNormFp8Descs, plan_rmsnorm_forward_fp8,
-};
+use ferrofuse::norm::{NormNumerics, RmsNormFp8Descs, plan_rmsnorm_forward_fp8};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
     DType, Error, Fp8Scaling, GridLimits, KernelId, MatDesc, NormPath, RmsNormOptions, ScaleLayout,
@@ -19,7 +17,8 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry,
+    NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -107,14 +106,25 @@ fn plans_the_norm_geometry_for_each_scheme() {
 
 #[test]
 fn paths_variants_and_flags() {
-    // A row of 16384 takes the 32-per-thread geometry; an odd one the scalar path.
+    // A row of 16384 takes the 32-per-thread geometry; an odd one the realigned path, with the
+    // realigned staging (the weight on the grid) or the scalar path (the weight off it).
     let t = descs(DType::BF16, 2, 16384, (1, 1));
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         l.kernel,
         KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::E32, FP8_STATIC)
     );
-    let t = descs(DType::F16, 3, 4097, (3, 1));
+    let mut t = descs(DType::F16, 3, 4097, (3, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
+    let realigned = KernelId::RmsNormFp8Realigned(DType::F16, NormFwdVariant::E16, FP8_PER_TOKEN);
+    assert_eq!(l.kernel, realigned);
+    let (_, g) = rmsnorm_fwd_geometry(DType::F16, 4097);
+    assert_eq!(
+        l.shared_mem_bytes,
+        rmsnorm_realigned_smem_bytes(&g, DType::F16, false)
+    );
+    assert_eq!(l.block, g.block_threads());
+    t.weight.addr += 2;
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
     assert_eq!(
         l.kernel,
@@ -125,18 +135,21 @@ fn paths_variants_and_flags() {
             FP8_PER_TOKEN
         )
     );
-    // The FP8 output off the 16-byte grid: the scalar path.
+    assert_eq!(l.shared_mem_bytes, RMSNORM_SMEM_BYTES);
+    // The FP8 output off the 16-byte grid, every other operand on it: the realigned path.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
     t.y.addr += 8;
     let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::RmsNormFp8(
-            DType::BF16,
-            VecMode::Scalar,
-            NormFwdVariant::E16,
-            FP8_STATIC
-        )
+        KernelId::RmsNormFp8Realigned(DType::BF16, NormFwdVariant::E16, FP8_STATIC)
+    );
+    // f32 rows off the grid: the scalar path.
+    let t = descs(DType::F32, 2, 4095, (1, 1));
+    let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::Static, &limits()).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::RmsNormFp8(DType::F32, VecMode::Scalar, NormFwdVariant::E16, FP8_STATIC)
     );
     // Plain norm: no residual, no h; Gemma and HF flags as the storage forward's.
     let mut t = descs(DType::BF16, 4, 1024, (1, 1));
@@ -195,7 +208,7 @@ fn streams_rows_of_32_per_thread_past_one_wave() {
     let l = plan(DType::BF16, 1000, 16383, &streamed);
     assert!(matches!(
         l.kernel,
-        KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::E32, _)
+        KernelId::RmsNormFp8Realigned(_, NormFwdVariant::E32, _)
     ));
     for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
         for d in DType::ALL {
@@ -208,26 +221,83 @@ fn streams_rows_of_32_per_thread_past_one_wave() {
 }
 
 #[test]
+fn plans_looped_rows_past_16384() {
+    // Rows longer than the register geometries: the looped geometry and its ring, one row of
+    // 512 threads per block, on the vector path or (off the grid) the scalar one; never the
+    // realigned or streamed entries.
+    for (d, hidden) in [
+        (DType::BF16, 16512),
+        (DType::F16, 20480),
+        (DType::F32, 65536),
+    ] {
+        let (variant, g) = rmsnorm_fwd_geometry(d, hidden as u64);
+        assert_eq!(variant, NormFwdVariant::Loop);
+        let group = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
+        for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
+            let t = descs(d, 3, hidden, s.scale_shape(3, hidden).unwrap());
+            let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &limits()).unwrap();
+            assert!(matches!(
+                l.kernel,
+                KernelId::RmsNormFp8(k, VecMode::V16, NormFwdVariant::Loop, _) if k == d
+            ));
+            assert_eq!(
+                (l.grid, l.block, l.shared_mem_bytes),
+                (3, g.block_threads(), RMSNORM_LOOP_SMEM_BYTES)
+            );
+            assert_eq!(l.params.norm.threads_per_row, 512);
+        }
+        let t = descs(d, 3, hidden + 1, (3, 1));
+        let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
+        assert!(matches!(
+            l.kernel,
+            KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::Loop, FP8_PER_TOKEN)
+        ));
+    }
+}
+
+#[test]
 fn every_fp8_norm_kernel_is_in_the_table() {
     for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
         for d in DType::ALL {
             for m in [VecMode::V16, VecMode::Scalar] {
-                for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
+                for v in [
+                    NormFwdVariant::E16,
+                    NormFwdVariant::E32,
+                    NormFwdVariant::Loop,
+                ] {
                     let k = KernelId::RmsNormFp8(d, m, v, s);
                     assert!(k.exists(), "{k:?}");
                     assert!(k.syncs_grid_dependency());
-                    let blocks = if (m, v) == (VecMode::V16, NormFwdVariant::E16) {
-                        2
-                    } else {
-                        1
-                    };
+                    // Looped f32 rows on the scalar path spilled at two blocks per SM.
+                    let looped =
+                        v == NormFwdVariant::Loop && (d, m) != (DType::F32, VecMode::Scalar);
+                    let two = (m, v) == (VecMode::V16, NormFwdVariant::E16) || looped;
+                    let blocks = if two { 2 } else { 1 };
                     assert_eq!(k.launch_bounds(), Some((512, blocks)));
                     assert!(k.rmsnorm_forward_form().is_none());
                 }
             }
         }
     }
-    let loop_form = KernelId::RmsNormFp8(DType::BF16, VecMode::V16, NormFwdVariant::Loop, 0);
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            for v in [NormFwdVariant::E16, NormFwdVariant::E32] {
+                let k = KernelId::RmsNormFp8Realigned(d, v, s);
+                // 16-bit dtypes only (f32 rows take the scalar path).
+                let built = d != DType::F32;
+                assert_eq!(k.exists(), built, "{k:?}");
+                if built {
+                    assert!(k.syncs_grid_dependency());
+                    let blocks = if v == NormFwdVariant::E16 { 2 } else { 1 };
+                    assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                    assert!(k.dynamic_smem_opt_in().is_some());
+                    assert!(k.rmsnorm_forward_form().is_none());
+                }
+            }
+        }
+    }
+    // Looped rows off the grid take the scalar entries: no realigned looped FP8 entry.
+    let loop_form = KernelId::RmsNormFp8Realigned(DType::BF16, NormFwdVariant::Loop, FP8_STATIC);
     assert!(!loop_form.exists());
     let _ = NormPath::V16;
 }
@@ -346,9 +416,6 @@ fn rejects_bad_operands() {
         plan_rmsnorm_forward_fp8(&base, &RmsNormOptions::new(0.0), tok, &limits()),
         Err(Error::InvalidArgument { what: "eps", .. })
     );
-    // Rows longer than the register path.
-    let t = descs(DType::BF16, 2, RMSNORM_FP8_MAX_HIDDEN + 128, (2, 1));
-    assert_matches!(plan(&t, tok), Err(Error::TooLarge { .. }));
 }
 
 #[test]

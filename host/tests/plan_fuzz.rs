@@ -31,9 +31,9 @@ use ferrofuse::gated::{
     GatedPlan, plan_gated_backward, plan_gated_forward, plan_gated_forward_fp8,
 };
 use ferrofuse::norm::{
-    BwdNarrow, NormBwdVariant, RMSNORM_FP8_MAX_HIDDEN, RmsNormBwdDescs, RmsNormBwdPlan,
-    RmsNormFp8Descs, RmsNormFwdDescs, plan_rmsnorm_backward, plan_rmsnorm_forward,
-    plan_rmsnorm_forward_fp8, rmsnorm_backward_workspace_len,
+    BwdNarrow, NormBwdVariant, RmsNormBwdDescs, RmsNormBwdPlan, RmsNormFp8Descs, RmsNormFwdDescs,
+    plan_rmsnorm_backward, plan_rmsnorm_forward, plan_rmsnorm_forward_fp8,
+    rmsnorm_backward_workspace_len,
 };
 use ferrofuse::runtime::KernelParams;
 use ferrofuse::{
@@ -45,9 +45,10 @@ use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
     GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
-    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_MAX_CLUSTER,
-    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
+    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1499,6 +1500,17 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             mode
         }
         KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
+        KernelId::GatedFp8RowRealigned(d) if d == dtype && per_token && l.kernel.exists() => {
+            if p.chunks > GATED_FP8_ROW_CHUNKS as u32 {
+                v.add(format!("{} chunks on {:?}", p.chunks, l.kernel));
+            }
+            VecMode::Scalar
+        }
+        KernelId::GatedFp8FlatRealigned(d)
+            if d == dtype && scheme == FP8_STATIC && l.kernel.exists() =>
+        {
+            VecMode::Scalar
+        }
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
@@ -1512,7 +1524,24 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     // The per-group vector path walks pairs of accesses (two per lane, half a group apart).
     let pairs = scheme == FP8_PER_GROUP && mode == VecMode::V16;
     let walk_unit = if pairs { 2 * width } else { width };
-    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != cols / walk_unit {
+    // The realigned kernels walk the aligned words of `y` a row can touch, one per 16-byte
+    // vector of the inputs (the row kernel all in one tile of its block).
+    let realigned = matches!(
+        l.kernel,
+        KernelId::GatedFp8RowRealigned(..) | KernelId::GatedFp8FlatRealigned(..)
+    );
+    let per_row = if realigned {
+        cols.div_ceil(lanes) + 1
+    } else {
+        cols / walk_unit
+    };
+    if per_token && realigned && per_row > GATED_FP8_ROW_MAX_THREADS as u64 * p.chunks as u64 {
+        v.add(format!(
+            "the realigned row kernel for {per_row} words in {} chunks",
+            p.chunks
+        ));
+    }
+    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != per_row {
         v.add(format!(
             "{rows} x {cols} in rows of {} steps of {walk_unit}",
             p.walk.per_row
@@ -2130,16 +2159,44 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
     let (scale_shape, scheme, group) = accepted_scaling(&mut v, &c.scaling, (rows, hidden));
     v.desc("y", &t.y, DType::F8E4M3, (rows, hidden));
     v.desc("scales", &t.scales, DType::F32, scale_shape);
-    if hidden > RMSNORM_FP8_MAX_HIDDEN {
-        v.add(format!("accepted rows of {hidden}"));
-    }
     let p = &l.params;
     let n = &p.norm;
     let mut accesses = norm_accesses(&mut v, call, n, x, residual, &t.weight, h, rstd, &c.opts);
     let work = rows > 0 && hidden > 0;
     v.launch(0, l, work);
+    let mut realigned = false;
     let vector = match l.kernel {
-        KernelId::RmsNormFp8(d, mode, _, s) if d == dtype && s == p.scheme => mode == VecMode::V16,
+        KernelId::RmsNormFp8(d, mode, variant, s) if d == dtype && s == p.scheme => {
+            // The storage-dtype forward's geometry; looped rows with the looped ring.
+            let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            let smem = if want == NormFwdVariant::Loop {
+                RMSNORM_LOOP_SMEM_BYTES
+            } else {
+                RMSNORM_SMEM_BYTES
+            };
+            if work && (variant != want || l.shared_mem_bytes != smem) {
+                v.add(format!(
+                    "{:?} with {} bytes of shared memory for rows of {hidden}",
+                    l.kernel, l.shared_mem_bytes
+                ));
+            }
+            mode == VecMode::V16
+        }
+        KernelId::RmsNormFp8Realigned(d, variant, s) if d == dtype && s == p.scheme => {
+            // The realigned staging of the storage-dtype forward, for the same geometry.
+            let (want, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            let w_f32 = t.weight.dtype == DType::F32;
+            if variant != want
+                || l.shared_mem_bytes != rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32)
+            {
+                v.add(format!(
+                    "{:?} with {} bytes of shared memory for rows of {hidden}",
+                    l.kernel, l.shared_mem_bytes
+                ));
+            }
+            realigned = true;
+            false
+        }
         KernelId::RmsNormFp8Stream(d, s) if d == dtype && s == p.scheme => {
             let shape = (l.kernel, l.grid, l.block, l.shared_mem_bytes);
             let sizes = (rows, hidden, t.weight.dtype.size_bytes());
@@ -2188,6 +2245,9 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
                 "rstd" | "scales" => {}
                 name => v.vectors(a, name == "weight"),
             }
+        } else if realigned && a.name == "weight" {
+            // The realigned kernels stage the weight in aligned vectors.
+            v.vectors(a, true);
         }
     }
     let accesses: Vec<Access> = accesses.into_iter().map(|(a, _)| a).collect();

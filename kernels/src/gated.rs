@@ -190,7 +190,7 @@ unsafe fn fwd_scalar<E: Elem, A: GatedAct>(p: &GatedFwdParams) {
 
 /// The 16 bytes at byte offset `sh` (< 16) of the 32 bytes `lo : hi` (little-endian).
 #[inline(always)]
-fn realign(lo: [u32; 4], hi: [u32; 4], sh: u64) -> [u32; 4] {
+pub(crate) fn realign(lo: [u32; 4], hi: [u32; 4], sh: u64) -> [u32; 4] {
     let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
     let (q, bits) = (sh >> 2, ((sh & 3) * 8) as u32);
     // Word `k + q` for k < 5, by two rounds of selects on the bits of `q`: a run-time index
@@ -215,7 +215,7 @@ fn realign(lo: [u32; 4], hi: [u32; 4], sh: u64) -> [u32; 4] {
 /// vectors that hold them lie inside `[lo, end)`: returns whether they do and the loads (two
 /// aligned vectors, the second predicated off when `at` is aligned; both off when outside).
 #[inline(always)]
-unsafe fn load_realigned(
+pub(crate) unsafe fn load_realigned(
     at: u64,
     lo: u64,
     end: u64,

@@ -76,6 +76,7 @@ use ferrofuse_common::{
 };
 
 use crate::cluster;
+use crate::gated::{load_realigned, realign};
 use crate::mem::{
     Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync, ld_v4_if,
 };
@@ -833,6 +834,190 @@ unsafe fn per_token<
     }
 }
 
+/// Aligned `L`-byte word `c` of the row of `y` that starts at `ya` (`L` the lanes of a 16-byte
+/// vector of the inputs: 8 bytes for 16-bit inputs, 4 for f32): its address, and the column
+/// of its first byte (wrapped when before the row).
+#[inline(always)]
+fn word_of<E: Elem>(ya: u64, c: u64) -> (u64, u64) {
+    let l = E::LANES as u64;
+    let v = (ya & !(l - 1)) + c * l;
+    (v, v.wrapping_sub(ya))
+}
+
+/// The inputs of word `c` (see [`word_of`]) of row `row`, whose `y` starts at `ya`, when
+/// `mine`: the 16 bytes of `a` and of `b` at its columns, as 16-byte vectors (zeros for
+/// columns outside the row), and whether the word holds columns of the row. Loaded as the
+/// realigned gated forward loads a vector's inputs (the one or two aligned vectors they span,
+/// moved into place in registers; the second is the next access's first, mostly an L1 hit);
+/// a word whose vectors leave the row loads its columns inside the row element by element,
+/// each a predicated load into a word of its own, all issued before the first is used.
+///
+/// # Safety
+/// Row `row` exists when `mine`; `a` and `b` hold `rows x cols` at their strides (host-checked).
+#[inline(always)]
+unsafe fn load_word<E: Elem>(
+    p: &GatedFp8Params,
+    row: u64,
+    ya: u64,
+    c: u64,
+    mine: bool,
+) -> ([u32; 4], [u32; 4], bool) {
+    let (size, l) = (E::BYTES, E::LANES as u64);
+    let row_bytes = p.cols * size;
+    let (aa, ba) = (p.a + row * p.a_stride * size, p.b + row * p.b_stride * size);
+    let (v, col) = word_of::<E>(ya, c);
+    let touches = mine && v < ya + p.cols && v + l > ya;
+    let whole = mine && v >= ya && v + l <= ya + p.cols;
+    let at = col.wrapping_mul(size);
+    // SAFETY: `[aa, aa + row_bytes)` and `[ba, ba + row_bytes)` are rows of `a` and `b`;
+    // `load_realigned` reads only vectors inside them.
+    let ((a_ok, a0, a1, a_sh), (b_ok, b0, b1, b_sh)) = unsafe {
+        (
+            load_realigned(aa.wrapping_add(at), aa, aa + row_bytes, whole),
+            load_realigned(ba.wrapping_add(at), ba, ba + row_bytes, whole),
+        )
+    };
+    let (mut a, mut b) = ([0u32; 4], [0u32; 4]);
+    if a_ok && b_ok {
+        (a, b) = (realign(a0, a1, a_sh), realign(b0, b1, b_sh));
+    } else if touches {
+        let mut bits = [[0u32; 8]; 2];
+        unroll!(i < E::LANES => {
+            let k = col.wrapping_add(i as u64);
+            let inside = k < p.cols;
+            // SAFETY: column k < cols of the row, when inside.
+            unsafe {
+                bits[0][i] = E::load_bits_if(aa.wrapping_add(k.wrapping_mul(size)), inside);
+                bits[1][i] = E::load_bits_if(ba.wrapping_add(k.wrapping_mul(size)), inside);
+            }
+        });
+        (a, b) = (pack_lanes::<E>(&bits[0]), pack_lanes::<E>(&bits[1]));
+    }
+    (a, b, touches)
+}
+
+/// Stores word `c` (see [`word_of`]) of the row of `y` at `ya`, its FP8 bytes `q`, when it
+/// holds columns of the row (`touches`): one `L`-byte store when the word lies inside the row,
+/// else its columns inside the row byte by byte.
+///
+/// # Safety
+/// `ya` is a row of `cols` bytes of the checked FP8 output.
+#[inline(always)]
+unsafe fn store_word<E: Elem>(ya: u64, cols: u64, c: u64, touches: bool, q: [u32; 2]) {
+    let l = E::LANES as u64;
+    let (v, col) = word_of::<E>(ya, c);
+    let whole = v >= ya && v + l <= ya + cols;
+    // SAFETY: a whole word of the row, aligned to L bytes.
+    unsafe { store_q(l, v, q, touches && whole) };
+    if touches && !whole {
+        unroll!(i < E::LANES => {
+            let k = col.wrapping_add(i as u64);
+            let byte = (q[i / 4] >> (8 * (i % 4))) & 0xff;
+            // SAFETY: column k < cols of the row, when stored.
+            unsafe { store_q(1, ya.wrapping_add(k), [byte, 0], k < cols) };
+        });
+    }
+}
+
+/// The per-token row kernel for rows off the 16-byte grid whose words fit one tile
+/// (`gated_fp8_row_realigned_*`): access `c` of a row is aligned word `c` of its row of `y`
+/// ([`load_word`], [`store_word`]); thread `t` holds accesses `t + 512 j`, `j < chunks <=
+/// CHUNKS`, as the row kernel, and the row's maximum, its scale and the stores are the row
+/// kernel's. Columns outside the row are zeros, whose `y` is 0 for every activation, so they leave the
+/// maximum alone.
+///
+/// # Safety
+/// The host's plan: `walk.per_row` the words a row can touch (`ceil(cols / L) + 1`), at most
+/// `512 * chunks`; one block of 512 threads per row; `GATED_FP8_ROW_SMEM_BYTES` of dynamic
+/// shared memory; the operands checked (rows inside their allocations, no overlaps).
+#[inline(always)]
+unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUNKS: usize>(
+    p: &GatedFp8Params,
+) {
+    const TPR: u64 = GATED_FP8_ROW_MAX_THREADS as u64;
+    grid_dependency_sync();
+    let t_row = grid::thread_x();
+    let row = grid::block_x();
+    let live = row < p.rows;
+    let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (TPR / 32) as u32);
+    let ya = p.y + row * p.y_stride;
+    let mut a = [[0u32; 4]; CHUNKS];
+    let mut b = [[0u32; 4]; CHUNKS];
+    let mut touches = [false; CHUNKS];
+    unroll!(j < CHUNKS => {
+        let c = t_row + j as u64 * TPR;
+        let mine = live && (j as u32) < p.chunks && c < p.walk.per_row;
+        // SAFETY: row `row` exists when live (the host's checks).
+        (a[j], b[j], touches[j]) = unsafe { load_word::<E>(p, row, ya, c, mine) };
+    });
+    let l = E::LANES as u64;
+    let mut amax = 0.0f32;
+    unroll!(j < CHUNKS => {
+        let y = gated::<E, { VecMode::V16 }, A>(a[j], b[j]);
+        amax = amax.max(access_amax(l, &y, touches[j]));
+    });
+    // SAFETY: the warps' slots are inside the dynamic shared memory; every thread of the
+    // block gets here once.
+    let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, 0) };
+    let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
+    // SAFETY: the row's scale is inside the scale matrix for a live row.
+    unsafe { store_f32_if(p.scale + row * p.scale_row * 4, scale, live && t_row == 0) };
+    let inv = reciprocal(scale);
+    unroll!(j < CHUNKS => {
+        let q = quantize(l, &gated::<E, { VecMode::V16 }, A>(a[j], b[j]), scale, inv);
+        // SAFETY: a row of `y` (the host's checks).
+        unsafe { store_word::<E>(ya, p.cols, t_row + j as u64 * TPR, touches[j], q) };
+    });
+}
+
+/// The static-scale kernel for rows off the 16-byte grid (`gated_fp8_flat_realigned_*`): the
+/// flat walk ([`GridWalk`], thread `g` of `G` taking accesses `g, g + G, ...`) over the
+/// aligned words of `y` a row can touch (`ceil(cols / L) + 1` per row), each word's inputs
+/// loaded and its bytes stored as the realigned row kernel's ([`load_word`], [`store_word`]).
+///
+/// # Safety
+/// The host's plan: the walk built for this grid over `rows x per_row` words, fewer than 2^32;
+/// `scale` one readable f32; the operands checked.
+#[inline(always)]
+unsafe fn flat_realigned<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
+    grid_dependency_sync();
+    // SAFETY: the host checked that `scale` is one readable, aligned f32.
+    let scale = unsafe { load_f32(p.scale) };
+    let inv = reciprocal(scale);
+    let walk = &p.walk;
+    let step = grid::grid_dim_x() * grid::block_dim_x();
+    let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    let total = p.rows * walk.per_row;
+    let grid_step = Step32::of(walk);
+    let mut at = Cursor32::of(walk, i);
+    let l = E::LANES as u64;
+    while i < total {
+        let (row, c) = (at.row as u64, at.col as u64);
+        let ya = p.y + row * p.y_stride;
+        // SAFETY: i < total, so row < rows (the host's checks cover the rows).
+        let (a, b, touches) = unsafe { load_word::<E>(p, row, ya, c, true) };
+        let q = quantize(l, &gated::<E, { VecMode::V16 }, A>(a, b), scale, inv);
+        // SAFETY: a row of `y`.
+        unsafe { store_word::<E>(ya, p.cols, c, touches, q) };
+        at = at.advance(grid_step);
+        i += step;
+    }
+}
+
+/// `L` elements' bits (`bits[i]` element `i`, in the low bits) packed as a 16-byte vector.
+#[inline(always)]
+fn pack_lanes<E: Elem>(bits: &[u32; 8]) -> [u32; 4] {
+    let mut v = [0u32; 4];
+    unroll!(i < E::LANES => {
+        if E::BYTES == 2 {
+            v[i / 2] |= (bits[i] & 0xffff) << (16 * (i % 2));
+        } else {
+            v[i] = bits[i];
+        }
+    });
+    v
+}
+
 /// Byte offsets in the streamed kernel's dynamic shared memory (`GATED_FP8_STREAM_SMEM_BYTES`):
 /// the warps' maxima from 0 ([`row_max`]'s slots), the copy barrier, the row's `a`, its `b`.
 #[cfg(ferrofuse_bulk_copy)]
@@ -1060,6 +1245,41 @@ entries! {
         gated_fp8_row_long_bf16_v16, gated_fp8_row_split_bf16_v16: Bf16, VecMode::V16;
     gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar,
         gated_fp8_row_long_bf16_scalar, gated_fp8_row_split_bf16_scalar: Bf16, VecMode::Scalar;
+}
+
+macro_rules! realigned_row_entries {
+    ($($row:ident, $flat:ident: $e:ty;)*) => {$(
+        /// Gated forward with FP8 output and per-token scales for rows off the 16-byte grid
+        /// (see `per_token_realigned`), at most `GATED_FP8_ROW_CHUNKS` accesses per thread.
+        /// Launch: one block of `GATED_FP8_ROW_MAX_THREADS` threads per row,
+        /// `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
+        ///
+        /// # Safety
+        /// The host launcher's checks: valid, in-bounds tensors; no overlaps.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $row(p: GatedFp8Params) {
+            unsafe {
+                dispatch!(per_token_realigned, $e, VecMode::Scalar, &p, GATED_FP8_ROW_CHUNKS)
+            }
+        }
+
+        /// Gated forward with FP8 output and a static scale for rows off the 16-byte grid
+        /// (see `flat_realigned`). Launch: `GATED_THREADS` threads, the planned grid.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $flat(p: GatedFp8Params) {
+            unsafe { dispatch!(flat_realigned, $e, VecMode::Scalar, &p) }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name`; 16-bit inputs only (for f32 inputs the
+// scalar kernels were as fast or faster).
+realigned_row_entries! {
+    gated_fp8_row_realigned_f16, gated_fp8_flat_realigned_f16: F16;
+    gated_fp8_row_realigned_bf16, gated_fp8_flat_realigned_bf16: Bf16;
 }
 
 macro_rules! stream_entries {

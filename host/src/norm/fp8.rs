@@ -11,25 +11,24 @@
 //!
 //! Batch invariance holds for `y_q` and the scales: a row's bytes and scale depend on that
 //! row only (the per-token maximum is a fixed-order reduction over the row, a group's over the
-//! lanes that hold it). Rows of up to 16384 elements (the register-resident geometries) are
-//! supported; longer rows are rejected with [`Error::TooLarge`].
+//! lanes that hold it). Rows of any length: longer rows than 16384 elements take the looped
+//! geometry, whose `y` is the looped storage-dtype forward's (normalised from `h` as stored,
+//! see [`super`]); per token they read `h` back twice (once for the row's maximum).
 
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    KernelId, NormFwdVariant, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params,
-    rmsnorm_fwd_geometry,
+    DType, KernelId, NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params, VecMode, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
 };
 
 use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut, streamed_forward};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
 use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_devices, vec_mode};
-
-/// Longest row the FP8 forward takes (the register-resident geometries).
-pub const RMSNORM_FP8_MAX_HIDDEN: usize = 16384;
 
 /// The operands of an FP8 forward call as raw device matrices: `x`, `residual`, `h` `[rows,
 /// H]` of the storage dtype (`residual` and `h` both given or both absent), `weight` `[1, H]`
@@ -51,8 +50,8 @@ pub struct RmsNormFp8Descs {
 ///
 /// Checks as [`super::plan_rmsnorm_forward`] for `x`, `residual`, `h`, `weight`, `rstd` (`h`
 /// may be exactly `x` or exactly `residual`), then `y` and `scales` as every FP8 output
-/// ([`crate::fp8`]: dtype, shape, sizes; they overlap no operand and each other), and the
-/// row length (at most [`RMSNORM_FP8_MAX_HIDDEN`]). `limits` only picks between kernels that
+/// ([`crate::fp8`]: dtype, shape, sizes; they overlap no operand and each other). `limits`
+/// only picks between kernels that
 /// compute the same bits: rows of 32 elements per thread on the vector path are streamed
 /// through shared memory past one wave of them (sm_90).
 pub fn plan_rmsnorm_forward_fp8(
@@ -71,15 +70,8 @@ pub fn plan_rmsnorm_forward_fp8(
     operands.extend(h.map(|m| ("h", m)));
     operands.extend(ops.rstd.map(|m| ("rstd", m)));
     check_fp8_output(&t.y, &t.scales, &scaling, (rows, hidden), &operands)?;
-    if hidden > RMSNORM_FP8_MAX_HIDDEN {
-        return Err(Error::TooLarge {
-            what: "row length of an RMSNorm with FP8 output (at most 16384)",
-            value: hidden,
-        });
-    }
 
     let (variant, geometry) = rmsnorm_fwd_geometry(dtype, hidden as u64);
-    debug_assert!(variant != NormFwdVariant::Loop);
     let mode = vec_mode(dtype, hidden, &[Some(x), residual, h, Some(w), Some(&t.y)]);
     let grid = if rows == 0 || hidden == 0 {
         0
@@ -116,14 +108,35 @@ pub fn plan_rmsnorm_forward_fp8(
         Fp8Scaling::PerGroup { .. } => (scales.row_stride as u64, 1),
         _ => (scales.row_stride as u64, 0),
     };
+    // Off the vector grid, 16-bit dtypes, the realigned kernel where the storage-dtype forward
+    // would take it (its geometry's staging fits, the weight 16-byte aligned): the same bits
+    // as the scalar kernel, with 16-byte loads and word stores. For f32 rows the scalar
+    // kernel was as fast or faster (`bench/TUNING.md`, "The FP8 norm off the grid realigned,
+    // measured").
+    let w_f32 = w.dtype == DType::F32;
+    let looped = variant == NormFwdVariant::Loop;
+    let realigned = mode == VecMode::Scalar
+        && dtype.size_bytes() == 2
+        && !looped
+        && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
+        && w.addr % 16 == 0;
     let stream = KernelId::RmsNormFp8Stream(dtype, scheme);
     let (kernel, grid, shared_mem_bytes) =
         match streamed_forward(stream, mode, variant, rows, limits) {
             Some(blocks) => (stream, blocks, RMSNORM_STREAM_SMEM_BYTES),
+            None if realigned => (
+                KernelId::RmsNormFp8Realigned(dtype, variant, scheme),
+                grid,
+                rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32),
+            ),
             None => (
                 KernelId::RmsNormFp8(dtype, mode, variant, scheme),
                 grid,
-                RMSNORM_SMEM_BYTES,
+                if looped {
+                    RMSNORM_LOOP_SMEM_BYTES
+                } else {
+                    RMSNORM_SMEM_BYTES
+                },
             ),
         };
     Ok(Launch {
@@ -175,7 +188,7 @@ impl Kernels {
     /// Add + RMSNorm with FP8 output: `h` (storage dtype) in the placement `io` names, `y`
     /// FP8, `scales` read ([`Fp8Scaling::Static`], `[1, 1]`) or written (per token `[rows,
     /// 1]`, per group `[rows, H / group]` row-major or `[H / group, rows]` column-major),
-    /// `rstd` (`[rows, 1]` f32) when given. Rows of up to [`RMSNORM_FP8_MAX_HIDDEN`] elements.
+    /// `rstd` (`[rows, 1]` f32) when given. Rows of any length.
     ///
     /// ```no_run
     /// # use ferrofuse::{Kernels, Mat, MatMut, RmsNormOptions, F8E4M3, Fp8Scaling, Fp8Scales};

@@ -983,6 +983,110 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
     }
 }
 
+/// Pass 1 of the looped forward as [`fwd_loop`] runs it without loads ahead, over the row's
+/// `x`, `residual` and `h`, for the FP8 output: `h = x + residual` stored tile by tile, and the
+/// row's sum of squares, per tile (chunk, lane) and the tiles' sums added in order. The same
+/// bits as `fwd_loop`'s pass 1 (whose registers are tuned with its loads-ahead form, so it
+/// keeps its own copy). Returns the sum.
+///
+/// # Safety
+/// As for [`fwd_loop`], after its grid dependency wait; every thread of the block calls it.
+#[inline(always)]
+unsafe fn loop_sum_sq<E: Elem, const M: Path>(
+    p: &RmsNormFwdParams,
+    me: &Me,
+    live: bool,
+    [x_row, res_row, h_row]: [Row; 3],
+) -> f32 {
+    let k = 16 / E::LANES;
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let has_res = p.residual != 0;
+    let hf = p.flags & RMSNORM_HF != 0;
+    let mut sum_sq = 0.0f32;
+    let mut tile = 0u64;
+    while tile < tiles {
+        let first = tile * per_tile + me.t;
+        let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+        unroll!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            let ok = live && c < nchunks;
+            // SAFETY: when ok, row < rows and c < nchunks (host-checked extents); h may be x or
+            // residual, and each chunk is loaded before the same thread stores it.
+            let (x, r) = unsafe {
+                (
+                    load_chunk_if::<E, M>(x_row, c, hidden, ok),
+                    load_chunk_if::<E, M>(res_row, c, hidden, ok && has_res),
+                )
+            };
+            h[j] = add_residual::<E>(&x, &r, has_res, hf);
+        });
+        unroll!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            // SAFETY: as for the loads.
+            unsafe { store_chunk::<E, M>(h_row, c, hidden, live && has_res && c < nchunks, &h[j]) };
+        });
+        let mut acc = 0.0f32;
+        unroll!(j < k => {
+            unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+        });
+        // SAFETY: every thread of the block gets here, at every tile; the host gave the launch
+        // RMSNORM_LOOP_SMEM_BYTES.
+        sum_sq = unsafe { split::ring_tile_sum(sum_sq, acc, me, tile, tiles) };
+        tile += 1;
+    }
+    sum_sq
+}
+
+/// Pass 2 of the looped forward as its form without loads ahead runs it, for the FP8 output:
+/// each tile's `y` (`h` as stored, or `x` without a residual, normalised with `rstd` and the
+/// weight) handed to `out` with the tile's first chunk of this thread (its chunk `j` is
+/// `first + j * tpr`; chunks and columns past the row hold zeros). The same values as
+/// [`fwd_loop`] stores.
+///
+/// # Safety
+/// As for [`loop_sum_sq`], after it: every chunk read here was written in pass 1 by this same
+/// thread.
+#[inline(always)]
+unsafe fn loop_normalized<E: Elem, const M: Path>(
+    p: &RmsNormFwdParams,
+    me: &Me,
+    row: u64,
+    rstd: f32,
+    mut out: impl FnMut(u64, &[[f32; 8]; MAX_CHUNKS]),
+) {
+    let k = 16 / E::LANES;
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let hf = p.flags & RMSNORM_HF != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let src_row = if p.residual != 0 {
+        Row::of(p.h, p.h_stride, row)
+    } else {
+        Row::of(p.x, p.x_stride, row)
+    };
+    let mut tile = 0u64;
+    while tile < tiles {
+        let first = tile * per_tile + me.t;
+        let mut y = [[0.0f32; 8]; MAX_CHUNKS];
+        unroll!(j < k => {
+            let c = first + j as u64 * me.tpr;
+            // SAFETY: row < rows and c < nchunks when the load is taken (the caller's contract).
+            y[j] = unsafe { load_chunk_if::<E, M>(src_row, c, hidden, c < nchunks) };
+        });
+        // SAFETY: the host checked the weight.
+        let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+        unroll!(j < k => { y[j] = normalize::<E>(&y[j], rstd, &w[j], hf); });
+        out(first, &y);
+        tile += 1;
+    }
+}
+
 /// The raw bits of a thread's `k` chunks `first + j * tpr` (`j < k`) of the row `at`, each
 /// loaded when `ok` and inside the row ([`load_chunk_bits_if`]): one tile of a looped row.
 ///

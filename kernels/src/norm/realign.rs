@@ -145,7 +145,7 @@ impl Stage {
     /// (`w_vectors` vectors per chunk slot; see [`stage_weight`]).
     /// `ferrofuse_common::rmsnorm_realigned_smem_bytes` is the size of the whole.
     #[inline(always)]
-    fn of_row(r_local: u64, tpr: u64, k: usize, w_vectors: u32) -> Self {
+    pub(super) fn of_row(r_local: u64, tpr: u64, k: usize, w_vectors: u32) -> Self {
         let slots = (tpr * k as u64) as u32;
         let vectors = slots + 1;
         Stage {
@@ -326,7 +326,7 @@ impl Stage {
     /// # Safety
     /// Slot `c` is one of the block's slots and [`stage_pair`] has staged them.
     #[inline(always)]
-    unsafe fn pair<E: Elem>(self, c: u32, ma: u32, mb: u32) -> ([f32; 8], [f32; 8]) {
+    pub(super) unsafe fn pair<E: Elem>(self, c: u32, ma: u32, mb: u32) -> ([f32; 8], [f32; 8]) {
         let smem = smem_f32() as *mut u32;
         let b_first = self.first_word + self.vectors * 4;
         // SAFETY: the caller's contract; words `4c .. 4c + 8` of an area of `vectors`
@@ -683,7 +683,7 @@ unsafe fn stage_weight_tail<E: Elem>(
 
 /// Vectors per chunk slot in the weight's staging: an f32 weight of a 16-bit row takes two.
 #[inline(always)]
-fn weight_vectors<E: Elem>(w_f32: bool) -> u32 {
+pub(super) fn weight_vectors<E: Elem>(w_f32: bool) -> u32 {
     if w_f32 && E::BYTES == 2 { 2 } else { 1 }
 }
 
@@ -693,7 +693,7 @@ fn weight_vectors<E: Elem>(w_f32: bool) -> u32 {
 /// # Safety
 /// The weight is staged and the staging barrier passed.
 #[inline(always)]
-unsafe fn staged_weight<E: Elem>(col: u32, w_f32: bool, gemma: bool) -> [f32; 8] {
+pub(super) unsafe fn staged_weight<E: Elem>(col: u32, w_f32: bool, gemma: bool) -> [f32; 8] {
     let smem = smem_f32() as *mut u32;
     let byte = |bytes: u32| (WEIGHT_FIRST_WORD * 4).wrapping_add(col.wrapping_mul(bytes));
     // SAFETY: the caller's contract; the area lies after the reduction buffers.
@@ -914,22 +914,9 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     let stage = Stage::of_row(me.r_local, me.tpr, k, weight_vectors::<E>(w_f32));
     grid_dependency_sync();
 
-    // SAFETY: the host checked the weight and sized the shared memory; every thread of the
-    // block calls `stage_pair`, whose barrier also covers the weight's copies.
-    unsafe {
-        let stages_weight = me.r_local == 0;
-        stage_weight::<E>(p.w, w_f32, (t, tpr, k), hidden, stages_weight);
-        // When live, row < rows: a row of each operand (host-checked).
-        stage_pair::<E, false>(
-            (x_row, live),
-            (res_row, live && has_res),
-            (t, tpr, k),
-            stage,
-            hidden,
-            0,
-            || stage_weight_tail::<E>(p.w, w_f32, (t, tpr, k), hidden, stages_weight),
-        )
-    };
+    // SAFETY: the host checked the operands and sized the shared memory; every thread of
+    // the block gets here.
+    unsafe { stage_row::<E>(p, (x_row, res_row), stage, &me, k, live) };
     // Dense operands of one layout share their offset: the body compiled for it reads the
     // staging at shifts known at compile time. Only for blocks of one row of 16 per thread,
     // and only where at most four such bodies run on a multiprocessor at once: more overflow
@@ -1050,6 +1037,41 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
             out_vector(slots);
         }
     }
+}
+
+/// Stages row `row_index`'s x and residual (`inputs`, absent ones as zeros) in `stage` and,
+/// by the block's first row, the weight ([`stage_weight`]), then waits at a block barrier:
+/// a whole row's staging for [`fwd`] and the FP8 forward. `(t, tpr, k)` from `me` and `k`.
+///
+/// # Safety
+/// Every thread of the block calls it. When `live`, the row is a row of each checked operand;
+/// the weight is 16-byte aligned; the launch has `rmsnorm_realigned_smem_bytes` of dynamic
+/// shared memory, and `stage` is the row's area ([`Stage::of_row`]).
+#[inline(always)]
+pub(super) unsafe fn stage_row<E: Elem>(
+    p: &RmsNormFwdParams,
+    (x_row, res_row): (Shifted, Shifted),
+    stage: Stage,
+    me: &Me,
+    k: usize,
+    live: bool,
+) {
+    let (t, tpr, hidden) = (me.t as u32, me.tpr as u32, p.hidden as u32);
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let stages_weight = me.r_local == 0;
+    // SAFETY: the caller's contract; `stage_pair`'s barrier also covers the weight's copies.
+    unsafe {
+        stage_weight::<E>(p.w, w_f32, (t, tpr, k), hidden, stages_weight);
+        stage_pair::<E, false>(
+            (x_row, live),
+            (res_row, live && p.residual != 0),
+            (t, tpr, k),
+            stage,
+            hidden,
+            0,
+            || stage_weight_tail::<E>(p.w, w_f32, (t, tpr, k), hidden, stages_weight),
+        )
+    };
 }
 
 /// Copies aligned vector `f - 1` of the row `at` (the one before a tile's first slot `f`,
