@@ -1173,9 +1173,10 @@ pub struct GatedFp8Params {
 ///   at `scale + (r * scale_row + g * scale_group) * 4` (row-major or column-major as in
 ///   [`GatedFp8Params`]); `group_shift` = log2(`group_lanes`).
 ///
-/// Only the register-resident geometries ([`NormFwdVariant::E16`], [`NormFwdVariant::E32`]:
-/// rows up to 16384 elements). Launch: as the norm forward ([`rmsnorm_fwd_geometry`],
-/// `ceil(rows / rows_per_block)` blocks, [`RMSNORM_SMEM_BYTES`] of dynamic shared memory).
+/// Every geometry of [`rmsnorm_fwd_geometry`]. Launch: as the norm forward
+/// (`ceil(rows / rows_per_block)` blocks, [`RMSNORM_SMEM_BYTES`] of dynamic shared memory,
+/// [`RMSNORM_LOOP_SMEM_BYTES`] for looped rows; the realigned and streamed entries as their
+/// kernel ids say).
 /// Aliasing: `h` may be exactly `x` or exactly `residual`; `y` and the scales overlap nothing.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
