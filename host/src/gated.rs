@@ -655,7 +655,8 @@ pub fn plan_gated_forward_fp8(
         // vector of the inputs, at any offset) take three or four per thread of one tile, at
         // least a wave of them: the realigned row kernel. Elsewhere it lost to the scalar row
         // kernel (f32 rows, rows of up to two words per thread, fewer rows than SMs:
-        // `bench/TUNING.md`, "The gated FP8 kernels off the grid realigned, measured").
+        // `bench/TUNING.md`, "The FP8 kernels off the grid realigned, measured"). Both give
+        // the same bits, so the choice by `rows` changes no row's bytes or scale.
         let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
         let word_chunks = words.div_ceil(tpr);
         let realigned = mode == VecMode::Scalar

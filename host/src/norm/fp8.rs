@@ -51,9 +51,8 @@ pub struct RmsNormFp8Descs {
 /// Checks as [`super::plan_rmsnorm_forward`] for `x`, `residual`, `h`, `weight`, `rstd` (`h`
 /// may be exactly `x` or exactly `residual`), then `y` and `scales` as every FP8 output
 /// ([`crate::fp8`]: dtype, shape, sizes; they overlap no operand and each other). `limits`
-/// only picks between kernels that
-/// compute the same bits: rows of 32 elements per thread on the vector path are streamed
-/// through shared memory past one wave of them (sm_90).
+/// only picks between kernels that compute the same bits: rows of 32 elements per thread on
+/// the vector path are streamed through shared memory past one wave of them (sm_90).
 pub fn plan_rmsnorm_forward_fp8(
     t: &RmsNormFp8Descs,
     opts: &RmsNormOptions,
@@ -111,8 +110,8 @@ pub fn plan_rmsnorm_forward_fp8(
     // Off the vector grid, 16-bit dtypes, the realigned kernel where the storage-dtype forward
     // would take it (its geometry's staging fits, the weight 16-byte aligned): the same bits
     // as the scalar kernel, with 16-byte loads and word stores. For f32 rows the scalar
-    // kernel was as fast or faster (`bench/TUNING.md`, "The FP8 norm off the grid realigned,
-    // measured").
+    // kernel was as fast or faster (`bench/TUNING.md`, "The FP8 kernels off the grid
+    // realigned, measured").
     let w_f32 = w.dtype == DType::F32;
     let looped = variant == NormFwdVariant::Loop;
     let realigned = mode == VecMode::Scalar

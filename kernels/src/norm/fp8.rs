@@ -31,13 +31,13 @@
 //! f32), one byte per element on the scalar path.
 //!
 //! # Rows off the 16-byte grid
-//! The realigned path ([`Path::Realigned`], a 16-byte aligned weight) stages the row's x and
-//! residual and the weight in shared memory as the realigned forward does
+//! The realigned path ([`Path::Realigned`]: 16-bit dtypes, a 16-byte aligned weight) stages the
+//! row's x and residual and the weight in shared memory as the realigned forward does
 //! ([`realign::stage_row`]) and reads each thread's chunks back from there, so the chunks, the
 //! sums and the bits are the scalar path's; `h` is stored as that forward stores a chunk held
 //! in registers ([`realign::store_chunk`]) and `y` by aligned `L`-byte word
-//! ([`store_chunk_q_realigned`]). The scalar path (a weight off the grid) loads and stores
-//! element by element.
+//! ([`store_chunk_q_realigned`]). The scalar path (f32 rows, a weight off the grid, looped
+//! rows) loads and stores element by element.
 //!
 //! # Rows of more than 16384 elements
 //! The looped norm's geometry (one row of 512 threads per block, tiles of 16 elements per
