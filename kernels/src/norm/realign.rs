@@ -1039,9 +1039,9 @@ pub(super) unsafe fn fwd<E: Elem, const EPT: usize, const ONE_ROW: bool>(p: &Rms
     }
 }
 
-/// Stages row `row_index`'s x and residual (`inputs`, absent ones as zeros) in `stage` and,
-/// by the block's first row, the weight ([`stage_weight`]), then waits at a block barrier:
-/// a whole row's staging for [`fwd`] and the FP8 forward. `(t, tpr, k)` from `me` and `k`.
+/// Stages the row's x and residual (`x_row`, `res_row`; a residual the call lacks as zeros)
+/// in `stage` and, by the block's first row, the weight ([`stage_weight`]), then waits at a
+/// block barrier: a whole row's staging for [`fwd`] and the FP8 forward.
 ///
 /// # Safety
 /// Every thread of the block calls it. When `live`, the row is a row of each checked operand;
