@@ -165,6 +165,11 @@ pub enum KernelId {
     /// [`KernelId::RmsNormFwdStream`] with the FP8 output of one scheme, as
     /// [`KernelId::RmsNormFp8`] computes it (`rmsnorm_fp8_{static|token|group}_{dtype}_v16_stream`).
     RmsNormFp8Stream(DType, u32),
+    /// [`KernelId::RmsNormFp8`] for a looped row split over the blocks of a thread-block
+    /// cluster, one tile per block, as [`KernelId::RmsNormFwdSplit`] splits it, sm_90 (the
+    /// sm_80 module has the entries but never runs them): the looped kernel's bits, for calls
+    /// of few rows (`rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_split`).
+    RmsNormFp8Split(DType, VecMode, u32),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     Empty,
 }
@@ -440,6 +445,24 @@ kernel_table! {
     rmsnorm_fp8_group_f32_v16_stream = RmsNormFp8Stream(F32, FP8_PER_GROUP),
     rmsnorm_fp8_group_f16_v16_stream = RmsNormFp8Stream(F16, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_v16_stream = RmsNormFp8Stream(BF16, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f32_v16_split = RmsNormFp8Split(F32, V16, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_split = RmsNormFp8Split(F32, Scalar, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_split = RmsNormFp8Split(F16, V16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_split = RmsNormFp8Split(F16, Scalar, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_split = RmsNormFp8Split(BF16, V16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_split = RmsNormFp8Split(BF16, Scalar, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_split = RmsNormFp8Split(F32, V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_split = RmsNormFp8Split(F32, Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_split = RmsNormFp8Split(F16, V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_split = RmsNormFp8Split(F16, Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_split = RmsNormFp8Split(BF16, V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_split = RmsNormFp8Split(BF16, Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_split = RmsNormFp8Split(F32, V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_split = RmsNormFp8Split(F32, Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_split = RmsNormFp8Split(F16, V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_split = RmsNormFp8Split(F16, Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_split = RmsNormFp8Split(BF16, V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_split = RmsNormFp8Split(BF16, Scalar, FP8_PER_GROUP),
     gated_fp8_group_f32_v16 = GatedFp8Group(F32, V16),
     gated_fp8_group_f32_scalar = GatedFp8Group(F32, Scalar),
     gated_fp8_group_f16_v16 = GatedFp8Group(F16, V16),
@@ -506,6 +529,7 @@ impl KernelId {
                 | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFp8Realigned(..)
                 | KernelId::RmsNormFp8Stream(..)
+                | KernelId::RmsNormFp8Split(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdStream(..)
                 | KernelId::RmsNormFwdRealigned(..)
@@ -548,7 +572,8 @@ impl KernelId {
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8(..)
             | KernelId::RmsNormFp8Realigned(..)
-            | KernelId::RmsNormFp8Stream(..) => RMSNORM_MAX_THREADS_PER_ROW,
+            | KernelId::RmsNormFp8Stream(..)
+            | KernelId::RmsNormFp8Split(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) | KernelId::RmsNormBwdFused(d, _) => {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
@@ -665,6 +690,8 @@ impl KernelId {
             KernelId::RmsNormFwdSplit(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
             // Three blocks per SM (40 registers): half as many clusters again in flight.
             KernelId::RmsNormFwdSplitNarrow(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 3)),
+            // As the one-tile storage-dtype split: two blocks per SM (64 registers).
+            KernelId::RmsNormFp8Split(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 2)),
             _ => None,
         }
     }

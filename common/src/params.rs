@@ -503,12 +503,17 @@ pub const RMSNORM_SPLIT_SMEM_BYTES: u32 = RMSNORM_SMEM_BYTES + 32 * 4;
 pub const RMSNORM_SPLIT_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;
 /// First f32 slot of the row's tile sums gathered from the cluster's blocks.
 pub const RMSNORM_SPLIT_GATHER_SLOT: u32 = RMSNORM_SPLIT_PARTIALS_SLOT + 8;
+/// The f32 slot of a split block's maximum of `|y|` that the FP8 per-token entries gather from
+/// the cluster's blocks (after the gathered tile sums).
+pub const RMSNORM_SPLIT_AMAX_SLOT: u32 = RMSNORM_SPLIT_GATHER_SLOT
+    + (RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK) as u32;
 
 const _: () = assert!(
     (RMSNORM_SPLIT_GATHER_SLOT as u64
         + RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK)
         * 4
         <= RMSNORM_SPLIT_SMEM_BYTES as u64
+        && (RMSNORM_SPLIT_AMAX_SLOT + 1) * 4 <= RMSNORM_SPLIT_SMEM_BYTES
         && RMSNORM_SPLIT_MAX_WIDE_CLUSTER
             <= RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK
 );

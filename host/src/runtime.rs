@@ -212,7 +212,17 @@ unsafe impl KernelParams for ferrofuse_common::GatedFp8Params {
     }
 }
 // SAFETY: the parameter type of the norm FP8 entries (see ferrofuse-common).
-unsafe impl KernelParams for ferrofuse_common::RmsNormFp8Params {}
+unsafe impl KernelParams for ferrofuse_common::RmsNormFp8Params {
+    /// The split forward runs a row on one cluster, a block per tile.
+    fn cluster_blocks(&self, kernel: KernelId) -> u32 {
+        match kernel {
+            KernelId::RmsNormFp8Split(dtype, ..) => {
+                rmsnorm_split_cluster(dtype, self.norm.hidden, NormFwdVariant::E16)
+            }
+            _ => 1,
+        }
+    }
+}
 // SAFETY: the parameter types of the rmsnorm entries (see ferrofuse-common and kernels/src/norm.rs).
 unsafe impl KernelParams for RmsNormFwdParams {
     /// The split forward runs a row on one cluster, a block per tile or two.

@@ -36,7 +36,7 @@ use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
     DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc, MatMut,
-    NormNumerics, RmsNormOptions, ScaleLayout,
+    NormNumerics, RmsNormOptions, ScaleLayout, VecMode,
 };
 use rand::rngs::StdRng;
 
@@ -602,6 +602,76 @@ fn norm_fp8_streamed_rows() {
     }
 }
 
+/// The cluster-split FP8 forward (looped rows at few rows, sm_90): against the references
+/// (as every case), and bit for bit against the looped one-block kernel on the same rows (the
+/// split turned off): bytes, scales, `h`, `rstd`; on the vector path and, with every operand
+/// one element in, the scalar one; clusters of 3 and 8 blocks.
+#[test]
+fn norm_fp8_split_rows() {
+    let Some((k, s)) = gpu("norm_fp8_split_rows") else {
+        return;
+    };
+    if !k.limits().clusters {
+        eprintln!("skipping norm_fp8_split_rows: no clusters");
+        return;
+    }
+    let shapes: &[(usize, usize)] = if quick() {
+        &[(2, 18432)]
+    } else {
+        &[(1, 18432), (5, 18432), (3, 65536)]
+    };
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        for &(rows, cols) in shapes {
+            for (ci, scaling) in schemes(cols).into_iter().enumerate() {
+                for (at, mode) in [(ALIGNED, VecMode::V16), (SCALAR, VecMode::Scalar)] {
+                    let place = PLACES[ci % PLACES.len()];
+                    let kernel = planned_kernel_at(&k, dtype, (rows, cols), scaling, at);
+                    let split = KernelId::RmsNormFp8Split(dtype, mode, kernel_scheme(scaling));
+                    assert_eq!(kernel, split);
+                    let body = std::panic::AssertUnwindSafe(|| {
+                        typed!(
+                            dtype,
+                            split_case::<T>(
+                                &k,
+                                &s,
+                                &mut rng,
+                                (place, at, scaling),
+                                (rows, cols),
+                                ci
+                            )
+                        )
+                    });
+                    let result = std::panic::catch_unwind(body);
+                    k.set_cluster_split(true);
+                    if let Err(p) = result {
+                        eprintln!("norm_fp8_split_rows: failed with seed {seed:#x}");
+                        std::panic::resume_unwind(p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A case of [`norm_fp8_split_rows`]: the references, then the looped kernel's bits.
+fn split_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    (place, at, scaling): (Place, At, Fp8Scaling),
+    shape: (usize, usize),
+    variant: usize,
+) {
+    case::<T>(k, s, rng, place, at, scaling, shape, variant);
+    same_bits_when_off::<T>(
+        (k, s, Kernels::set_cluster_split),
+        rng,
+        (place, at, scaling),
+        shape,
+    );
+}
+
 /// The scheme constant of the entries that run `scaling`.
 fn kernel_scheme(scaling: Fp8Scaling) -> u32 {
     use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
@@ -616,12 +686,30 @@ fn kernel_scheme(scaling: Fp8Scaling) -> u32 {
 fn planned_kernel(
     k: &Kernels,
     dtype: DType,
-    (rows, cols): (usize, usize),
+    shape: (usize, usize),
     scaling: Fp8Scaling,
 ) -> KernelId {
+    planned_kernel_at(k, dtype, shape, scaling, ALIGNED)
+}
+
+/// [`planned_kernel`] with the operands placed as `at` says (elements past 16-byte alignment).
+fn planned_kernel_at(
+    k: &Kernels,
+    dtype: DType,
+    (rows, cols): (usize, usize),
+    scaling: Fp8Scaling,
+    at: At,
+) -> KernelId {
     let gap = 1u64 << 36;
+    let size = dtype.size_bytes() as u64;
     let mat = |i: u64, d: DType, r: usize, c: usize| {
-        MatDesc::contiguous((1 << 40) + i * gap, r * c, d, r, c)
+        // x, residual and h at `at.data`, the weight at `at.weight`, y and the scales aligned.
+        let off = match i {
+            0 | 1 | 3 => at.data as u64 * size,
+            2 => at.weight as u64 * size,
+            _ => 0,
+        };
+        MatDesc::contiguous((1 << 40) + i * gap + off, r * c, d, r, c)
     };
     let (sr, sc, _) = scale_layout(scaling, rows, cols);
     let t = RmsNormFp8Descs {
@@ -650,16 +738,20 @@ fn streamed_case<T: Element>(
     variant: usize,
 ) {
     case::<T>(k, s, rng, place, ALIGNED, scaling, shape, variant);
-    streamed_vs_registers::<T>(k, s, rng, place, scaling, shape);
+    same_bits_when_off::<T>(
+        (k, s, Kernels::set_row_streaming),
+        rng,
+        (place, ALIGNED, scaling),
+        shape,
+    );
 }
 
-/// One call with the streaming on and one with it off, on the same random rows: the same bits.
-fn streamed_vs_registers<T: Element>(
-    k: &Kernels,
-    s: &Arc<CudaStream>,
+/// One call with a planning switch of `k` on and one with it off (`switch(k, false)`; left
+/// on), on the same random rows: the same bits.
+fn same_bits_when_off<T: Element>(
+    (k, s, switch): (&Kernels, &Arc<CudaStream>, fn(&Kernels, bool)),
     rng: &mut StdRng,
-    place: Place,
-    scaling: Fp8Scaling,
+    (place, at, scaling): (Place, At, Fp8Scaling),
     (rows, cols): (usize, usize),
 ) {
     let (x, r, w) = random_rows::<T>(rng, rows, cols);
@@ -673,16 +765,19 @@ fn streamed_vs_registers<T: Element>(
             0.01,
             (&x, &r, &w, None),
             (rows, cols),
-            ALIGNED,
+            at,
             &opts,
         )
     };
-    let streamed = run();
-    k.set_row_streaming(false);
-    let regs = run();
-    k.set_row_streaming(true);
-    let what = format!("{} {place:?} {scaling:?} {rows}x{cols}", T::DTYPE.name());
-    assert_same_outputs(&what, &streamed, &regs);
+    let on = run();
+    switch(k, false);
+    let off = run();
+    switch(k, true);
+    let what = format!(
+        "{} {place:?} {at:?} {scaling:?} {rows}x{cols}",
+        T::DTYPE.name()
+    );
+    assert_same_outputs(&what, &on, &off);
 }
 
 /// Two calls wrote the same bits: bytes, scales, `rstd` and `h`.

@@ -17,8 +17,8 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
+    NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES,
+    RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -256,6 +256,61 @@ fn plans_looped_rows_past_16384() {
 }
 
 #[test]
+fn splits_few_looped_rows_over_a_cluster() {
+    let clusters = limits().with_clusters(true);
+    let plan = |d: DType, rows: usize, hidden: usize, s: Fp8Scaling, limits: &GridLimits| {
+        let t = descs(d, rows, hidden, s.scale_shape(rows, hidden).unwrap());
+        plan_rmsnorm_forward_fp8(&t, &opts(), s, limits).unwrap()
+    };
+    let group = Fp8Scaling::per_group(128, ScaleLayout::ColMajor);
+    // Looped rows of up to 8 tiles (of 8192 elements) at up to a row per multiprocessor: a
+    // cluster of a block per tile, on the vector path or (off the grid) the scalar one.
+    for (d, hidden, tiles) in [
+        (DType::BF16, 16512, 3),
+        (DType::F16, 32768, 4),
+        (DType::F32, 65536, 8),
+    ] {
+        for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
+            for rows in [1, 7, 132] {
+                let l = plan(d, rows, hidden, s, &clusters);
+                let scheme = l.params.scheme;
+                assert_eq!(l.kernel, KernelId::RmsNormFp8Split(d, VecMode::V16, scheme));
+                assert_eq!(
+                    (l.grid, l.block, l.shared_mem_bytes),
+                    (rows as u32 * tiles, 512, RMSNORM_SPLIT_SMEM_BYTES)
+                );
+                assert_eq!(l.params.norm.threads_per_row, 512);
+            }
+            // More rows than multiprocessors, or no clusters: one block per row.
+            for (rows, limits) in [(133, &clusters), (7, &limits())] {
+                let l = plan(d, rows, hidden, s, limits);
+                assert!(matches!(
+                    l.kernel,
+                    KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::Loop, _)
+                ));
+                assert_eq!(l.grid, rows as u32);
+            }
+        }
+        let l = plan(d, 7, hidden - 1, Fp8Scaling::per_token(), &clusters);
+        assert_eq!(
+            l.kernel,
+            KernelId::RmsNormFp8Split(d, VecMode::Scalar, FP8_PER_TOKEN)
+        );
+    }
+    // Rows of more than 8 tiles, and rows held in registers: never split.
+    let l = plan(DType::BF16, 7, 65544, Fp8Scaling::Static, &clusters);
+    assert!(matches!(
+        l.kernel,
+        KernelId::RmsNormFp8(_, _, NormFwdVariant::Loop, _)
+    ));
+    let l = plan(DType::BF16, 7, 16384, Fp8Scaling::Static, &clusters);
+    assert!(matches!(
+        l.kernel,
+        KernelId::RmsNormFp8(_, _, NormFwdVariant::E32, _)
+    ));
+}
+
+#[test]
 fn every_fp8_norm_kernel_is_in_the_table() {
     for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
         for d in DType::ALL {
@@ -293,6 +348,16 @@ fn every_fp8_norm_kernel_is_in_the_table() {
                     assert!(k.dynamic_smem_opt_in().is_some());
                     assert!(k.rmsnorm_forward_form().is_none());
                 }
+            }
+        }
+    }
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            for m in [VecMode::V16, VecMode::Scalar] {
+                let k = KernelId::RmsNormFp8Split(d, m, s);
+                assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+                assert_eq!(k.launch_bounds(), Some((512, 2)));
+                assert_eq!(k.dynamic_smem_opt_in(), None);
             }
         }
     }

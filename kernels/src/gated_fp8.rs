@@ -710,7 +710,7 @@ unsafe fn prefetch_ahead<E: Elem, const M: VecMode>(
 /// Every thread of every block of the cluster calls it once, then [`cluster::wait`]; the
 /// cluster has at most 32 blocks; slot `slot` is inside the dynamic shared memory.
 #[inline(always)]
-unsafe fn cluster_max(block_max: f32, t_row: u64, slot: u32) -> f32 {
+pub(crate) unsafe fn cluster_max(block_max: f32, t_row: u64, slot: u32) -> f32 {
     let local = smem_f32().wrapping_add(slot as usize);
     if t_row == 0 {
         // SAFETY: inside the allocation (caller's contract); read by the cluster only after

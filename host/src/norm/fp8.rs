@@ -19,8 +19,9 @@ use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DType, KernelId, NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params, VecMode, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params, VecMode,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    rmsnorm_split_geometry,
 };
 
 use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut, streamed_forward};
@@ -120,8 +121,14 @@ pub fn plan_rmsnorm_forward_fp8(
         && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
         && w.addr % 16 == 0;
     let stream = KernelId::RmsNormFp8Stream(dtype, scheme);
-    let (kernel, grid, shared_mem_bytes) =
-        match streamed_forward(stream, mode, variant, rows, limits) {
+    let split = split_clusters(dtype, hidden, rows, limits);
+    let (kernel, grid, shared_mem_bytes) = match split {
+        Some(cluster) => (
+            KernelId::RmsNormFp8Split(dtype, mode, scheme),
+            grid_u32("rows", rows as u64 * cluster as u64)?,
+            RMSNORM_SPLIT_SMEM_BYTES,
+        ),
+        None => match streamed_forward(stream, mode, variant, rows, limits) {
             Some(blocks) => (stream, blocks, RMSNORM_STREAM_SMEM_BYTES),
             None if realigned => (
                 KernelId::RmsNormFp8Realigned(dtype, variant, scheme),
@@ -137,7 +144,8 @@ pub fn plan_rmsnorm_forward_fp8(
                     RMSNORM_SMEM_BYTES
                 },
             ),
-        };
+        },
+    };
     Ok(Launch {
         kernel,
         grid,
@@ -156,6 +164,21 @@ pub fn plan_rmsnorm_forward_fp8(
             _pad: 0,
         },
     })
+}
+
+/// The cluster size of the split FP8 forward, where it applies: looped rows of at most
+/// [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER) tiles (one per block, portable cluster sizes) on a device
+/// with clusters, at most as many rows as multiprocessors. It computes the looped kernel's
+/// bits, so the choice by `rows` keeps batch invariance.
+fn split_clusters(dtype: DType, hidden: usize, rows: usize, limits: &GridLimits) -> Option<u32> {
+    match rmsnorm_split_geometry(dtype, hidden as u64, false) {
+        Some((NormFwdVariant::E16, cluster))
+            if limits.clusters && rows > 0 && rows <= limits.sm_count as usize =>
+        {
+            Some(cluster)
+        }
+        _ => None,
+    }
 }
 
 /// Where the FP8 forward reads its inputs and writes `h` (all `[rows, H]` of the storage

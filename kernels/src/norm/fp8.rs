@@ -57,14 +57,21 @@ use core::num::NonZeroU64;
 
 use ferrofuse_common::NormPath as Path;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC, dynamic_scale, reciprocal};
-use ferrofuse_common::{RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_W_F32, RmsNormFp8Params};
+use ferrofuse_common::{
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_SPLIT_AMAX_SLOT, RMSNORM_W_F32, RmsNormFp8Params,
+};
 
 use super::realign::{self, Shifted, Stage, stage_row, staged_weight, weight_vectors};
+use super::split::cluster_row_sum;
 use super::{
-    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_w, loop_normalized,
-    loop_sum_sq, normalize, prefetch_first, rstd_of, store_chunk,
+    MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_chunk_if, load_w,
+    load_w_if, loop_normalized, loop_sum_sq, normalize, prefetch_first, round_to, rstd_of,
+    store_chunk,
 };
-use crate::gated_fp8::{WarpMax, load_f32, quantize, row_max, run_max, store_f32_if, store_q};
+use crate::cluster;
+use crate::gated_fp8::{
+    WarpMax, cluster_max, load_f32, quantize, row_max, run_max, store_f32_if, store_q,
+};
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, shfl_up_1};
 use crate::reduce::row_sum;
 
@@ -475,6 +482,137 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
     };
 }
 
+/// The forward with FP8 output of a looped row split over the blocks of a thread-block
+/// cluster (scheme `S`, one tile per block, memory path `M`: v16 or scalar), for calls of few
+/// rows: the split storage-dtype forward's loads, `h`, sum of squares and `y` (so the looped
+/// kernel's bits, see `split`), then the FP8 tail on the `y` each thread holds. Per token, the
+/// row's maximum is each block's (the fixed-order block reduction) then the cluster's, through
+/// distributed shared memory (`max` is exact, so any order gives the looped kernel's bits).
+///
+/// # Safety
+/// Launched as `plan_rmsnorm_forward_fp8` decides for it: `rows * n` blocks of 512 threads in
+/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, portable sizes),
+/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked for path `M`.
+#[inline(always)]
+unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
+    let n = &p.norm;
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(n.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<true>(tpr);
+    // Never 0 (every block is in a cluster of at least itself).
+    let Some(cluster_size) = NonZeroU64::new(cluster::size() as u64) else {
+        return;
+    };
+    let rank = cluster::rank() as u64;
+    let row = grid::block_x() / cluster_size;
+    let hidden = n.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let has_res = n.residual != 0;
+    let hf = n.flags & RMSNORM_HF != 0;
+    let gemma = n.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = n.flags & RMSNORM_W_F32 != 0;
+    // Chunk `j` of this thread: in tile `rank`, as in the looped kernel.
+    let chunk = |j: usize| {
+        let c = rank * per_tile + me.t + j as u64 * me.tpr;
+        (c, c < nchunks)
+    };
+    prefetch_first(n.x);
+    let x_row = Row::hoisted::<E>(n.x, n.x_stride, row);
+    let res_row = Row::hoisted::<E>(n.residual, n.residual_stride, row);
+    let h_row = Row::hoisted::<E>(n.h, n.h_stride, row);
+    grid_dependency_sync();
+    // The static scale, read once, after the wait (the previous kernel may write it).
+    let fixed = if S == FP8_STATIC {
+        // SAFETY: the host checked that `scale` is one readable, aligned f32.
+        unsafe { load_f32(p.scale) }
+    } else {
+        1.0
+    };
+    // Every load of x and residual first (predicated: in flight together); chunks past the
+    // row stay 0 and add nothing.
+    let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut r = [[0.0f32; 8]; MAX_CHUNKS];
+    unroll!(j < k => {
+        let (c, inside) = chunk(j);
+        // SAFETY: when inside, row < rows and c < nchunks: inside every operand (host-checked).
+        unsafe {
+            h[j] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
+            r[j] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
+        }
+    });
+    // The weight: on the vector path with the inputs, on the scalar path (a load per element)
+    // once the sums are gathered, as the split storage-dtype forward loads it.
+    let load_weight = || {
+        let (c0, _) = chunk(0);
+        // SAFETY: the host checked the weight; chunks past the row are not read.
+        unsafe { load_w_if::<E, M>(n.w, c0, me.tpr, k, nchunks, hidden, w_f32, gemma) }
+    };
+    let mut w = [[0.0f32; 8]; MAX_CHUNKS];
+    if M == Path::V16 {
+        w = load_weight();
+    }
+    unroll!(j < k => { h[j] = add_residual::<E>(&h[j], &r[j], has_res, hf); });
+    unroll!(j < k => {
+        let (c, inside) = chunk(j);
+        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above.
+        unsafe { store_chunk::<E, M>(h_row, c, hidden, inside && has_res, &h[j]) };
+    });
+    let acc = |_: usize| {
+        let mut acc = 0.0f32;
+        unroll!(j < k => {
+            unroll!(l < E::LANES => { acc = fmaf32(h[j][l], h[j][l], acc); });
+        });
+        acc
+    };
+    // SAFETY: every thread of every block of the cluster gets here once; the launch contract.
+    let sum_sq = unsafe {
+        cluster_row_sum::<1>(&me, tiles, acc, || {
+            if M == Path::Scalar {
+                w = load_weight();
+            }
+        })
+    };
+    let rstd = rstd_of(sum_sq, hidden, n.eps);
+    if rank == 0 && me.t == 0 && n.rstd != 0 {
+        // SAFETY: row < rows; the host checked the rstd vector.
+        unsafe { F32::store(n.rstd + row * n.rstd_stride * 4, rstd) };
+    }
+    // `y` from `h` rounded to the storage dtype, as the looped kernel reads it back.
+    unroll!(j < k => { h[j] = normalize::<E>(&round_to::<E>(&h[j]), rstd, &w[j], hf); });
+    // SAFETY (the tails): every thread of the block gets here; `y` and the scales as the host
+    // checked them. Neither runs a barrier (static: none; per group: warp shuffles only).
+    unsafe {
+        if S == FP8_PER_GROUP {
+            store_fp8::<E, M, FP8_PER_GROUP>(p, &me, row, true, k, chunk, &h, 1.0);
+        } else {
+            let scale = if S == FP8_PER_TOKEN {
+                let mut amax = 0.0f32;
+                unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&h[j])); });
+                // Buffer 1's slots are the block's warps, inside the allocation; its last
+                // reads (a tile sum's) were before the cluster barriers.
+                let amax = row_max(WarpMax::Redux, amax, me.lane, me.warp, me.warps, me.slot(1));
+                // The wait of the sums' second arrival (every block has read this block's
+                // sums), then the cluster's maximum, whose second arrival the last wait ends.
+                cluster::wait();
+                let amax = cluster_max(amax, me.t, RMSNORM_SPLIT_AMAX_SLOT);
+                let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
+                // The row's scale, inside the scale vector (row < rows).
+                store_f32_if(p.scale + row * p.scale_row * 4, s, rank == 0 && me.t == 0);
+                s
+            } else {
+                fixed
+            };
+            store_fp8::<E, M, FP8_STATIC>(p, &me, row, true, k, chunk, &h, scale);
+        }
+        // No block exits while another of its cluster may still read its shared memory.
+        cluster::wait();
+    }
+}
+
 /// [`fwd_fp8`] with the block shape as a constant, picked once per launch.
 ///
 /// # Safety
@@ -625,4 +763,40 @@ fp8_loop_entries! {
     FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_loop;
     FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_loop;
     FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_loop;
+}
+
+macro_rules! fp8_split_entries {
+    ($($s:ident, $e:ty, $m:ident => $name:ident;)*) => {$(
+        /// Add + RMSNorm forward with FP8 output of a looped row, one tile per block of a
+        /// thread-block cluster; see [`fwd_fp8_split`].
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFp8Params) {
+            unsafe { fwd_fp8_split::<$e, { Path::$m }, $s>(&p) }
+        }
+    )*};
+}
+
+// As above.
+fp8_split_entries! {
+    FP8_STATIC, F32, V16 => rmsnorm_fp8_static_f32_v16_split;
+    FP8_STATIC, F32, Scalar => rmsnorm_fp8_static_f32_scalar_split;
+    FP8_STATIC, F16, V16 => rmsnorm_fp8_static_f16_v16_split;
+    FP8_STATIC, F16, Scalar => rmsnorm_fp8_static_f16_scalar_split;
+    FP8_STATIC, Bf16, V16 => rmsnorm_fp8_static_bf16_v16_split;
+    FP8_STATIC, Bf16, Scalar => rmsnorm_fp8_static_bf16_scalar_split;
+    FP8_PER_TOKEN, F32, V16 => rmsnorm_fp8_token_f32_v16_split;
+    FP8_PER_TOKEN, F32, Scalar => rmsnorm_fp8_token_f32_scalar_split;
+    FP8_PER_TOKEN, F16, V16 => rmsnorm_fp8_token_f16_v16_split;
+    FP8_PER_TOKEN, F16, Scalar => rmsnorm_fp8_token_f16_scalar_split;
+    FP8_PER_TOKEN, Bf16, V16 => rmsnorm_fp8_token_bf16_v16_split;
+    FP8_PER_TOKEN, Bf16, Scalar => rmsnorm_fp8_token_bf16_scalar_split;
+    FP8_PER_GROUP, F32, V16 => rmsnorm_fp8_group_f32_v16_split;
+    FP8_PER_GROUP, F32, Scalar => rmsnorm_fp8_group_f32_scalar_split;
+    FP8_PER_GROUP, F16, V16 => rmsnorm_fp8_group_f16_v16_split;
+    FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_split;
+    FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_split;
+    FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_split;
 }
