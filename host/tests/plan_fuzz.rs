@@ -47,8 +47,9 @@ use ferrofuse_common::{
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
-    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
-    rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
+    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
+    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2203,13 +2204,37 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
             check_streamed_norm(&mut v, &c.limits, shape, sizes, n, dtype);
             true
         }
+        KernelId::RmsNormFp8Split(d, mode, s) if d == dtype && s == p.scheme => {
+            // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
+            // device with clusters, at most a row per multiprocessor.
+            let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            let cluster = p.cluster_blocks(l.kernel);
+            if want != NormFwdVariant::Loop
+                || !c.limits.clusters
+                || rows > c.limits.sm_count as usize
+                || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
+                || l.grid as u64 != rows as u64 * cluster as u64
+                || l.block != n.threads_per_row
+                || l.shared_mem_bytes != RMSNORM_SPLIT_SMEM_BYTES
+            {
+                v.add(format!(
+                    "{:?}: a grid of {} in clusters of {cluster}, {} bytes of shared memory, \
+                     for {rows} rows of {hidden}",
+                    l.kernel, l.grid, l.shared_mem_bytes
+                ));
+            }
+            mode == VecMode::V16
+        }
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));
             false
         }
     };
     if work
-        && !matches!(l.kernel, KernelId::RmsNormFp8Stream(..))
+        && !matches!(
+            l.kernel,
+            KernelId::RmsNormFp8Stream(..) | KernelId::RmsNormFp8Split(..)
+        )
         && (l.block != n.threads_per_row * n.rows_per_block
             || l.grid as u64 != (rows as u64).div_ceil(n.rows_per_block as u64))
     {

@@ -13,7 +13,9 @@
 //! row only (the per-token maximum is a fixed-order reduction over the row, a group's over the
 //! lanes that hold it). Rows of any length: longer rows than 16384 elements take the looped
 //! geometry, whose `y` is the looped storage-dtype forward's (normalised from `h` as stored,
-//! see [`super`]); per token they read `h` back twice (once for the row's maximum).
+//! see [`super`]); per token they read `h` back twice (once for the row's maximum). On sm_90,
+//! rows of up to 8 tiles at few rows are split over a thread-block cluster instead, a block
+//! per tile, with the looped kernel's bits (`split_clusters`).
 
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};

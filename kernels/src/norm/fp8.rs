@@ -47,6 +47,11 @@
 //! once for the row's maximum, then again for the stores, the same `y` recomputed (read back
 //! from `h` as stored, which the looped storage-dtype forward normalises too).
 //!
+//! At few rows (sm_90) such a row of up to 8 tiles is split over a thread-block cluster, a
+//! block per tile ([`fwd_fp8_split`]), as the storage-dtype forward splits it (`split`): the
+//! row is read once and held in registers, and its sum of squares has the looped kernel's
+//! shape, so its bits are the looped kernel's.
+//!
 //! # Aliasing
 //! As the norm forward: `h` may be `x` or `residual` (each chunk loaded before it is stored,
 //! by the same thread; on the realigned path every load of the row completes before the
