@@ -690,7 +690,11 @@ impl KernelId {
             KernelId::RmsNormFwdSplit(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 0)),
             // Three blocks per SM (40 registers): half as many clusters again in flight.
             KernelId::RmsNormFwdSplitNarrow(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 3)),
-            // As the one-tile storage-dtype split: two blocks per SM (64 registers).
+            // As the one-tile storage-dtype split: two blocks per SM (64 registers); f32 per
+            // group on the vector path spilled there (24 bytes), so one.
+            KernelId::RmsNormFp8Split(DType::F32, VecMode::V16, FP8_PER_GROUP) => {
+                Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
+            }
             KernelId::RmsNormFp8Split(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 2)),
             _ => None,
         }

@@ -263,15 +263,15 @@ fn splits_few_looped_rows_over_a_cluster() {
         plan_rmsnorm_forward_fp8(&t, &opts(), s, limits).unwrap()
     };
     let group = Fp8Scaling::per_group(128, ScaleLayout::ColMajor);
-    // Looped rows of up to 8 tiles (of 8192 elements) at up to a row per multiprocessor: a
-    // cluster of a block per tile, on the vector path or (off the grid) the scalar one.
+    // Looped rows of up to 8 tiles (of 8192 elements) at up to a row per two multiprocessors:
+    // a cluster of a block per tile, on the vector path or (off the grid) the scalar one.
     for (d, hidden, tiles) in [
         (DType::BF16, 16512, 3),
         (DType::F16, 32768, 4),
         (DType::F32, 65536, 8),
     ] {
         for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
-            for rows in [1, 7, 132] {
+            for rows in [1, 7, 66] {
                 let l = plan(d, rows, hidden, s, &clusters);
                 let scheme = l.params.scheme;
                 assert_eq!(l.kernel, KernelId::RmsNormFp8Split(d, VecMode::V16, scheme));
@@ -281,8 +281,8 @@ fn splits_few_looped_rows_over_a_cluster() {
                 );
                 assert_eq!(l.params.norm.threads_per_row, 512);
             }
-            // More rows than multiprocessors, or no clusters: one block per row.
-            for (rows, limits) in [(133, &clusters), (7, &limits())] {
+            // More rows than half the multiprocessors, or no clusters: one block per row.
+            for (rows, limits) in [(67, &clusters), (7, &limits())] {
                 let l = plan(d, rows, hidden, s, limits);
                 assert!(matches!(
                     l.kernel,
@@ -356,7 +356,10 @@ fn every_fp8_norm_kernel_is_in_the_table() {
             for m in [VecMode::V16, VecMode::Scalar] {
                 let k = KernelId::RmsNormFp8Split(d, m, s);
                 assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
-                assert_eq!(k.launch_bounds(), Some((512, 2)));
+                // f32 per group on the vector path spilled at two blocks per SM.
+                let spilled = (d, m, s) == (DType::F32, VecMode::V16, FP8_PER_GROUP);
+                let blocks = if spilled { 1 } else { 2 };
+                assert_eq!(k.launch_bounds(), Some((512, blocks)));
                 assert_eq!(k.dynamic_smem_opt_in(), None);
             }
         }

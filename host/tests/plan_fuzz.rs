@@ -2206,12 +2206,12 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
         }
         KernelId::RmsNormFp8Split(d, mode, s) if d == dtype && s == p.scheme => {
             // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
-            // device with clusters, at most a row per multiprocessor.
+            // device with clusters, at most a row per two multiprocessors.
             let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
             let cluster = p.cluster_blocks(l.kernel);
             if want != NormFwdVariant::Loop
                 || !c.limits.clusters
-                || rows > c.limits.sm_count as usize
+                || rows * 2 > c.limits.sm_count as usize
                 || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
                 || l.grid as u64 != rows as u64 * cluster as u64
                 || l.block != n.threads_per_row
