@@ -496,8 +496,9 @@ pub const RMSNORM_SPLIT_MAX_WIDE_CLUSTER: u64 = 16;
 pub const RMSNORM_SPLIT_MAX_TILES_PER_BLOCK: u64 = 2;
 
 /// Dynamic shared memory of a split forward launch: the two reduction buffers, then from f32
-/// slot [`RMSNORM_SPLIT_PARTIALS_SLOT`] the block's tile sums and from
-/// [`RMSNORM_SPLIT_GATHER_SLOT`] the whole row's, gathered from the cluster.
+/// slot [`RMSNORM_SPLIT_PARTIALS_SLOT`] the block's tile sums, from
+/// [`RMSNORM_SPLIT_GATHER_SLOT`] the whole row's, gathered from the cluster, and at
+/// [`RMSNORM_SPLIT_AMAX_SLOT`] the block's maximum (FP8 per token).
 pub const RMSNORM_SPLIT_SMEM_BYTES: u32 = RMSNORM_SMEM_BYTES + 32 * 4;
 /// First f32 slot of a split block's own tile sums.
 pub const RMSNORM_SPLIT_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;

@@ -175,8 +175,8 @@ pub fn plan_rmsnorm_forward_fp8(
 /// (twice per token): on an H100 the split was 1.1-4.1x faster at 1-64 rows of 18432-65536
 /// bf16 elements (except per token at 64 rows of 32768, 0.83x in graph replay), level at 64
 /// rows off the grid, and 1.2-1.6x slower at 96-128 rows, where one block per row fills the
-/// GPU (`bench/TUNING.md`, "The FP8 norm's long rows split over a cluster"). It computes the looped kernel's bits, so the choice by `rows` keeps batch
-/// invariance.
+/// GPU (`bench/TUNING.md`, "The FP8 norm's long rows split over a cluster"). It computes the
+/// looped kernel's bits, so the choice by `rows` keeps batch invariance.
 fn split_clusters(dtype: DType, hidden: usize, rows: usize, limits: &GridLimits) -> Option<u32> {
     match rmsnorm_split_geometry(dtype, hidden as u64, false) {
         Some((NormFwdVariant::E16, cluster))

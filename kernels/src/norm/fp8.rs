@@ -588,8 +588,10 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     }
     // `y` from `h` rounded to the storage dtype, as the looped kernel reads it back.
     unroll!(j < k => { h[j] = normalize::<E>(&round_to::<E>(&h[j]), rstd, &w[j], hf); });
-    // SAFETY (the tails): every thread of the block gets here; `y` and the scales as the host
-    // checked them. Neither runs a barrier (static: none; per group: warp shuffles only).
+    // SAFETY (the tails): every thread of every block of the cluster gets here; `y` and the
+    // scales as the host checked them. Static and per group run no barrier (per group: warp
+    // shuffles only); per token the block reduction and the cluster exchange below, which
+    // every thread reaches.
     unsafe {
         if S == FP8_PER_GROUP {
             store_fp8::<E, M, FP8_PER_GROUP>(p, &me, row, true, k, chunk, &h, 1.0);
