@@ -612,6 +612,9 @@ impl KernelId {
             // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
             // registers).
             KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
+            // Element accesses (one register per input each): three rows of 512 threads per
+            // SM (40 registers), so rows' loads stay in flight while others reduce or store.
+            KernelId::GatedFp8RowLong(_, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {

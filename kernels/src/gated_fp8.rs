@@ -35,7 +35,8 @@
 //!   (`gated_fp8_row_split_*`, sm_90: up to 8 blocks, block rank `r` holding the tile of
 //!   accesses `r * 512 * chunks ..`; the blocks' maxima through distributed shared memory),
 //!   or, for rows of 2049-4096 accesses, by the long-row entry (`gated_fp8_row_long_*`: up to
-//!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread at 128 registers, one row per SM).
+//!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread: one row per SM at 128 registers
+//!   on `v16`, three at 40 on `scalar`, whose accesses are one register per input).
 //!   On sm_90 the long-row entry's rows of 16-byte accesses are streamed instead, and so are
 //!   rows of one tile of 3-4 accesses per thread past two waves of the row kernel
 //!   (`gated_fp8_row_stream_{dtype}_c{3..8}`, an entry per count of accesses per thread, so
@@ -217,6 +218,22 @@ pub(crate) unsafe fn load_f32(p: u64) -> f32 {
     v
 }
 
+/// The static scale at `p` and its [`reciprocal`]. The vector flat kernel calls it in its loop
+/// body after the body's own loads are issued: computed before the loop, the reciprocal made
+/// every thread wait a whole memory latency for the scale before its first load, which at a
+/// step or two per thread (few rows) is a large part of the call. The load is a
+/// side-effecting `asm!`, so it is neither hoisted above those loads nor out of the loop;
+/// after a thread's first step it hits in the caches.
+///
+/// # Safety
+/// `p` is a valid, 4-byte aligned global address.
+#[inline(always)]
+unsafe fn static_scale(p: u64) -> (f32, f32) {
+    // SAFETY: the caller's contract.
+    let scale = unsafe { load_f32(p) };
+    (scale, reciprocal(scale))
+}
+
 /// The raw bits of one access at `p` when `pred`, else zeros (predicated: a thread's loads
 /// issue back to back).
 #[inline(always)]
@@ -346,21 +363,24 @@ fn access_amax(w: u64, y: &[f32; 8], ok: bool) -> f32 {
 unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &GatedFp8Params) {
     let grouped = LANES != 0;
     grid_dependency_sync();
-    let fixed = if grouped {
-        0.0
-    } else {
-        // SAFETY: the host checked that `scale` is one readable, aligned f32.
-        unsafe { load_f32(p.scale) }
-    };
-    let fixed_inv = reciprocal(fixed);
     if M == VecMode::V16 && grouped {
         // SAFETY: the caller's contract.
         return unsafe { group_v16::<E, A, LANES>(p) };
     }
     if M == VecMode::V16 {
         // SAFETY: the caller's contract.
-        return unsafe { flat_v16::<E, A>(p, fixed, fixed_inv) };
+        return unsafe { flat_v16::<E, A>(p) };
     }
+    // The scalar path reads the static scale once, before its loop: read in the loop body
+    // after the loads, as on the vector path, it measured up to 7% slower (its threads take
+    // several steps and each step's loads are element loads; `bench/TUNING.md`, "The static
+    // scale read after the first loads").
+    let fixed = if grouped {
+        (0.0, 0.0)
+    } else {
+        // SAFETY: the host checked that a static `scale` is one readable, aligned f32.
+        unsafe { static_scale(p.scale) }
+    };
     let w = const { access_width::<E, M>() };
     let walk: &GridWalk = &p.walk;
     let per_step = 32 * p.batch as u64;
@@ -406,7 +426,7 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
             unsafe { store_f32_if(at_s, s, lane == 0 && ok[0]) };
             (s, reciprocal(s))
         } else {
-            (fixed, fixed_inv)
+            fixed
         };
         unroll!(k < GATED_FP8_SCALAR_BATCH => {
             let (r, c) = at[k];
@@ -424,7 +444,7 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
 /// 32 lanes take 32 consecutive accesses, `G` being a multiple of 32), its row and column
 /// ([`Cursor32`]) advanced by the host's [`GridWalk`] step as in the plain gated forward.
 #[inline(always)]
-unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params, fixed: f32, fixed_inv: f32) {
+unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
@@ -447,10 +467,12 @@ unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params, fixed: f32, fixed_i
                 ld_v4_if(at2.addr::<E>(p.b, p.b_stride, 0), ok2),
             )
         };
+        // SAFETY: the host checked that `scale` is one readable f32.
+        let (scale, inv) = unsafe { static_scale(p.scale) };
         // SAFETY: as for the loads.
         unsafe {
-            flat_v16_one::<E, A>(p, a, b, at, ok, fixed, fixed_inv);
-            flat_v16_one::<E, A>(p, a2, b2, at2, ok2, fixed, fixed_inv);
+            flat_v16_one::<E, A>(p, a, b, at, ok, scale, inv);
+            flat_v16_one::<E, A>(p, a2, b2, at2, ok2, scale, inv);
         }
         at = at2.advance(grid_step);
         i += 2 * step;
@@ -981,9 +1003,10 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
 #[inline(always)]
 unsafe fn flat_realigned<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
     grid_dependency_sync();
+    // Read once, before the loop (see `flat`'s scalar path: this kernel too runs only where its
+    // threads take several words each).
     // SAFETY: the host checked that `scale` is one readable, aligned f32.
-    let scale = unsafe { load_f32(p.scale) };
-    let inv = reciprocal(scale);
+    let (scale, inv) = unsafe { static_scale(p.scale) };
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
