@@ -612,8 +612,12 @@ impl KernelId {
             // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
             // registers).
             KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
-            // Element accesses (one register per input each): three rows of 512 threads per
-            // SM (40 registers), so rows' loads stay in flight while others reduce or store.
+            // Element accesses (one register per input each): several rows of 512 threads per
+            // SM, so rows' loads stay in flight while others reduce or store; four for bf16 (32
+            // registers), three for f16 and f32 (40: at 32 they spilled 24-56 bytes).
+            KernelId::GatedFp8RowLong(BF16, VecMode::Scalar) => {
+                Some((GATED_FP8_ROW_MAX_THREADS, 4))
+            }
             KernelId::GatedFp8RowLong(_, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.

@@ -620,14 +620,14 @@ pub fn plan_gated_forward_fp8(
         // up to GATED_FP8_ROW_CHUNKS accesses of a tile. A row of one tile: one block (two per
         // SM). A row of up to GATED_FP8_ROW_LONG_CHUNKS accesses per thread, beyond one wave
         // of that kernel: the long-row kernel, the whole row on one block (one per SM, three
-        // on the scalar path). Where the module has clusters, the split kernel, one tile on
-        // each block of a cluster of up to GATED_FP8_ROW_MAX_BLOCKS, for rows too long for
-        // the long-row kernel, and for shorter ones while the split grid is at most one block
-        // per SM (a cluster waits for its slowest block twice and its blocks run together: it
-        // wins only while one block per row would leave SMs idle). Otherwise the row is
-        // walked twice by one block (within one wave faster than the long-row kernel, all
-        // rows at once). Measurements in bench/TUNING.md, "Per-token FP8 rows: prefetch one
-        // wave ahead, ..." and "Per-token element rows at three per SM". Where the
+        // or four on the scalar path). Where the module has clusters, the split kernel, one
+        // tile on each block of a cluster of up to GATED_FP8_ROW_MAX_BLOCKS, for rows too
+        // long for the long-row kernel, and for shorter ones while the split grid is at most
+        // one block per SM (a cluster waits for its slowest block twice and its blocks run
+        // together: it wins only while one block per row would leave SMs idle). Otherwise the
+        // row is walked twice by one block (within one wave faster than the long-row kernel,
+        // all rows at once). Measurements in bench/TUNING.md, "Per-token FP8 rows: prefetch one
+        // wave ahead, ..." and "Per-token element rows at three and four per SM". Where the
         // module streams rows, rows of 16-byte accesses are streamed from
         // GATED_FP8_STREAM_MIN_CHUNKS accesses per thread, within a tile past two waves of the
         // row kernel: the persistent blocks take their rows one after another, which just past

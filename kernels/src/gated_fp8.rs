@@ -36,7 +36,7 @@
 //!   accesses `r * 512 * chunks ..`; the blocks' maxima through distributed shared memory),
 //!   or, for rows of 2049-4096 accesses, by the long-row entry (`gated_fp8_row_long_*`: up to
 //!   [`GATED_FP8_ROW_LONG_CHUNKS`] (8) accesses per thread: one row per SM at 128 registers
-//!   on `v16`, three at 40 on `scalar`, whose accesses are one register per input).
+//!   on `v16`, three or four (bf16) on `scalar`, whose accesses take a register per input).
 //!   On sm_90 the long-row entry's rows of 16-byte accesses are streamed instead, and so are
 //!   rows of one tile of 3-4 accesses per thread past two waves of the row kernel
 //!   (`gated_fp8_row_stream_{dtype}_c{3..8}`, an entry per count of accesses per thread, so
