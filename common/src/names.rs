@@ -603,6 +603,11 @@ impl KernelId {
             KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
+            // Element accesses (a register per input each): rows of 512 threads as many per SM
+            // as fit without spills, as the long-row entry's: four for bf16 (32 registers),
+            // three for f32 (40; f16 takes 40 within the bound below, and spilled at 32).
+            KernelId::GatedFp8Row(BF16, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 4)),
+            KernelId::GatedFp8Row(F32, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
             // Two rows (or tiles of rows) of 512 threads per SM (64 registers): a row's loads
             // in flight while the other row reduces or stores.
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {

@@ -618,21 +618,23 @@ pub fn plan_gated_forward_fp8(
     {
         // Blocks of a fixed width (the kernel's addressing assumes it), each thread holding
         // up to GATED_FP8_ROW_CHUNKS accesses of a tile. A row of one tile: one block (two per
-        // SM). A row of up to GATED_FP8_ROW_LONG_CHUNKS accesses per thread, beyond one wave
-        // of that kernel: the long-row kernel, the whole row on one block (one per SM, three
-        // or four on the scalar path). Where the module has clusters, the split kernel, one
-        // tile on each block of a cluster of up to GATED_FP8_ROW_MAX_BLOCKS, for rows too
-        // long for the long-row kernel, and for shorter ones while the split grid is at most
-        // one block per SM (a cluster waits for its slowest block twice and its blocks run
-        // together: it wins only while one block per row would leave SMs idle). Otherwise the
-        // row is walked twice by one block (within one wave faster than the long-row kernel,
-        // all rows at once). Measurements in bench/TUNING.md, "Per-token FP8 rows: prefetch one
-        // wave ahead, ..." and "Per-token element rows at three and four per SM". Where the
-        // module streams rows, rows of 16-byte accesses are streamed from
-        // GATED_FP8_STREAM_MIN_CHUNKS accesses per thread, within a tile past two waves of the
-        // row kernel: the persistent blocks take their rows one after another, which just past
-        // one wave is slower than the row kernel's second wave ("Per-token rows of one tile
-        // streamed").
+        // SM; three or four for element accesses, which take a register per input each). A
+        // row of up to GATED_FP8_ROW_LONG_CHUNKS accesses per thread, beyond one wave of that
+        // kernel: the long-row kernel, the whole row on one block (one per SM, three or four
+        // for element accesses). Where the module has clusters, the split kernel, one tile on
+        // each block of a cluster of up to GATED_FP8_ROW_MAX_BLOCKS, for rows too long for
+        // the long-row kernel, and for shorter ones while the split grid is at most one block
+        // per SM (a cluster waits for its slowest block twice and its blocks run together: it
+        // wins only while one block per row would leave SMs idle). Otherwise a row of 16-byte
+        // accesses is walked twice by one block (within one wave faster than the long-row
+        // kernel, all rows at once); a row of element accesses takes the long-row kernel at
+        // any count (as many rows per SM there as on the row kernel). Measurements in
+        // bench/TUNING.md, "Per-token FP8 rows: prefetch one wave ahead, ..." and "Per-token
+        // element rows at three and four per SM". Where the module streams rows, rows of
+        // 16-byte accesses are streamed from GATED_FP8_STREAM_MIN_CHUNKS accesses per thread,
+        // within a tile past two waves of the row kernel: the persistent blocks take their
+        // rows one after another, which just past one wave is slower than the row kernel's
+        // second wave ("Per-token rows of one tile streamed").
         let tpr = GATED_FP8_ROW_MAX_THREADS as u64;
         let per_thread = per_row.div_ceil(tpr);
         let tile_chunks = GATED_FP8_ROW_CHUNKS as u64;
@@ -682,7 +684,7 @@ pub fn plan_gated_forward_fp8(
                 per_thread.div_ceil(split_blocks),
                 split_blocks,
             )
-        } else if long_fits && rows as u64 > one_wave {
+        } else if long_fits && (rows as u64 > one_wave || mode == VecMode::Scalar) {
             (KernelId::GatedFp8RowLong(dtype, mode), per_thread, 1)
         } else {
             (KernelId::GatedFp8Row(dtype, mode), tile_chunks, 1)

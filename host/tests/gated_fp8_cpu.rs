@@ -143,8 +143,10 @@ fn per_token_plans_rows_in_registers() {
     assert_eq!((l.grid, l.block), (5, 512));
     assert_eq!((l.params.scale_ub, l.params.min_scale), (2.0, 1e-6));
     // Rows of 2049-4096 accesses beyond one wave of the two-pass kernel: the long-row kernel
-    // holds them whole; longer rows, and rows within that wave, take two passes.
+    // holds them whole; longer rows, and rows of 16-byte accesses within that wave, take two
+    // passes; rows of 2049-4096 element accesses take the long-row kernel at any count.
     let f32_row = KernelId::GatedFp8Row(DType::F32, VecMode::V16);
+    let f32_long_scalar = KernelId::GatedFp8RowLong(DType::F32, VecMode::Scalar);
     let f32_long = KernelId::GatedFp8RowLong(DType::F32, VecMode::V16);
     let f32_scalar = KernelId::GatedFp8Row(DType::F32, VecMode::Scalar);
     let bf16_long = KernelId::GatedFp8RowLong(DType::BF16, VecMode::V16);
@@ -161,6 +163,8 @@ fn per_token_plans_rows_in_registers() {
         (DType::F32, 529, 8192, f32_row, 4, 264),
         (DType::F32, 528, 8192, f32_row, 4, 0),
         (DType::F32, 529, 8190, f32_scalar, 4, 0),
+        (DType::F32, 264, 4095, f32_long_scalar, 8, 0),
+        (DType::F32, 10, 2049, f32_long_scalar, 5, 0),
     ] {
         let (a, b, y) = abq(dtype, rows, cols);
         let s = scales(rows, 1);

@@ -25,12 +25,13 @@
 //!   and written once, the scale once per group: the traffic of the plain kernel with a
 //!   one-byte output.
 //! - **Row** (`gated_fp8_row_*`: per token). One block of [`GATED_FP8_ROW_MAX_THREADS`] (512)
-//!   threads per row, two blocks per SM; thread `t` owns accesses `t + 512 j`, `j < chunks`
+//!   threads per row, two blocks per SM (three or four on `scalar`, whose accesses take a
+//!   register per input each); thread `t` owns accesses `t + 512 j`, `j < chunks`
 //!   (<= [`GATED_FP8_ROW_CHUNKS`], 4), loaded back to back (predicated) and kept packed in
 //!   registers; `y` for the row's maximum (warp butterfly, then one f32 per warp in shared
 //!   memory), the scale, then `y` again from the registers and the stores. A row of one tile
-//!   (up to 2048 accesses: 16384 bf16/f16, 8192 f32) is read once, and two such rows per SM
-//!   keep their loads in flight while the other one reduces or stores. Longer rows are held
+//!   (up to 2048 accesses: 16384 bf16/f16, 8192 f32) is read once, and the rows of an SM
+//!   keep their loads in flight while another one reduces or stores. Longer rows are held
 //!   whole too, as the host plans: on the blocks of a thread-block cluster
 //!   (`gated_fp8_row_split_*`, sm_90: up to 8 blocks, block rank `r` holding the tile of
 //!   accesses `r * 512 * chunks ..`; the blocks' maxima through distributed shared memory),
