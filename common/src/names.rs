@@ -603,11 +603,16 @@ impl KernelId {
             KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
-            // Element accesses (a register per input each): rows of 512 threads as many per SM
-            // as fit without spills, as the long-row entry's: four for bf16 (32 registers),
-            // three for f32 (40; f16 takes 40 within the bound below, and spilled at 32).
-            KernelId::GatedFp8Row(BF16, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 4)),
-            KernelId::GatedFp8Row(F32, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
+            // Element accesses (a register per input each): as many rows of 512 threads per SM
+            // as fit without spills, so that rows' loads stay in flight while others reduce or
+            // store: four for bf16 (32 registers), three for f32 and the f16 long-row entry
+            // (40; f16 spilled at 32, and its row entry takes 40 within the bound below).
+            KernelId::GatedFp8Row(BF16, VecMode::Scalar)
+            | KernelId::GatedFp8RowLong(BF16, VecMode::Scalar) => {
+                Some((GATED_FP8_ROW_MAX_THREADS, 4))
+            }
+            KernelId::GatedFp8Row(F32, VecMode::Scalar)
+            | KernelId::GatedFp8RowLong(_, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
             // Two rows (or tiles of rows) of 512 threads per SM (64 registers): a row's loads
             // in flight while the other row reduces or stores.
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
@@ -617,13 +622,6 @@ impl KernelId {
             // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
             // registers).
             KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
-            // Element accesses (one register per input each): several rows of 512 threads per
-            // SM, so rows' loads stay in flight while others reduce or store; four for bf16 (32
-            // registers), three for f16 and f32 (40: at 32 they spilled 24-56 bytes).
-            KernelId::GatedFp8RowLong(BF16, VecMode::Scalar) => {
-                Some((GATED_FP8_ROW_MAX_THREADS, 4))
-            }
-            KernelId::GatedFp8RowLong(_, VecMode::Scalar) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {

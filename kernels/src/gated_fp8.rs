@@ -373,9 +373,9 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
         return unsafe { flat_v16::<E, A>(p) };
     }
     // The scalar path reads the static scale once, before its loop: read in the loop body
-    // after the loads, as on the vector path, it measured up to 7% slower (its threads take
-    // several steps and each step's loads are element loads; `bench/TUNING.md`, "The static
-    // scale read after the first loads").
+    // after the loads, as on the vector path, it measured 7% slower at the few rows where this
+    // path runs (why is not known; `bench/TUNING.md`, "The static scale read after the first
+    // loads").
     let fixed = if grouped {
         (0.0, 0.0)
     } else {
@@ -1004,8 +1004,8 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
 #[inline(always)]
 unsafe fn flat_realigned<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
     grid_dependency_sync();
-    // Read once, before the loop (see `flat`'s scalar path: this kernel too runs only where its
-    // threads take several words each).
+    // Read once, before the loop: in the loop body it measured about 1% slower (this kernel
+    // runs where its threads take up to four words each; see `flat`'s scalar path).
     // SAFETY: the host checked that `scale` is one readable, aligned f32.
     let (scale, inv) = unsafe { static_scale(p.scale) };
     let walk = &p.walk;
