@@ -219,8 +219,9 @@ pub(crate) unsafe fn load_f32(p: u64) -> f32 {
     v
 }
 
-/// The static scale at `p` and its [`reciprocal`]. The vector flat kernel calls it in its loop
-/// body after the body's own loads are issued: computed before the loop, the reciprocal made
+/// The static scale at `p` and its [`reciprocal`]. The scalar and realigned flat kernels call
+/// it once before their loop; the vector flat kernel in its loop body after the body's own
+/// loads are issued: computed before the loop, the reciprocal made
 /// every thread wait a whole memory latency for the scale before its first load, which at a
 /// step or two per thread (few rows) is a large part of the call. The load is a
 /// side-effecting `asm!`, so it is neither hoisted above those loads nor out of the loop;
@@ -468,7 +469,7 @@ unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
                 ld_v4_if(at2.addr::<E>(p.b, p.b_stride, 0), ok2),
             )
         };
-        // SAFETY: the host checked that `scale` is one readable f32.
+        // SAFETY: the host checked that `scale` is one readable, aligned f32.
         let (scale, inv) = unsafe { static_scale(p.scale) };
         // SAFETY: as for the loads.
         unsafe {
