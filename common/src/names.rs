@@ -8,10 +8,11 @@ use crate::NormFwdVariant as Fwd;
 use crate::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use crate::{
     BwdNarrow, DType, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_STREAM_SMEM_BYTES, GATED_THREADS,
-    NormBwdVariant, NormFwdVariant, RMSNORM_BWD_LOOP_THREADS, RMSNORM_BWD_MAX_THREADS_PER_ROW,
-    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, ZERO_FILL_THREADS,
-    rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged, rmsnorm_bwd_vector_min_blocks,
+    NormBwdVariant, NormFwdVariant, RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES, RMSNORM_BWD_LOOP_THREADS,
+    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_DW_THREADS,
+    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
+    ZERO_FILL_THREADS, rmsnorm_bwd_max_threads_per_row, rmsnorm_bwd_staged,
+    rmsnorm_bwd_vector_min_blocks,
 };
 use VecMode::{Scalar, V16};
 
@@ -98,6 +99,16 @@ pub enum KernelId {
     RmsNormFwdLoopAhead(DType, VecMode),
     /// RMSNorm backward rows and `dw` partials (`rmsnorm_bwd_{dtype}_{v16|scalar}_{e16|loop}`).
     RmsNormBwd(DType, VecMode, NormBwdVariant),
+    /// RMSNorm backward of rows longer than 8192 split over the blocks of a thread-block
+    /// cluster, one tile per block, each held as the 16-per-thread kernel holds a row; the
+    /// same bits as the looped kernel (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster`; sm_90, the
+    /// sm_80 module has the entries but never runs them; see `crate::rmsnorm_bwd_cluster_fits`
+    /// and `crate::rmsnorm_bwd_walkers`).
+    RmsNormBwdCluster(DType, VecMode),
+    /// The looped backward of the rows [`KernelId::RmsNormBwdCluster`] takes, in its tiles'
+    /// shape (the same bits): where clusters are not run
+    /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_loop_tiles`).
+    RmsNormBwdLoopTiles(DType, VecMode),
     /// The 16-per-thread form of [`KernelId::RmsNormBwd`] compiled to the register budget of
     /// a [`BwdNarrow`], for blocks of at most its `max_threads` (f32 only, staged on both
     /// paths, `rmsnorm_bwd_{dtype}_{v16|scalar}_e16_r{96|80}`; see `crate::rmsnorm_bwd_narrow`).
@@ -305,6 +316,18 @@ kernel_table! {
     rmsnorm_bwd_bf16_v16_loop = RmsNormBwd(BF16, V16, Bwd::Loop),
     rmsnorm_bwd_bf16_scalar_e16 = RmsNormBwd(BF16, Scalar, Bwd::E16),
     rmsnorm_bwd_bf16_scalar_loop = RmsNormBwd(BF16, Scalar, Bwd::Loop),
+    rmsnorm_bwd_f32_v16_cluster = RmsNormBwdCluster(F32, V16),
+    rmsnorm_bwd_f32_scalar_cluster = RmsNormBwdCluster(F32, Scalar),
+    rmsnorm_bwd_f16_v16_cluster = RmsNormBwdCluster(F16, V16),
+    rmsnorm_bwd_f16_scalar_cluster = RmsNormBwdCluster(F16, Scalar),
+    rmsnorm_bwd_bf16_v16_cluster = RmsNormBwdCluster(BF16, V16),
+    rmsnorm_bwd_bf16_scalar_cluster = RmsNormBwdCluster(BF16, Scalar),
+    rmsnorm_bwd_f32_v16_loop_tiles = RmsNormBwdLoopTiles(F32, V16),
+    rmsnorm_bwd_f32_scalar_loop_tiles = RmsNormBwdLoopTiles(F32, Scalar),
+    rmsnorm_bwd_f16_v16_loop_tiles = RmsNormBwdLoopTiles(F16, V16),
+    rmsnorm_bwd_f16_scalar_loop_tiles = RmsNormBwdLoopTiles(F16, Scalar),
+    rmsnorm_bwd_bf16_v16_loop_tiles = RmsNormBwdLoopTiles(BF16, V16),
+    rmsnorm_bwd_bf16_scalar_loop_tiles = RmsNormBwdLoopTiles(BF16, Scalar),
     rmsnorm_bwd_f32_v16_e16_fused = RmsNormBwdFused(F32, V16),
     rmsnorm_bwd_f32_scalar_e16_fused = RmsNormBwdFused(F32, Scalar),
     rmsnorm_bwd_f16_v16_e16_fused = RmsNormBwdFused(F16, V16),
@@ -538,6 +561,8 @@ impl KernelId {
                 | KernelId::RmsNormFwdSplitNarrow(..)
                 | KernelId::RmsNormFwdLoopAhead(..)
                 | KernelId::RmsNormBwd(..)
+                | KernelId::RmsNormBwdCluster(..)
+                | KernelId::RmsNormBwdLoopTiles(..)
                 | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
                 | KernelId::RmsNormBwdFusedNarrow(..)
@@ -577,7 +602,9 @@ impl KernelId {
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) | KernelId::RmsNormBwdFused(d, _) => {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
-            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => RMSNORM_BWD_LOOP_THREADS,
+            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop)
+            | KernelId::RmsNormBwdLoopTiles(..) => RMSNORM_BWD_LOOP_THREADS,
+            KernelId::RmsNormBwdCluster(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwdNarrow(_, _, budget)
             | KernelId::RmsNormBwdFusedNarrow(_, budget) => budget.max_threads(),
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
@@ -675,6 +702,10 @@ impl KernelId {
                 RMSNORM_BWD_MAX_THREADS_PER_ROW,
                 rmsnorm_bwd_vector_min_blocks(d),
             )),
+            // A cluster's blocks are the staged kernel's 512-thread blocks.
+            KernelId::RmsNormBwdCluster(d, mode) => {
+                KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).launch_bounds()
+            }
             // Its register budget is `max_registers`.
             KernelId::RmsNormBwdNarrow(_, _, budget)
             | KernelId::RmsNormBwdFusedNarrow(_, budget) => Some((budget.max_threads(), 0)),
@@ -749,6 +780,7 @@ impl KernelId {
             {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
+            KernelId::RmsNormBwdCluster(..) => Some(RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES),
             // The same code as the 128-register entries, so the same shared memory.
             KernelId::RmsNormBwdNarrow(d, mode, _) => {
                 KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).dynamic_smem_opt_in()

@@ -144,8 +144,23 @@ pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
 pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
 /// Threads of one row (and one block) of the looped backward, for rows longer than 8192. Its
 /// kernels hold more per thread (h, the gradient, the dw partial per tile); 256 threads
-/// launch whatever their register count (256 x 255 <= 65536).
+/// launch whatever their register count (256 x 255 <= 65536). Each holds two of a tile's
+/// 512 threads ([`RMSNORM_BWD_TILE`]) in turn.
 pub const RMSNORM_BWD_LOOP_THREADS: u32 = 256;
+/// Elements of one tile of a backward row longer than 8192: 512 threads of 16 elements each
+/// (a block of the cluster-split backward; two halves of a looped block), the last tile
+/// partial. The row's sum is summed per tile, then the tiles' sums in tile order.
+pub const RMSNORM_BWD_TILE: u64 = RMSNORM_BWD_MAX_THREADS_PER_ROW as u64 * 16;
+/// Most blocks in a cluster of the cluster-split backward (the portable cluster size): rows
+/// of up to 8 tiles (65536 elements) take it.
+pub const RMSNORM_BWD_MAX_CLUSTER: u64 = 8;
+/// Blocks the long-row backward aims at (see [`rmsnorm_bwd_walkers`]).
+const RMSNORM_BWD_LONG_BLOCKS: u64 = 256;
+/// Dynamic shared memory of a cluster-split backward block before its staged rows: the
+/// reduction buffers, then two slots (by the parity of the block's row) for the block's tile
+/// sum, which the cluster's blocks read, padded to 16 bytes.
+pub const RMSNORM_BWD_CLUSTER_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;
+pub const RMSNORM_BWD_CLUSTER_HEAD_BYTES: u32 = RMSNORM_SMEM_BYTES + 16;
 /// Block size the several-rows-per-block layouts aim at (rows are `threads_per_row` wide).
 pub const RMSNORM_BLOCK_TARGET: u32 = 256;
 /// Dynamic shared memory of every forward and backward launch: two sets of 32 f32 warp
@@ -181,7 +196,7 @@ pub const fn rmsnorm_bwd_smem_bytes(
     fused: bool,
 ) -> u32 {
     if matches!(variant, NormBwdVariant::Loop) {
-        return RMSNORM_SMEM_BYTES;
+        return RMSNORM_LOOP_SMEM_BYTES;
     }
     if !rmsnorm_bwd_staged(dtype, mode, variant, fused) {
         return RMSNORM_SMEM_BYTES + rmsnorm_bwd_scalar_weight_bytes(g);
@@ -592,7 +607,7 @@ pub const fn rmsnorm_split_smem_bytes(
 
 /// Backward geometry: 16 elements per thread up to 8192 per row (at most
 /// [`rmsnorm_bwd_max_threads_per_row`] threads), then
-/// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of 4096.
+/// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of [`RMSNORM_BWD_TILE`].
 pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant, NormGeometry) {
     let lanes = dtype.lanes_per_16b() as u64;
     let chunks = if hidden == 0 {
@@ -613,6 +628,68 @@ pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant,
     }
 }
 
+/// Tiles of a backward row of `hidden` elements longer than 8192 ([`RMSNORM_BWD_TILE`] each).
+pub const fn rmsnorm_bwd_tiles(hidden: u64) -> u64 {
+    hidden.div_ceil(RMSNORM_BWD_TILE)
+}
+
+/// Row walkers of the long-row backward (`NormBwdVariant::Loop` geometry) for `rows x
+/// hidden`: walker `i` takes rows `i, i + walkers, ...` in order and owns `dw` partial row
+/// `i`. The looped kernel runs a walker per block, the cluster-split kernel a walker per
+/// cluster of one block per tile, so both sum every element in the same order. Where the
+/// split applies ([`rmsnorm_bwd_cluster_fits`]), about [`RMSNORM_BWD_LONG_BLOCKS`] blocks of
+/// it; longer rows, which only the looped kernel runs, as many blocks of it as fit
+/// [`RMSNORM_BWD_GRID_THREADS`]; one walker per row below that. A function of rows and
+/// hidden only, as the slots must be.
+pub const fn rmsnorm_bwd_walkers(rows: u64, hidden: u64) -> u64 {
+    let most = if rmsnorm_bwd_cluster_fits(hidden) {
+        RMSNORM_BWD_LONG_BLOCKS / rmsnorm_bwd_tiles(hidden)
+    } else {
+        RMSNORM_BWD_GRID_THREADS / RMSNORM_BWD_LOOP_THREADS as u64
+    };
+    if rows < most { rows } else { most }
+}
+
+/// Whether the cluster-split backward applies to rows of `hidden` elements (on every path and
+/// dtype): rows longer than 8192 of at most [`RMSNORM_BWD_MAX_CLUSTER`] tiles whose last tile
+/// holds a quarter of a tile at least. A block per tile: with less in the last one, its
+/// blocks hold a multiprocessor's place for little work (4096 x 16385 bf16, a last tile of one
+/// element, took 525 µs split, 440 looped).
+pub const fn rmsnorm_bwd_cluster_fits(hidden: u64) -> bool {
+    let tiles = rmsnorm_bwd_tiles(hidden);
+    if tiles < 2 || tiles > RMSNORM_BWD_MAX_CLUSTER {
+        return false;
+    }
+    hidden - (tiles - 1) * RMSNORM_BWD_TILE >= RMSNORM_BWD_TILE / 4
+}
+
+/// Dynamic shared memory of a cluster-split backward launch of `blocks` blocks: the tile-sum
+/// slots ([`RMSNORM_BWD_CLUSTER_HEAD_BYTES`]), then a 16-per-thread block's staged rows of
+/// 512 threads (see [`rmsnorm_bwd_smem_bytes`]).
+pub const fn rmsnorm_bwd_cluster_smem_bytes(
+    dtype: DType,
+    mode: VecMode,
+    has_dres: bool,
+    blocks: u64,
+) -> u32 {
+    let (_, g) = rmsnorm_bwd_geometry(dtype, RMSNORM_BWD_TILE);
+    let rows = rmsnorm_bwd_smem_bytes(
+        dtype,
+        mode,
+        NormBwdVariant::E16,
+        &g,
+        has_dres,
+        blocks,
+        false,
+    );
+    rows - RMSNORM_SMEM_BYTES + RMSNORM_BWD_CLUSTER_HEAD_BYTES
+}
+
+/// Most dynamic shared memory a cluster-split backward launch asks for.
+pub const RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES: u32 =
+    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES - RMSNORM_SMEM_BYTES + RMSNORM_BWD_CLUSTER_HEAD_BYTES;
+const _: () = assert!(RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES <= RMSNORM_REALIGNED_MAX_SMEM_BYTES);
+
 /// The backward's launch shape for `rows x hidden`, from those and the dtype only (not the
 /// device), so `dw` is reproducible across machines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -621,7 +698,9 @@ pub struct NormBwdLayout {
     pub geometry: NormGeometry,
     /// Blocks of the row kernel: one per row group, capped within
     /// [`RMSNORM_BWD_GRID_THREADS`] threads (blocks then loop over row groups; see
-    /// [`rmsnorm_bwd_row_blocks`]); none when `hidden == 0`.
+    /// [`rmsnorm_bwd_row_blocks`]); for rows longer than 8192 the walkers
+    /// ([`rmsnorm_bwd_walkers`]: the looped kernel's blocks, the cluster-split kernel's
+    /// clusters); none when `hidden == 0`.
     pub blocks: u64,
     /// Partial `dw` rows, one per row slot (`blocks * rows_per_block`).
     pub slots: u64,
@@ -909,10 +988,10 @@ pub const fn blocks_per_sm(registers: u32, threads: u32, smem_bytes: u32) -> u32
 pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwdLayout {
     let (variant, geometry) = rmsnorm_bwd_geometry(dtype, hidden);
     let groups = rows.div_ceil(geometry.rows_per_block as u64);
-    let blocks = if hidden == 0 {
-        0
-    } else {
-        rmsnorm_bwd_row_blocks(dtype, &geometry, groups)
+    let blocks = match variant {
+        _ if hidden == 0 => 0,
+        NormBwdVariant::E16 => rmsnorm_bwd_row_blocks(dtype, &geometry, groups),
+        NormBwdVariant::Loop => rmsnorm_bwd_walkers(rows, hidden),
     };
     let slots = blocks * geometry.rows_per_block as u64;
     let coef = match variant {

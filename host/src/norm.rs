@@ -71,7 +71,9 @@
 //! off the grid when the weight is aligned and the block's staging fits), which computes the
 //! looped kernel's sums in its order, so the same bits. `dw`
 //! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
-//! backward runs give the same bits; no float atomics anywhere.
+//! backward runs give the same bits; no float atomics anywhere. The backward of rows of 2-8
+//! tiles of 8192 elements (`rmsnorm_bwd_cluster_fits`) runs on sm_90 as a cluster of a block
+//! per tile per row walker, with the bits of the looped kernel of the same tiles.
 //!
 //! # Backward
 //! From `dy`, the saved `h` and `rstd`, and `w` (`g = w * dy`, Gemma `(1 + w) * dy`):
@@ -90,13 +92,14 @@
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 pub use ferrofuse_common::{BwdNarrow, NormBwdVariant, NormFwdVariant, NormGeometry};
 use ferrofuse_common::{
-    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS, RMSNORM_DW_COLS,
-    RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
-    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES,
-    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
-    VecMode, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_smem_bytes,
+    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS,
+    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
+    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
+    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_cluster_fits,
+    rmsnorm_bwd_cluster_smem_bytes, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_smem_bytes,
     rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    rmsnorm_bwd_tiles, rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
     rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 
@@ -617,16 +620,22 @@ const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 /// Checks every operand as [`plan_rmsnorm_forward`] does; `dw` has the weight's dtype; the
 /// workspace is f32 with at least [`rmsnorm_backward_workspace_len`] elements; aliasing: `dx`
 /// may be exactly `dy` or exactly `dres`, nothing else overlaps `dx`, `dw` or the workspace.
+///
+/// Rows longer than 8192 take the looped kernel here; [`plan_rmsnorm_backward_with`] with
+/// clusters may split them over thread-block clusters instead (the same bits).
 pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
-    plan_rmsnorm_backward_with(t, opts, true)
+    plan_rmsnorm_backward_with(t, opts, true, false)
 }
 
 /// [`plan_rmsnorm_backward`], with the one-launch form allowed or not (as
-/// [`Kernels::fused_backward`] says for [`Kernels::rmsnorm_backward`]).
+/// [`Kernels::fused_backward`] says for [`Kernels::rmsnorm_backward`]), and rows longer than
+/// 8192 split over thread-block clusters where `clusters` (as [`Kernels::norm_limits`] says:
+/// a device with clusters, the split not turned off) and [`rmsnorm_bwd_cluster_fits`].
 pub fn plan_rmsnorm_backward_with(
     t: &RmsNormBwdDescs,
     opts: &RmsNormOptions,
     fused_allowed: bool,
+    clusters: bool,
 ) -> Result<RmsNormBwdPlan> {
     let dy = &t.dy;
     let dtype = dy.dtype;
@@ -734,6 +743,10 @@ pub fn plan_rmsnorm_backward_with(
         && hidden > 0
         && !t.dx.overlaps(dy)
         && cheap;
+    // Rows longer than 8192 that the cluster split takes: a cluster of a block per tile per row
+    // walker, or without clusters the looped kernel of the split's tiles (the same bits).
+    let tiled = variant == NormBwdVariant::Loop && rmsnorm_bwd_cluster_fits(hidden as u64);
+    let cluster = clusters && tiled && blocks > 0;
     let row_blocks = if fused { groups } else { blocks };
     let rows_smem = rmsnorm_bwd_smem_bytes(
         dtype,
@@ -756,18 +769,33 @@ pub fn plan_rmsnorm_backward_with(
             groups + dw_blocks,
             rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
         )
+    } else if cluster {
+        // A block per tile of 512 threads (see `RmsNormBwdParams::threads_per_row` below).
+        let grid = blocks * rmsnorm_bwd_tiles(hidden as u64);
+        (
+            KernelId::RmsNormBwdCluster(dtype, mode),
+            grid,
+            rmsnorm_bwd_cluster_smem_bytes(dtype, mode, dres_addr != 0, grid),
+        )
     } else {
         // The narrow entry runs the same code, so it computes the same bits.
         let kernel = match narrow {
             Some(budget) => KernelId::RmsNormBwdNarrow(dtype, mode, budget),
+            None if tiled => KernelId::RmsNormBwdLoopTiles(dtype, mode),
             None => KernelId::RmsNormBwd(dtype, mode, variant),
         };
         (kernel, blocks, rows_smem)
     };
+    // The cluster split's blocks are a tile's 512 threads, the looped kernel's two halves of it.
+    let threads_per_row = if cluster {
+        RMSNORM_BWD_MAX_THREADS_PER_ROW
+    } else {
+        geometry.threads_per_row
+    };
     let rows_launch = Launch {
         kernel,
         grid: grid_u32("rows", grid)?,
-        block,
+        block: threads_per_row * geometry.rows_per_block,
         shared_mem_bytes,
         params: RmsNormBwdParams {
             dy: dy.addr,
@@ -785,7 +813,7 @@ pub fn plan_rmsnorm_backward_with(
             rows: rows as u64,
             hidden: hidden as u64,
             flags,
-            threads_per_row: geometry.threads_per_row,
+            threads_per_row,
             rows_per_block: geometry.rows_per_block,
             // At most 131072 / 32 slots (blocks within 131072 threads of 32 or more per row).
             dw_slots: if fused { slots as u32 } else { 0 },
@@ -1246,7 +1274,8 @@ impl Kernels {
         opts: &RmsNormOptions,
     ) -> Result<()> {
         // Every launch is planned (validated) before the first runs.
-        let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward())?;
+        let clusters = self.norm_limits().clusters;
+        let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward(), clusters)?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing. The
         // dw launch reads the partials the rows launch wrote: same stream, in order.
         unsafe {

@@ -238,7 +238,17 @@ unsafe impl KernelParams for RmsNormFwdParams {
         }
     }
 }
-unsafe impl KernelParams for RmsNormBwdParams {}
+unsafe impl KernelParams for RmsNormBwdParams {
+    /// The cluster-split backward runs a row walker on one cluster, a block per tile.
+    fn cluster_blocks(&self, kernel: KernelId) -> u32 {
+        match kernel {
+            KernelId::RmsNormBwdCluster(..) => {
+                ferrofuse_common::rmsnorm_bwd_tiles(self.hidden) as u32
+            }
+            _ => 1,
+        }
+    }
+}
 unsafe impl KernelParams for RmsNormDwParams {}
 
 /// A kernel launch, fully decided on the host: which entry, the grid, and its parameters.
@@ -692,9 +702,10 @@ impl Kernels {
             .store(on && self.programmatic_supported, Ordering::Relaxed);
     }
 
-    /// Turns the cluster-split norm forward (long rows at few rows per call, sm_90+) off or
-    /// back on (on by default). Both forms compute the same bits; for measuring the split and
-    /// for tests that compare the two.
+    /// Turns the cluster-split norm forward (long rows at few rows per call, sm_90+) and
+    /// backward (rows longer than 8192, sm_90+) off or back on (on by default); off, those
+    /// rows take the looped kernels. Both forms compute the same bits; for measuring the split
+    /// and for tests that compare the two.
     pub fn set_cluster_split(&self, on: bool) {
         self.cluster_split.store(on, Ordering::Relaxed);
     }

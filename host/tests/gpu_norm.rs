@@ -42,7 +42,8 @@ use ferrofuse::{
     NormPath, Placement, RmsNormOptions, SavedForward, VecMode,
 };
 use ferrofuse_common::{
-    rmsnorm_bwd_layout, rmsnorm_realigned_fits, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
+    rmsnorm_bwd_cluster_fits, rmsnorm_bwd_layout, rmsnorm_realigned_fits, rmsnorm_split_geometry,
+    rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1636,6 +1637,9 @@ fn same_bits_on_both(k: &Arc<Kernels>, other: &Arc<Kernels>, s: &Arc<CudaStream>
         (70, 7001),
         (16, 20000),
         (300, 4607),
+        (300, 16384),
+        (2, 65536),
+        (5, 32770),
     ];
     for (rows, hidden) in backward {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -1989,7 +1993,7 @@ fn run_backward_in<T: Element, W: Element>(
             dw: ldw.desc(s, &d_dw),
             workspace: MatDesc::contiguous(ws_addr, ws_len, DType::F32, 1, ws_len),
         };
-        plan_rmsnorm_backward_with(&t, &c.opts(), k.fused_backward())
+        plan_rmsnorm_backward_with(&t, &c.opts(), k.fused_backward(), k.norm_limits().clusters)
             .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
     };
 
@@ -2152,7 +2156,9 @@ fn backward_case<T: Element, W: Element>(
     };
     let mode = match out.kernels.0 {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(_, mode, _) => mode,
+        KernelId::RmsNormBwdNarrow(_, mode, _)
+        | KernelId::RmsNormBwdCluster(_, mode)
+        | KernelId::RmsNormBwdLoopTiles(_, mode) => mode,
         KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{what}: planned {k:?}"),
     };
@@ -2249,12 +2255,148 @@ fn backward_every_dtype_size_placement_and_option() {
         &all,
         |k| match k {
             KernelId::RmsNormBwd(_, _, NormBwdVariant::E16) => !quick(),
-            KernelId::RmsNormBwd(..) | KernelId::RmsNormBwdFused(..) | KernelId::RmsNormDw(..) => {
-                true
-            }
+            // Rows longer than 8192 take the cluster split where it fits (sm_90);
+            // `backward_long_rows_cluster_split_matches_loop_bitwise` runs both forms.
+            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => false,
+            KernelId::RmsNormBwdFused(..) | KernelId::RmsNormDw(..) => true,
             _ => false,
         },
     );
+}
+
+/// Rows longer than 8192: the cluster-split backward (sm_90) against the looped kernel, bit for
+/// bit (`dx` and `dw`), and against the reference. Every dtype, row lengths of 2 to 8 tiles
+/// and rows the split does not take (past 8 tiles, or a last tile under a quarter: looped
+/// either way), on the vector grid and off it, from one row to more rows than walkers, every
+/// placement, Gemma and an f32 weight cycling. Where the device has clusters, every split
+/// entry must run and the split must be what ran wherever it fits; the looped entries run
+/// with the split off.
+#[test]
+fn backward_long_rows_cluster_split_matches_loop_bitwise() {
+    let Some((k, s)) = gpu("backward_long_rows_cluster_split_matches_loop_bitwise") else {
+        return;
+    };
+    let (hidden, rows): (&[usize], &[usize]) = if quick() {
+        (&[8200, 16384, 20001, 65536], &[1, 7, 300])
+    } else {
+        (
+            &[
+                8193, 8200, 16384, 16385, 18432, 20001, 32768, 40001, 65536, 65544, 100_003,
+            ],
+            &[1, 7, 64, 300, 1000],
+        )
+    };
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for &h in hidden {
+            for &r in rows {
+                if r * h > (1 << 24) {
+                    continue;
+                }
+                i += 1;
+                cases.push((
+                    dtype,
+                    Bwd {
+                        rows: r,
+                        hidden: h,
+                        placement: BWD_PLACEMENTS[i % BWD_PLACEMENTS.len()],
+                        layout: BWD_LAYOUTS[(i / 2) % BWD_LAYOUTS.len()],
+                        gemma: i % 3 == 1,
+                        w_f32: dtype != DType::F32 && i % 4 == 2,
+                    },
+                ));
+            }
+        }
+    }
+    let clusters = k.limits().clusters;
+    let seen = Mutex::new(BTreeSet::new());
+    let mut failed = Vec::new();
+    for (dtype, c) in &cases {
+        let seed = fresh_seed();
+        let run = || match (dtype, c.w_f32) {
+            (DType::F32, _) => split_vs_loop::<f32, f32>(&k, &s, c, seed),
+            (DType::F16, false) => split_vs_loop::<f16, f16>(&k, &s, c, seed),
+            (DType::F16, true) => split_vs_loop::<f16, f32>(&k, &s, c, seed),
+            (DType::BF16, false) => split_vs_loop::<bf16, bf16>(&k, &s, c, seed),
+            (DType::BF16, true) => split_vs_loop::<bf16, f32>(&k, &s, c, seed),
+            (DType::F8E4M3, _) => unreachable!(),
+        };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+            Ok(ran) => {
+                // Split where it fits, else (and with it off) the looped kernel of its tiles
+                // where it fits, the looped kernel otherwise.
+                let fits = rmsnorm_bwd_cluster_fits(c.hidden as u64);
+                let looped = |k: KernelId| match k {
+                    KernelId::RmsNormBwdLoopTiles(..) => fits,
+                    KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => !fits,
+                    _ => false,
+                };
+                let split = matches!(ran[0], KernelId::RmsNormBwdCluster(..));
+                if !(if clusters && fits {
+                    split
+                } else {
+                    looped(ran[0])
+                }) || !looped(ran[1])
+                {
+                    failed.push(format!("{} {c:?}: ran {ran:?}", dtype.name()));
+                }
+                let mut seen = seen.lock().unwrap();
+                seen.extend(ran.iter().map(|k| k.name().to_string()));
+            }
+            Err(_) => failed.push(format!("{} {c:?} seed {seed}", dtype.name())),
+        }
+    }
+    k.set_cluster_split(true);
+    assert!(
+        failed.is_empty(),
+        "{} cases failed: {failed:#?}",
+        failed.len()
+    );
+    assert_covered(
+        "backward_long_rows_cluster_split_matches_loop_bitwise",
+        &seen.into_inner().unwrap(),
+        |k| match k {
+            // The quick matrix's rows the split does not take are of one length.
+            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => !quick(),
+            KernelId::RmsNormBwdLoopTiles(..) => true,
+            KernelId::RmsNormBwdCluster(..) => clusters,
+            _ => false,
+        },
+    );
+}
+
+/// One case of [`backward_long_rows_cluster_split_matches_loop_bitwise`]: with the split on
+/// (checked against the reference), then off, bit for bit; the two runs' rows kernels.
+fn split_vs_loop<T: Element, W: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    c: &Bwd,
+    seed: u64,
+) -> [KernelId; 2] {
+    let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
+    let inp = bwd_inputs::<T>(c, seed);
+    k.set_cluster_split(true);
+    let split = run_backward::<T, W>(k, s, c, &inp, &what);
+    check_backward(c, &inp, &split, &what);
+    k.set_cluster_split(false);
+    let looped = run_backward::<T, W>(k, s, c, &inp, &what);
+    k.set_cluster_split(true);
+    let what = format!("{what}: {:?} vs {:?}", split.kernels, looped.kernels);
+    assert!(
+        split
+            .dx
+            .buf
+            .iter()
+            .zip(&looped.dx.buf)
+            .all(|(p, q)| same(*p, *q)),
+        "{what}: dx differs"
+    );
+    assert!(
+        split.dw.iter().zip(&looped.dw).all(|(p, q)| same(*p, *q)),
+        "{what}: dw differs"
+    );
+    [split.kernels.0, looped.kernels.0]
 }
 
 /// The one-launch backward against the two launches, bit for bit (`dx` and `dw`), and against

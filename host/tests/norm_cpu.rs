@@ -13,8 +13,8 @@ use common::assert_matches;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::norm::{
     BwdNarrow, NormBwdVariant, NormFwdVariant, RmsNormBwdDescs, RmsNormFwdDescs,
-    plan_rmsnorm_backward, plan_rmsnorm_forward, rmsnorm_backward_geometry,
-    rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
+    plan_rmsnorm_backward, plan_rmsnorm_backward_with, plan_rmsnorm_forward,
+    rmsnorm_backward_geometry, rmsnorm_backward_workspace_len, rmsnorm_forward_geometry,
 };
 use ferrofuse::reference::{
     RmsNormRef, rmsnorm_add, rmsnorm_backward, rmsnorm_exact, rmsnorm_forward_row, rmsnorm_rstd,
@@ -26,9 +26,10 @@ use ferrofuse::{
 };
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
-    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_MAX_THREADS_PER_ROW,
-    RMSNORM_SMEM_BYTES, RMSNORM_W_F32, blocks_per_sm, rmsnorm_bwd_fused_dw_blocks,
-    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_layout, rmsnorm_realigned_fits,
+    RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
+    blocks_per_sm, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_smem_bytes,
+    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_realigned_fits,
     rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
@@ -110,7 +111,7 @@ fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
 fn mode_of(plan: &ferrofuse::norm::RmsNormBwdPlan) -> VecMode {
     match plan.rows.kernel {
         KernelId::RmsNormBwd(_, mode, _) | KernelId::RmsNormBwdFused(_, mode) => mode,
-        KernelId::RmsNormBwdNarrow(_, mode, _) => mode,
+        KernelId::RmsNormBwdNarrow(_, mode, _) | KernelId::RmsNormBwdLoopTiles(_, mode) => mode,
         KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{k:?}"),
     }
@@ -629,8 +630,8 @@ fn backward_geometry_and_workspace() {
             // one-launch kernel, stage two rows' h, dy and dres (when the call has one) in
             // shared memory, and ask for the most when the grid is small (spread over the
             // multiprocessors); the scalar path of rows held 16 per thread keeps the weight
-            // there as f32 (16 per thread of a row); looped rows use the reduction buffers
-            // only. Each fits the kernel's limit. The fused form asks for the larger of that
+            // there as f32 (16 per thread of a row); looped rows use the ring of tile sums
+            // (`RMSNORM_LOOP_SMEM_BYTES`). Each fits the kernel's limit. The fused form asks for the larger of that
             // and its `dw` blocks' sums.
             for (dres, rows) in [false, true].into_iter().flat_map(|d| [(d, 16), (d, 1000)]) {
                 let plan = bwd(&bwd_descs(dtype, rows, hidden, dres)).unwrap();
@@ -656,7 +657,7 @@ fn backward_geometry_and_workspace() {
                 } else if variant == NormBwdVariant::E16 {
                     RMSNORM_SMEM_BYTES + g.threads_per_row * 16 * 4
                 } else {
-                    RMSNORM_SMEM_BYTES
+                    RMSNORM_LOOP_SMEM_BYTES
                 };
                 let want = match plan.dw {
                     Some(_) => want,
@@ -740,7 +741,18 @@ fn backward_geometry_and_workspace() {
                 // entry's registers allow, 1024 threads of 16-bit rows and 512 of f32, but
                 // three f32 blocks of 192 threads and two of 288-384 on the narrow entries;
                 // else one).
-                if hidden > 0 {
+                if variant == NormBwdVariant::Loop {
+                    // Long rows: about 256 blocks of the cluster split (a walker per row below
+                    // that), 512 walkers for rows it does not take (looped only).
+                    let tiles = hidden.div_ceil(8192) as u64;
+                    let fits = tiles <= 8 && hidden as u64 - (tiles - 1) * 8192 >= 2048;
+                    let most = if fits { 256 / tiles } else { 512 };
+                    assert_eq!(
+                        blocks,
+                        (rows as u64).min(most),
+                        "{dtype:?} {rows} x {hidden}"
+                    );
+                } else if hidden > 0 {
                     let block = plan.rows.block as u64;
                     let per_sm = match (variant, g.rows_per_block, sixteen_bit) {
                         (NormBwdVariant::E16, 1, true) => 1024 / block,
@@ -788,6 +800,74 @@ fn backward_geometry_and_workspace() {
                             tensor: "workspace",
                             ..
                         })
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Rows longer than 8192 with clusters: a cluster of a block per tile per row walker where
+/// the split fits (up to 8 tiles, the last a quarter full at least, every path), with the
+/// looped kernel's walkers as its clusters and the same `dw` launch (without clusters, the
+/// looped kernel of the split's tiles); the looped kernel otherwise.
+#[test]
+fn backward_long_rows_split_over_clusters() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for hidden in [
+            8193usize, 16384, 16385, 18432, 20000, 32768, 65536, 65537, 100_003,
+        ] {
+            for rows in [1usize, 7, 64, 300, 5000] {
+                for dres in [false, true] {
+                    let t = bwd_descs(dtype, rows, hidden, dres);
+                    let split = plan_rmsnorm_backward_with(&t, &opts(), true, true).unwrap();
+                    let looped = plan_rmsnorm_backward_with(&t, &opts(), true, false).unwrap();
+                    let what = format!("{dtype:?} {rows} x {hidden} dres {dres}");
+                    let mode = mode_of(&looped);
+                    let tiles = hidden.div_ceil(8192) as u32;
+                    // A last tile of a quarter at least.
+                    let fits = tiles <= 8 && hidden - (tiles as usize - 1) * 8192 >= 2048;
+                    let most = if fits { 256 / tiles } else { 512 };
+                    let walkers = (rows as u32).min(most);
+                    let looped_kernel = if fits {
+                        KernelId::RmsNormBwdLoopTiles(dtype, mode)
+                    } else {
+                        KernelId::RmsNormBwd(dtype, mode, NormBwdVariant::Loop)
+                    };
+                    assert_eq!(looped.rows.kernel, looped_kernel, "{what}");
+                    assert_eq!(
+                        (looped.rows.grid, looped.rows.block),
+                        (walkers, 256),
+                        "{what}"
+                    );
+                    assert_eq!(split.dw, looped.dw, "{what}");
+                    if !fits {
+                        assert_eq!(split, looped, "{what}");
+                        continue;
+                    }
+                    let l = split.rows;
+                    assert_eq!(l.kernel, KernelId::RmsNormBwdCluster(dtype, mode), "{what}");
+                    assert_eq!((l.grid, l.block), (walkers * tiles, 512), "{what}");
+                    let params = RmsNormBwdParams {
+                        threads_per_row: 512,
+                        ..looped.rows.params
+                    };
+                    assert_eq!(l.params, params, "{what}");
+                    // The staged rows of a 512-thread block after the tile-sum slots.
+                    let (_, g) = rmsnorm_backward_geometry(dtype, 8192);
+                    let staged = rmsnorm_bwd_smem_bytes(
+                        dtype,
+                        mode,
+                        NormBwdVariant::E16,
+                        &g,
+                        dres,
+                        l.grid as u64,
+                        false,
+                    );
+                    assert_eq!(l.shared_mem_bytes, staged + 16, "{what}");
+                    assert!(
+                        l.shared_mem_bytes <= l.kernel.dynamic_smem_opt_in().unwrap(),
+                        "{what}"
                     );
                 }
             }

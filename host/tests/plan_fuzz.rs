@@ -2436,6 +2436,8 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         KernelId::RmsNormBwd(d, mode, variant) if d == dtype => {
             (mode, variant == NormBwdVariant::Loop, false)
         }
+        // Rows that the cluster split takes, looped over its tiles (planned without clusters).
+        KernelId::RmsNormBwdLoopTiles(d, mode) if d == dtype => (mode, true, false),
         // One launch: dx, and dw summed by blocks after the rows' (no partials).
         KernelId::RmsNormBwdFused(d, mode) if d == dtype => (mode, false, true),
         // The narrow entries: f32 rows (checked with the grid below).
@@ -2505,7 +2507,18 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         _ => 4,
     };
     let on_occupancy_grid = groups >= per_block * occupancy;
-    let want_blocks = if on_occupancy_grid {
+    // Rows longer than 8192 of 2-8 tiles whose last tile holds a quarter of one at least take
+    // the looped kernel of the cluster split's tiles, a block per walker: 256 / tiles walkers
+    // at most.
+    let tiles = (hidden as u64).div_ceil(8192);
+    let split_shape = looped && tiles <= 8 && hidden as u64 - (tiles - 1) * 8192 >= 2048;
+    let tiles_kernel = matches!(rl.kernel, KernelId::RmsNormBwdLoopTiles(..));
+    if split_shape != tiles_kernel {
+        v.add(format!("{:?} for rows of {hidden}", rl.kernel));
+    }
+    let want_blocks = if split_shape {
+        groups.min(256 / tiles)
+    } else if on_occupancy_grid {
         occupancy
     } else {
         groups.min(power_of_two_within(block))

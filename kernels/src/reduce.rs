@@ -15,6 +15,8 @@ unsafe extern "C" {
     // into a branch that only some lanes take.
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn shfl_sync_bfly_f32(member_mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
+    #[link_name = "llvm.nvvm.shfl.sync.idx.f32"]
+    fn shfl_sync_idx_f32(member_mask: u32, v: f32, lane: u32, clamp: u32) -> f32;
 }
 
 /// `v` from lane `lane ^ mask`. Every lane of the warp must call it.
@@ -22,6 +24,13 @@ unsafe extern "C" {
 pub fn shfl_xor(v: f32, mask: u32) -> f32 {
     // SAFETY: full member mask; the callers are always executed by the whole warp.
     unsafe { shfl_sync_bfly_f32(0xffff_ffff, v, mask, 0x1f) }
+}
+
+/// `v` from lane `lane` (< 32). Every lane of the warp must call it.
+#[inline(always)]
+pub fn shfl_idx(v: f32, lane: u32) -> f32 {
+    // SAFETY: full member mask, as for `shfl_xor`.
+    unsafe { shfl_sync_idx_f32(0xffff_ffff, v, lane, 0x1f) }
 }
 
 /// Sum over the 32 lanes; every lane gets the same bits. Called by the whole warp.

@@ -5,22 +5,25 @@ use core::intrinsics::fmaf32;
 use core::num::NonZeroU64;
 
 use ferrofuse_common::{
-    RMSNORM_DW_COLS, RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
+    RMSNORM_BWD_CLUSTER_HEAD_BYTES, RMSNORM_BWD_CLUSTER_PARTIALS_SLOT, RMSNORM_DW_COLS,
+    RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
     rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_staged_buffers,
 };
 
 use super::realign::{self, Shifted, window};
+use super::split::{fold_tiles, ring_tile_sum_parts};
 use super::{
     MAX_CHUNKS, Me, Path, Row, load_chunk_if, load_w, load_w_if, prefetch_first, store_chunk,
     store_f32s,
 };
+use crate::cluster;
 use crate::mem::{
     Elem, F32, cp_async_4x4_shared_if, cp_async_16_shared_if, cp_async_commit, cp_async_wait_all,
     cp_async_wait_group, div_full, grid, grid_dependency_sync, ld_f32_if, ld_shared_v4, ld_v2_if,
     ld_v4_if, opaque_u32, prefetch_l2, shared_addr, st_shared_v4,
 };
-use crate::reduce::{row_sum, shfl_xor, smem_f32, sync_block};
+use crate::reduce::{row_sum, shfl_idx, shfl_xor, smem_f32, sync_block};
 
 /// Backward, rows of up to 8192 elements: 16 per thread (up to 512 threads per row). Each
 /// block walks the row groups `block, block + grid, ...`; each thread keeps its columns'
@@ -42,14 +45,14 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: Path, const PARTIALS: bool>(p: &
         // forward.
         if p.rows_per_block == 1 {
             // SAFETY: the caller's contract.
-            unsafe { bwd_staged::<E, M, true, PARTIALS>(p) }
+            unsafe { bwd_staged::<E, M, true, PARTIALS, false>(p) }
         } else {
             // SAFETY: the caller's contract.
-            unsafe { bwd_staged::<E, M, false, PARTIALS>(p) }
+            unsafe { bwd_staged::<E, M, false, PARTIALS, false>(p) }
         }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { bwd_scalar::<E, PARTIALS>(p) }
+        unsafe { bwd_scalar::<E, PARTIALS, false>(p) }
     }
 }
 
@@ -74,7 +77,13 @@ pub(super) unsafe fn bwd_regs<E: Elem, const M: Path, const PARTIALS: bool>(p: &
 /// As for [`bwd_regs`], with [`ferrofuse_common::rmsnorm_bwd_smem_bytes`] of dynamic shared
 /// memory (`dres`'s buffers included when `p.dres != 0`).
 #[inline(always)]
-unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS: bool>(
+unsafe fn bwd_staged<
+    E: Elem,
+    const M: Path,
+    const ONE_ROW: bool,
+    const PARTIALS: bool,
+    const CLUSTER: bool,
+>(
     p: &RmsNormBwdParams,
 ) {
     // Element copies are 4 bytes: `bwd_regs` runs 16-bit rows off the grid on `bwd_scalar`
@@ -94,19 +103,41 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
-    // The staged slots: after the reduction buffers, per row buffer `b` and operand `o` (h, dy,
-    // dres), chunk `j` of every thread, 16 bytes each, consecutive threads side by side (16
-    // bytes apart: the reads are free of bank conflicts). An address only: `dres`'s slots (o =
+    // Split over a cluster of `blocks` (see `bwd_cluster`): this block's tile of each row
+    // (chunks from `first_chunk`), and the cluster's walker, whose rows its blocks take
+    // together (below). Otherwise the whole row (`first_chunk` 0), and the block's own row
+    // groups. Never 0 (every block is in a cluster of at least itself).
+    let Some(blocks) = NonZeroU64::new(if CLUSTER { cluster::size() as u64 } else { 1 }) else {
+        return;
+    };
+    let first_chunk = if CLUSTER {
+        cluster::rank() as u64 * tpr.get() * k as u64
+    } else {
+        0
+    };
+    // The staged slots: after the reduction buffers (and a cluster's tile-sum slots), per row
+    // buffer `b` and operand `o` (h, dy, dres), chunk `j` of every thread, 16 bytes each,
+    // consecutive threads side by side (16 bytes apart: the reads are free of bank conflicts). An address only: `dres`'s slots (o =
     // 2) are outside the area when the call has no `dres`, and then neither copied nor read.
     let threads = (tpr.get() * rpb.get()) as u32;
     let operands = 2 + has_dres as u32;
-    let mine =
-        shared_addr(smem_f32() as *const u32) + RMSNORM_SMEM_BYTES + 16 * grid::thread_x() as u32;
+    let head = if CLUSTER {
+        RMSNORM_BWD_CLUSTER_HEAD_BYTES
+    } else {
+        RMSNORM_SMEM_BYTES
+    };
+    let mine = shared_addr(smem_f32() as *const u32) + head + 16 * grid::thread_x() as u32;
     let slot =
         |b: u32, o: u32, j: usize| mine + ((b * operands + o) * k as u32 + j as u32) * threads * 16;
     let me = Me::new::<ONE_ROW>(tpr);
     let (t, tpr32, r_local) = (me.t as u32, me.tpr as u32, me.r_local as u32);
-    let chunk = |j: usize| (j as u32 * tpr32 + t) as u64;
+    let chunk = |j: usize| {
+        if CLUSTER {
+            first_chunk + (j as u32 * tpr32 + t) as u64
+        } else {
+            (j as u32 * tpr32 + t) as u64
+        }
+    };
     let row_of = |g: u64| g * rpb.get() + r_local as u64;
     let at = |base, stride, row| {
         if ONE_ROW {
@@ -166,8 +197,11 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
     prefetch_first(p.dy);
     grid_dependency_sync();
 
-    let step = grid::grid_dim_x();
-    let mut g = grid::block_x();
+    let (step, mut g) = if CLUSTER {
+        (grid::grid_dim_x() / blocks, grid::block_x() / blocks)
+    } else {
+        (grid::grid_dim_x(), grid::block_x())
+    };
     // Two row buffers, or one where two do not fit (see rmsnorm_bwd_staged_buffers): the
     // next group is then copied once this thread has read the current one.
     let two = rmsnorm_bwd_staged_buffers(E::BYTES as u32, threads, operands) == 2;
@@ -177,8 +211,9 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
     }
     // The weight of this thread's chunks, the same for every row: widened (and 1 + w for
     // Gemma) once.
+    let first_w = if CLUSTER { first_chunk + me.t } else { me.t };
     // SAFETY: the host checked the weight.
-    let w = unsafe { load_w::<E, M>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
+    let w = unsafe { load_w::<E, M>(p.w, first_w, me.tpr, k, nchunks, hidden, w_f32, gemma, true) };
     let mut rstd_next = rstd_of(g);
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
     // The row buffer, and the reduction buffer (which alternates from one group to the next
@@ -208,9 +243,16 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
         if PARTIALS {
             pin_partials::<E>(&mut dw, k);
         }
-        // SAFETY: every thread of the block runs the same number of iterations (g is
-        // per-block), and the two buffers alternate (see reduce::row_sum).
-        let coef = unsafe { row_coef(acc, &me, red, hidden_f, rstd) };
+        // SAFETY: every thread of the block (of the cluster) runs the same number of
+        // iterations (g is per block, per cluster), and the two buffers alternate (see
+        // reduce::row_sum and cluster_row_coef).
+        let coef = unsafe {
+            if CLUSTER {
+                cluster_row_coef(acc, &me, red, hidden_f, rstd)
+            } else {
+                row_coef(acc, &me, red, hidden_f, rstd)
+            }
+        };
         let dx_row = at(p.dx, p.dx_stride, row);
         unroll!(j < k => {
             let c = chunk(j);
@@ -240,6 +282,16 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
     }
     // The last groups' copies were empty; nothing is left in flight past the kernel.
     cp_async_wait_all();
+    if CLUSTER {
+        // No block exits (releasing its shared memory) while another may still read its
+        // tile sums.
+        // SAFETY: every thread of the cluster arrives and waits here once, after the same
+        // number of rows.
+        unsafe {
+            cluster::arrive();
+            cluster::wait();
+        }
+    }
     if !PARTIALS {
         return;
     }
@@ -248,9 +300,14 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
     // the first iteration (the slot's row is the block's first row) and hold them, spilled,
     // through the loop.
     let (t, r_local) = (opaque_u32(t), opaque_u32(r_local));
-    let slot_row = grid::block_x() * rpb.get() + r_local as u64;
+    let slot_row = if CLUSTER {
+        grid::block_x() / blocks
+    } else {
+        grid::block_x() * rpb.get() + r_local as u64
+    };
     unroll!(j < k => {
         let c = (j as u32 * tpr32 + t) as u64;
+        let c = if CLUSTER { first_chunk + c } else { c };
         // SAFETY: slot_row < grid * rows_per_block = the workspace's slot rows (host-sized); on
         // the vector path row offsets slot_row * hidden * 4 are 16-byte multiples (L divides
         // hidden).
@@ -275,7 +332,7 @@ unsafe fn bwd_staged<E: Elem, const M: Path, const ONE_ROW: bool, const PARTIALS
 /// # Safety
 /// As for [`bwd_regs`].
 #[inline(always)]
-unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
+unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool, const CLUSTER: bool>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
     let (Some(tpr), Some(rpb)) = (
         NonZeroU64::new(p.threads_per_row as u64),
@@ -284,7 +341,8 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
         return;
     };
     let me = Me::new::<false>(tpr);
-    // Rows of the E16 geometry hold at most 8192 elements: chunk indices fit 32 bits.
+    // Rows of the E16 geometry hold at most 8192 elements, and split rows at most
+    // `RMSNORM_BWD_MAX_CLUSTER` tiles of it: chunk indices fit 32 bits.
     let hidden = p.hidden;
     let lanes = E::LANES as u64;
     let nchunks = hidden.div_ceil(lanes);
@@ -293,7 +351,25 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
-    let chunk = |j: usize| (j as u64 * me.tpr + me.t) as u32;
+    // Split over a cluster of `blocks`: as in `bwd_staged`. A vector that straddles two tiles
+    // is stored element by element by both blocks (`realign::store_chunk` at lanes 0 and 31),
+    // and read whole by the left block only for the elements of its own chunk.
+    // Never 0 (every block is in a cluster of at least itself).
+    let Some(blocks) = NonZeroU64::new(if CLUSTER { cluster::size() as u64 } else { 1 }) else {
+        return;
+    };
+    let first_chunk = if CLUSTER {
+        cluster::rank() as u64 * me.tpr * k as u64
+    } else {
+        0
+    };
+    let chunk = |j: usize| {
+        if CLUSTER {
+            (first_chunk + j as u64 * me.tpr + me.t) as u32
+        } else {
+            (j as u64 * me.tpr + me.t) as u32
+        }
+    };
     // 16-bit rows are read and written by aligned vector; f32 rows element by element (four
     // 4-byte accesses per chunk): read by vector, their four chunks per thread held two
     // vectors each in flight, more registers than 128, and ran 20-28% slower.
@@ -310,13 +386,19 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
     // registers, or read per row, the weight's loads took more registers than a 512-thread
     // block has. The first row's threads stage it, every row's threads read it.
     let vectors = E::LANES / 4;
+    let head = if CLUSTER {
+        RMSNORM_BWD_CLUSTER_HEAD_BYTES
+    } else {
+        RMSNORM_SMEM_BYTES
+    };
     let w_vector = |j: usize, q: usize| {
         let v = (j * vectors + q) as u64 * me.tpr + me.t;
-        shared_addr(smem_f32() as *const u32) + RMSNORM_SMEM_BYTES + v as u32 * 16
+        shared_addr(smem_f32() as *const u32) + head + v as u32 * 16
     };
     if me.r_local == 0 {
+        let first_w = if CLUSTER { first_chunk + me.t } else { me.t };
         // SAFETY: the host checked the weight.
-        let wr = unsafe { load_w_raw::<E>(p.w, me.t, me.tpr, k, nchunks, hidden, w_f32, true) };
+        let wr = unsafe { load_w_raw::<E>(p.w, first_w, me.tpr, k, nchunks, hidden, w_f32, true) };
         unroll!(j < k => {
             let wj = w_of::<E>(&wr[j], w_f32, gemma);
             unroll!(q < 2 => { if q < vectors {
@@ -339,8 +421,11 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
     };
 
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
-    let mut g = grid::block_x();
-    let step = grid::grid_dim_x();
+    let (step, mut g) = if CLUSTER {
+        (grid::grid_dim_x() / blocks, grid::block_x() / blocks)
+    } else {
+        (grid::grid_dim_x(), grid::block_x())
+    };
     let mut buf = 0u32;
     while g < groups {
         let row = g * rpb.get() + me.r_local;
@@ -413,9 +498,16 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
         if PARTIALS {
             pin_partials::<E>(&mut dw, k);
         }
-        // SAFETY: every thread of the block runs the same number of iterations (g is
-        // per-block), and the two buffers alternate (see reduce::row_sum).
-        let coef = unsafe { row_coef(acc, &me, buf, hidden_f, rstd) };
+        // SAFETY: every thread of the block (of the cluster) runs the same number of
+        // iterations (g is per block, per cluster), and the two buffers alternate (see
+        // reduce::row_sum and cluster_row_coef).
+        let coef = unsafe {
+            if CLUSTER {
+                cluster_row_coef(acc, &me, buf, hidden_f, rstd)
+            } else {
+                row_coef(acc, &me, buf, hidden_f, rstd)
+            }
+        };
         // The raw bits pass through an opaque copy, so that the compiler widens them again
         // here instead of keeping the f32 values of the first widening alive through the
         // reduction (twice the registers for 16-bit dtypes).
@@ -458,11 +550,24 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool>(p: &RmsNormBwdParams) {
         g += step;
         buf ^= 1;
     }
+    if CLUSTER {
+        // As in `bwd_staged`.
+        // SAFETY: every thread of the cluster arrives and waits here once, after the same
+        // number of rows.
+        unsafe {
+            cluster::arrive();
+            cluster::wait();
+        }
+    }
     if !PARTIALS {
         return;
     }
     // This row slot's partial dw, a row of the f32 workspace.
-    let slot = grid::block_x() * rpb.get() + me.r_local;
+    let slot = if CLUSTER {
+        grid::block_x() / blocks
+    } else {
+        grid::block_x() * rpb.get() + me.r_local
+    };
     unroll!(j < k => {
         let c = chunk(j) as u64;
         // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized).
@@ -572,6 +677,58 @@ unsafe fn row_coef(acc: f32, me: &Me, buf: u32, hidden: f32, rstd: f32) -> f32 {
     div_full(total, hidden) * (rstd * rstd)
 }
 
+/// A long row's `rstd^2 * sum(h * g) / hidden` from the row's sum (the looped and the
+/// cluster-split kernels: one expression, so the same bits).
+#[inline(always)]
+fn long_row_coef(total: f32, hidden: f32, rstd: f32) -> f32 {
+    (total / hidden) * (rstd * rstd)
+}
+
+/// [`row_coef`] for a row split over a cluster ([`bwd_cluster`]): this block's tile sum
+/// (`row_sum` of `acc`, as the looped kernel sums a tile) in tile-sum slot `parity`, the
+/// cluster barrier, then every warp gathers the cluster's tile sums (lane `i`: block `i`'s)
+/// and folds them in tile order from 0, as the looped kernel does.
+///
+/// Slot `parity` is written again two rows later, after the next row's cluster barrier, which
+/// every block reaches only after reading this row's sums.
+///
+/// # Safety
+/// Every thread of every block of the cluster calls it once per row, alternating `parity`;
+/// the launch has [`RMSNORM_BWD_CLUSTER_HEAD_BYTES`] of dynamic shared memory at least, and
+/// every block waits at the cluster barrier once more before it exits.
+#[inline(always)]
+unsafe fn cluster_row_coef(acc: f32, me: &Me, parity: u32, hidden: f32, rstd: f32) -> f32 {
+    // SAFETY: the caller's contract (every thread of the block, buffers alternating).
+    let tile = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(parity)) };
+    // SAFETY: slot PARTIALS + parity < PARTIALS + 2, inside the head bytes.
+    let slot = unsafe { smem_f32().add((RMSNORM_BWD_CLUSTER_PARTIALS_SLOT + parity) as usize) };
+    if me.t == 0 {
+        // SAFETY: as above; no block reads it before the barrier below.
+        unsafe { *slot = tile };
+    }
+    // SAFETY: every thread of every block of the cluster arrives and waits (the caller's
+    // contract).
+    unsafe {
+        cluster::arrive();
+        cluster::wait();
+    }
+    let blocks = cluster::size();
+    let mine = if me.lane < blocks {
+        // SAFETY: block `lane` < the cluster's size has not exited (it waits at the cluster
+        // barrier before exiting); its slot was written before the barrier.
+        unsafe { cluster::read_remote(slot, me.lane) }
+    } else {
+        0.0
+    };
+    let mut total = 0.0f32;
+    let mut i = 0u32;
+    while i < blocks {
+        total = fold_tiles(total, shfl_idx(mine, i));
+        i += 1;
+    }
+    long_row_coef(total, hidden, rstd)
+}
+
 /// One chunk of `dx = rstd * (w * dy - h * coef)` (the caller adds `dres`).
 #[inline(always)]
 fn dx_chunk<E: Elem>(h: &[f32; 8], dy: &[f32; 8], w: &[f32; 8], rstd: f32, coef: f32) -> [f32; 8] {
@@ -665,9 +822,11 @@ fn opaque(mut v: [[u32; 4]; MAX_CHUNKS], k: usize) -> [[u32; 4]; MAX_CHUNKS] {
     v
 }
 
-/// Backward for rows longer than 8192 elements. Phase A: per row, the coefficient
-/// `rstd^2 * sum(h*g) / hidden`, kept in the workspace after the partials. Phase B: tile by
-/// tile, `dx` for every row of the block and the tile's `dw` partial in registers.
+/// Backward for rows longer than 8192 elements that the cluster split does not take
+/// (`NormBwdVariant::Loop`; tiles of 256 threads x 16 elements). Phase A: per row, the
+/// coefficient `rstd^2 * sum(h*g) / hidden`, kept in the workspace after the partials. Phase B:
+/// tile by tile, `dx` for every row of the block and the tile's `dw` partial in registers.
+/// [`bwd_loop_tiles`] runs the rows the split takes.
 ///
 /// # Safety
 /// As for [`bwd_regs`]; the workspace also holds one f32 per row after the partials.
@@ -804,6 +963,182 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
             unsafe { store_f32s::<M>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
         });
         tile += 1;
+    }
+}
+
+/// Backward for the rows longer than 8192 elements that the cluster split takes
+/// (`rmsnorm_bwd_cluster_fits`), looped, where clusters are not run: one block per row walker
+/// (`rmsnorm_bwd_walkers`: block `i` takes rows `i, i + grid, ...`). Phase A: per row, the
+/// coefficient `rstd^2 * sum(h*g) / hidden`, kept in the workspace after the partials. Phase
+/// B: part-tile by part-tile, `dx` for every row of the block and the part's `dw` partial in
+/// registers.
+///
+/// The row's sum has the shape that [`bwd_cluster`] computes: per tile of `RMSNORM_BWD_TILE`
+/// elements, each of 512 threads' `fma` chain over its chunks, summed as `row_sum` sums a
+/// 512-thread block, the tiles' sums folded in tile order. Each thread here is the tile's
+/// threads `t` and `256 + t` (two parts, two chains, combined by [`ring_tile_sum_parts`]);
+/// `dx`, the coefficient and the partials are the same expressions, in the same row order, so
+/// the two kernels give the same bits.
+///
+/// # Safety
+/// As for [`bwd_regs`], with blocks of `RMSNORM_BWD_LOOP_THREADS` threads and
+/// `RMSNORM_LOOP_SMEM_BYTES` of dynamic shared memory; the workspace also holds one f32 per
+/// row after the partials.
+#[inline(always)]
+pub(super) unsafe fn bwd_loop_tiles<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+    const PARTS: usize = 2;
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<true>(tpr);
+    let hidden = p.hidden;
+    let lanes = E::LANES as u64;
+    let nchunks = hidden.div_ceil(lanes);
+    // Part `s` of this thread is the tile's thread `s * tpr + t`: its chunks of tile `i` are
+    // `first(i, s) + j * stride`.
+    let stride = PARTS as u64 * me.tpr;
+    let per_tile = stride * k as u64;
+    let tiles = nchunks.div_ceil(per_tile);
+    let first = |tile: u64, s: u64| tile * per_tile + s * me.tpr + me.t;
+    let rows = p.rows;
+    let step = grid::grid_dim_x();
+    let coef_base = p.workspace + step * hidden * 4;
+    let has_dres = p.dres != 0;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let hidden_f = hidden as f32;
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
+
+    // Phase A.
+    let mut row = grid::block_x();
+    while row < rows {
+        let h_row = Row::of(p.h, p.h_stride, row);
+        let dy_row = Row::of(p.dy, p.dy_stride, row);
+        let mut sum = 0.0f32;
+        let mut tile = 0u64;
+        while tile < tiles {
+            let mut h = [[[0.0f32; 8]; MAX_CHUNKS]; PARTS];
+            let mut dy = [[[0.0f32; 8]; MAX_CHUNKS]; PARTS];
+            unroll!(s < PARTS => { unroll!(j < k => {
+                let c = first(tile, s as u64) + j as u64 * stride;
+                let ok = c < nchunks;
+                // SAFETY: row < rows; when ok, c < nchunks (host-checked extents).
+                unsafe {
+                    h[s][j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
+                    dy[s][j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
+                }
+            }); });
+            let mut acc = [0.0f32; PARTS];
+            unroll!(s < PARTS => {
+                // SAFETY: the host checked the weight.
+                let w = unsafe {
+                    load_w_if::<E, M>(p.w, first(tile, s as u64), stride, k, nchunks, hidden, w_f32, gemma)
+                };
+                unroll!(j < k => {
+                    unroll!(l < E::LANES => {
+                        acc[s] = fmaf32(h[s][j][l], w[j][l] * dy[s][j][l], acc[s]);
+                    });
+                });
+            });
+            // SAFETY: every thread of the block calls it for every tile of the row in order
+            // (256 threads holding a tile's 512 as two parts, the ring's shared memory).
+            sum = unsafe { ring_tile_sum_parts::<PARTS>(sum, acc, &me, tile, tiles) };
+            tile += 1;
+        }
+        if me.t == 0 {
+            // SAFETY: row < rows; the host sized the workspace with one f32 per row here.
+            unsafe {
+                let rstd = F32::load(p.rstd + row * p.rstd_stride * 4);
+                F32::store(coef_base + row * 4, long_row_coef(sum, hidden_f, rstd));
+            }
+        }
+        row += step;
+    }
+    // The coefficients were stored by thread 0 of each row; the barrier makes them visible
+    // to the rest of the block (and keeps the loads below after the stores).
+    sync_block();
+
+    // Phase B.
+    let slot = grid::block_x();
+    let mut part = 0u64;
+    while part < PARTS as u64 * tiles {
+        let first = first(part / PARTS as u64, part % PARTS as u64);
+        // SAFETY: the host checked the weight.
+        let w = unsafe { load_w_if::<E, M>(p.w, first, stride, k, nchunks, hidden, w_f32, gemma) };
+        let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
+        let mut row = grid::block_x();
+        while row < rows {
+            let h_row = Row::of(p.h, p.h_stride, row);
+            let dy_row = Row::of(p.dy, p.dy_stride, row);
+            let dres_row = Row::of(p.dres, p.dres_stride, row);
+            let dx_row = Row::of(p.dx, p.dx_stride, row);
+            let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+            let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
+            let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
+            // SAFETY: row < rows; the coefficient was stored in phase A (same block).
+            let (rstd, coef) = unsafe {
+                (
+                    F32::load(p.rstd + row * p.rstd_stride * 4),
+                    F32::load(coef_base + row * 4),
+                )
+            };
+            unroll!(j < k => {
+                let c = first + j as u64 * stride;
+                let ok = c < nchunks;
+                // SAFETY: row < rows; when ok, c < nchunks.
+                unsafe {
+                    h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
+                    dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
+                    dres[j] = load_chunk_if::<E, M>(dres_row, c, hidden, ok && has_dres);
+                }
+            });
+            unroll!(j < k => {
+                let c = first + j as u64 * stride;
+                let mut dx = dx_chunk::<E>(&h[j], &dy[j], &w[j], rstd, coef);
+                unroll!(l < E::LANES => {
+                    if has_dres {
+                        dx[l] += dres[j][l];
+                    }
+                    dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
+                });
+                // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
+                unsafe { store_chunk::<E, M>(dx_row, c, hidden, c < nchunks, &dx) };
+            });
+            row += step;
+        }
+        unroll!(j < k => {
+            let c = first + j as u64 * stride;
+            // SAFETY: as in `bwd_regs`.
+            unsafe { store_f32s::<M>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+        });
+        part += 1;
+    }
+}
+
+/// Backward for rows longer than 8192 elements split over a thread-block cluster (sm_90):
+/// a cluster per row walker (`rmsnorm_bwd_walkers`: cluster `i` takes rows `i, i + clusters,
+/// ...`), block rank `r` of it the row's tile `r`, computed as [`bwd_staged`] computes a
+/// 16-per-thread row of 512 threads ([`bwd_scalar`] for 16-bit rows off the 16-byte grid),
+/// with its weight and `dw` partial; the row's sum is the tiles' sums gathered through
+/// distributed shared memory ([`cluster_row_coef`]), and the block's `dw` partial is its tile's
+/// columns of the walker's partial row. The same bits as [`bwd_loop_tiles`].
+///
+/// # Safety
+/// Launched as `plan_rmsnorm_backward` decides for it: `walkers * tiles` blocks of 512
+/// threads in clusters of `tiles` (`rmsnorm_bwd_tiles`) blocks,
+/// `rmsnorm_bwd_cluster_smem_bytes` of dynamic shared memory, parameters it checked for path
+/// `M`.
+#[inline(always)]
+pub(super) unsafe fn bwd_cluster<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+    if M == Path::V16 || E::BYTES == 4 {
+        // SAFETY: the caller's contract.
+        unsafe { bwd_staged::<E, M, true, true, true>(p) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { bwd_scalar::<E, true, true>(p) }
     }
 }
 

@@ -70,7 +70,7 @@ use crate::mem::{
     rsqrt_approx, st_v4_if,
 };
 use crate::reduce::row_sum;
-use backward::{bwd_fused, bwd_loop, bwd_regs, dw_reduce};
+use backward::{bwd_cluster, bwd_fused, bwd_loop, bwd_loop_tiles, bwd_regs, dw_reduce};
 
 /// Most chunks one thread holds (32 f32 elements).
 const MAX_CHUNKS: usize = 8;
@@ -1190,6 +1190,39 @@ norm_entries! {
         rmsnorm_bwd_bf16_v16_e16, rmsnorm_bwd_bf16_v16_loop, rmsnorm_bwd_bf16_v16_e16_fused;
     Bf16, Scalar => rmsnorm_fwd_bf16_scalar_e16, rmsnorm_fwd_bf16_scalar_e32, rmsnorm_fwd_bf16_scalar_loop,
         rmsnorm_bwd_bf16_scalar_e16, rmsnorm_bwd_bf16_scalar_loop, rmsnorm_bwd_bf16_scalar_e16_fused;
+}
+
+macro_rules! bwd_cluster_entries {
+    ($($e:ty, $m:ident => $split:ident, $tiles:ident;)*) => {$(
+        /// RMSNorm backward rows and dw partials of rows longer than 8192, split over the
+        /// blocks of a thread-block cluster, one tile each (sm_90; see `bwd_cluster`).
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $split(p: RmsNormBwdParams) {
+            unsafe { bwd_cluster::<$e, { Path::$m }>(&p) }
+        }
+
+        /// RMSNorm backward rows and dw partials of the rows that the cluster split takes,
+        /// looped over tiles of its shape (the same bits; see `bwd_loop_tiles`).
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $tiles(p: RmsNormBwdParams) {
+            unsafe { bwd_loop_tiles::<$e, { Path::$m }>(&p) }
+        }
+    )*};
+}
+
+bwd_cluster_entries! {
+    F32, V16 => rmsnorm_bwd_f32_v16_cluster, rmsnorm_bwd_f32_v16_loop_tiles;
+    F32, Scalar => rmsnorm_bwd_f32_scalar_cluster, rmsnorm_bwd_f32_scalar_loop_tiles;
+    F16, V16 => rmsnorm_bwd_f16_v16_cluster, rmsnorm_bwd_f16_v16_loop_tiles;
+    F16, Scalar => rmsnorm_bwd_f16_scalar_cluster, rmsnorm_bwd_f16_scalar_loop_tiles;
+    Bf16, V16 => rmsnorm_bwd_bf16_v16_cluster, rmsnorm_bwd_bf16_v16_loop_tiles;
+    Bf16, Scalar => rmsnorm_bwd_bf16_scalar_cluster, rmsnorm_bwd_bf16_scalar_loop_tiles;
 }
 
 macro_rules! loop_ahead_entries {

@@ -139,25 +139,50 @@ pub(super) unsafe fn cluster_row_sum<const TPC: usize>(
 /// shared memory.
 #[inline(always)]
 pub(super) unsafe fn ring_tile_sum(sum: f32, acc: f32, me: &Me, tile: u64, tiles: u64) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe { ring_tile_sum_parts::<1>(sum, [acc], me, tile, tiles) }
+}
+
+/// [`ring_tile_sum`] for a block that holds a tile as `P` parts: part `s` of thread `t` is
+/// the tile's thread `s * threads + t` (its `acc[s]`), so part `s` of warp `w` is the tile's
+/// warp `s * warps + w`, and the tile's warp sums are combined as a block of `P` times as many
+/// threads combines them: the same bits.
+///
+/// # Safety
+/// As for [`ring_tile_sum`], with blocks of `RMSNORM_MAX_THREADS_PER_ROW / P` threads (the
+/// tile's warps fill the ring's slots as a 512-thread block's do).
+#[inline(always)]
+pub(super) unsafe fn ring_tile_sum_parts<const P: usize>(
+    sum: f32,
+    acc: [f32; P],
+    me: &Me,
+    tile: u64,
+    tiles: u64,
+) -> f32 {
     let ring = RMSNORM_LOOP_RING_TILES as u64;
     let smem = smem_f32();
-    let s = warp_sum(acc);
-    if me.lane == 0 {
-        // SAFETY: (tile % ring) * warps + warp < ring * 16, inside RMSNORM_LOOP_SMEM_BYTES.
-        unsafe { *smem.add(((tile % ring) * me.warps as u64 + me.warp as u64) as usize) = s };
-    }
+    // The tile's warps.
+    let warps = me.warps * P as u32;
+    unroll!(s < P => {
+        let v = warp_sum(acc[s]);
+        if me.lane == 0 {
+            let warp = s as u32 * me.warps + me.warp;
+            // SAFETY: (tile % ring) * warps + warp < ring * 16, inside RMSNORM_LOOP_SMEM_BYTES.
+            unsafe { *smem.add(((tile % ring) * warps as u64 + warp as u64) as usize) = v };
+        }
+    });
     let next = tile + 1;
     if !(next.is_multiple_of(ring) || next == tiles) {
         return sum;
     }
     sync_block();
     let first = tile - tile % ring;
-    let totals = ring as usize * me.warps as usize;
+    let totals = ring as usize * warps as usize;
     let mut u = first + me.warp as u64;
     while u < next {
-        let v = if me.lane < me.warps {
+        let v = if me.lane < warps {
             // SAFETY: as above; written before the barrier.
-            unsafe { *smem.add(((u % ring) * me.warps as u64 + me.lane as u64) as usize) }
+            unsafe { *smem.add(((u % ring) * warps as u64 + me.lane as u64) as usize) }
         } else {
             0.0
         };
