@@ -101,9 +101,9 @@ pub enum KernelId {
     RmsNormBwd(DType, VecMode, NormBwdVariant),
     /// RMSNorm backward of rows longer than 8192 split over the blocks of a thread-block
     /// cluster, one tile per block, each held as the 16-per-thread kernel holds a row; the
-    /// same bits as the looped kernel (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster`; sm_90, the
-    /// sm_80 module has the entries but never runs them; see `crate::rmsnorm_bwd_cluster_fits`
-    /// and `crate::rmsnorm_bwd_walkers`).
+    /// same bits as [`KernelId::RmsNormBwdLoopTiles`]
+    /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster`; sm_90, the sm_80 module has the entries but
+    /// never runs them; see `crate::rmsnorm_bwd_cluster_fits` and `crate::rmsnorm_bwd_walkers`).
     RmsNormBwdCluster(DType, VecMode),
     /// The looped backward of the rows [`KernelId::RmsNormBwdCluster`] takes, in its tiles'
     /// shape (the same bits): where clusters are not run

@@ -144,8 +144,9 @@ pub const RMSNORM_MAX_THREADS_PER_ROW: u32 = 512;
 pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
 /// Threads of one row (and one block) of the looped backward, for rows longer than 8192. Its
 /// kernels hold more per thread (h, the gradient, the dw partial per tile); 256 threads
-/// launch whatever their register count (256 x 255 <= 65536). Each holds two of a tile's
-/// 512 threads ([`RMSNORM_BWD_TILE`]) in turn.
+/// launch whatever their register count (256 x 255 <= 65536). The looped kernel walks tiles
+/// of 256 x 16 elements; its form for the rows the cluster split takes walks the split's
+/// tiles ([`RMSNORM_BWD_TILE`]), each thread two of a tile's 512 in turn.
 pub const RMSNORM_BWD_LOOP_THREADS: u32 = 256;
 /// Elements of one tile of a backward row longer than 8192: 512 threads of 16 elements each
 /// (a block of the cluster-split backward; two halves of a looped block), the last tile
@@ -156,10 +157,11 @@ pub const RMSNORM_BWD_TILE: u64 = RMSNORM_BWD_MAX_THREADS_PER_ROW as u64 * 16;
 pub const RMSNORM_BWD_MAX_CLUSTER: u64 = 8;
 /// Blocks the long-row backward aims at (see [`rmsnorm_bwd_walkers`]).
 const RMSNORM_BWD_LONG_BLOCKS: u64 = 256;
-/// Dynamic shared memory of a cluster-split backward block before its staged rows: the
-/// reduction buffers, then two slots (by the parity of the block's row) for the block's tile
-/// sum, which the cluster's blocks read, padded to 16 bytes.
+/// The first of a cluster-split backward block's two tile-sum slots (f32 index; by the parity
+/// of the block's row), which the cluster's blocks read: after the reduction buffers.
 pub const RMSNORM_BWD_CLUSTER_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;
+/// Dynamic shared memory of a cluster-split backward block before its staged rows: the
+/// reduction buffers and the tile-sum slots, padded to 16 bytes.
 pub const RMSNORM_BWD_CLUSTER_HEAD_BYTES: u32 = RMSNORM_SMEM_BYTES + 16;
 /// Block size the several-rows-per-block layouts aim at (rows are `threads_per_row` wide).
 pub const RMSNORM_BLOCK_TARGET: u32 = 256;
@@ -178,7 +180,9 @@ pub const RMSNORM_STREAM_SMEM_BYTES: u32 = 1024 + 3 * RMSNORM_MAX_THREADS_PER_RO
 /// rows' copies of `h`, `dy` and, when the call has one, `dres`: per row and operand 16
 /// elements per thread. The scalar path's other rows held 16 per thread keep the weight there
 /// instead, widened to f32, once per block: 16 f32 per thread of a row
-/// ([`rmsnorm_bwd_scalar_weight_bytes`]). Looped rows use the reduction buffers only.
+/// ([`rmsnorm_bwd_scalar_weight_bytes`]). Looped rows get [`RMSNORM_LOOP_SMEM_BYTES`] (the
+/// ring of tile sums of the looped form of the cluster split's rows); rows split over a
+/// cluster, [`rmsnorm_bwd_cluster_smem_bytes`].
 ///
 /// A staged launch of at most [`RMSNORM_BWD_SPREAD_BLOCKS`] blocks asks for
 /// [`RMSNORM_BWD_STAGED_MAX_SMEM_BYTES`] instead, so that at most two of its blocks fit on a
@@ -607,7 +611,8 @@ pub const fn rmsnorm_split_smem_bytes(
 
 /// Backward geometry: 16 elements per thread up to 8192 per row (at most
 /// [`rmsnorm_bwd_max_threads_per_row`] threads), then
-/// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles of [`RMSNORM_BWD_TILE`].
+/// [`RMSNORM_BWD_LOOP_THREADS`] threads looping over tiles (see [`rmsnorm_bwd_cluster_fits`]
+/// for the rows split over a cluster).
 pub const fn rmsnorm_bwd_geometry(dtype: DType, hidden: u64) -> (NormBwdVariant, NormGeometry) {
     let lanes = dtype.lanes_per_16b() as u64;
     let chunks = if hidden == 0 {

@@ -770,7 +770,7 @@ pub fn plan_rmsnorm_backward_with(
             rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
         )
     } else if cluster {
-        // A block per tile of 512 threads (see `RmsNormBwdParams::threads_per_row` below).
+        // A block of 512 threads per tile (`threads_per_row` below).
         let grid = blocks * rmsnorm_bwd_tiles(hidden as u64);
         (
             KernelId::RmsNormBwdCluster(dtype, mode),

@@ -849,7 +849,6 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     let step = grid::grid_dim_x();
     let slots = step * rpb.get();
     let coef_base = p.workspace + slots * hidden * 4;
-    let has_dres = p.dres != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
@@ -916,44 +915,8 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
         while g < groups {
             let row = g * rpb.get() + me.r_local;
             if row < p.rows {
-                let h_row = Row::of(p.h, p.h_stride, row);
-                let dy_row = Row::of(p.dy, p.dy_stride, row);
-                let dres_row = Row::of(p.dres, p.dres_stride, row);
-                let dx_row = Row::of(p.dx, p.dx_stride, row);
-                let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-                let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
-                let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
-                // SAFETY: row < rows; the coefficient was stored in phase A (same block).
-                let (rstd, coef) = unsafe {
-                    (
-                        F32::load(p.rstd + row * p.rstd_stride * 4),
-                        F32::load(coef_base + row * 4),
-                    )
-                };
-                unroll!(j < k => {
-                    let c = first + j as u64 * me.tpr;
-                    let ok = c < nchunks;
-                    // SAFETY: row < rows; when ok, c < nchunks.
-                    unsafe {
-                        h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
-                        dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
-                        dres[j] = load_chunk_if::<E, M>(dres_row, c, hidden, ok && has_dres);
-                    }
-                });
-                unroll!(j < k => {
-                    let c = first + j as u64 * me.tpr;
-                    let mut dx = [0.0f32; 8];
-                    unroll!(l < E::LANES => {
-                        let gl = w[j][l] * dy[j][l];
-                        dx[l] = rstd * (gl - h[j][l] * coef);
-                        if has_dres {
-                            dx[l] += dres[j][l];
-                        }
-                        dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
-                    });
-                    // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                    unsafe { store_chunk::<E, M>(dx_row, c, hidden, c < nchunks, &dx) };
-                });
+                // SAFETY: row < rows; its coefficient was stored in phase A (same block).
+                unsafe { loop_row_dx::<E, M>(p, row, coef_base, first, me.tpr, &w, &mut dw) };
             }
             g += step;
         }
@@ -964,6 +927,65 @@ pub(super) unsafe fn bwd_loop<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
         });
         tile += 1;
     }
+}
+
+/// Phase B of the looped backward for one row: `dx` of the chunks `first + j * stride` (`j <
+/// 16 / L`), `w` their weight, and their `dw` partials updated.
+///
+/// # Safety
+/// As for [`bwd_loop`]; `row < rows`, whose coefficient is at `coef_base + row * 4`.
+#[inline(always)]
+unsafe fn loop_row_dx<E: Elem, const M: Path>(
+    p: &RmsNormBwdParams,
+    row: u64,
+    coef_base: u64,
+    first: u64,
+    stride: u64,
+    w: &[[f32; 8]; MAX_CHUNKS],
+    dw: &mut [[f32; 8]; MAX_CHUNKS],
+) {
+    let k = 16 / E::LANES;
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let has_dres = p.dres != 0;
+    let h_row = Row::of(p.h, p.h_stride, row);
+    let dy_row = Row::of(p.dy, p.dy_stride, row);
+    let dres_row = Row::of(p.dres, p.dres_stride, row);
+    let dx_row = Row::of(p.dx, p.dx_stride, row);
+    let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
+    // SAFETY: row < rows; the coefficient was stored (the caller's contract).
+    let (rstd, coef) = unsafe {
+        (
+            F32::load(p.rstd + row * p.rstd_stride * 4),
+            F32::load(coef_base + row * 4),
+        )
+    };
+    unroll!(j < k => {
+        let c = first + j as u64 * stride;
+        let ok = c < nchunks;
+        // SAFETY: row < rows; when ok, c < nchunks.
+        unsafe {
+            h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
+            dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
+            dres[j] = load_chunk_if::<E, M>(dres_row, c, hidden, ok && has_dres);
+        }
+    });
+    unroll!(j < k => {
+        let c = first + j as u64 * stride;
+        let mut dx = [0.0f32; 8];
+        unroll!(l < E::LANES => {
+            let gl = w[j][l] * dy[j][l];
+            dx[l] = rstd * (gl - h[j][l] * coef);
+            if has_dres {
+                dx[l] += dres[j][l];
+            }
+            dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
+        });
+        // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
+        unsafe { store_chunk::<E, M>(dx_row, c, hidden, c < nchunks, &dx) };
+    });
 }
 
 /// Backward for the rows longer than 8192 elements that the cluster split takes
@@ -1004,7 +1026,6 @@ pub(super) unsafe fn bwd_loop_tiles<E: Elem, const M: Path>(p: &RmsNormBwdParams
     let rows = p.rows;
     let step = grid::grid_dim_x();
     let coef_base = p.workspace + step * hidden * 4;
-    let has_dres = p.dres != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
@@ -1071,42 +1092,8 @@ pub(super) unsafe fn bwd_loop_tiles<E: Elem, const M: Path>(p: &RmsNormBwdParams
         let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
         let mut row = grid::block_x();
         while row < rows {
-            let h_row = Row::of(p.h, p.h_stride, row);
-            let dy_row = Row::of(p.dy, p.dy_stride, row);
-            let dres_row = Row::of(p.dres, p.dres_stride, row);
-            let dx_row = Row::of(p.dx, p.dx_stride, row);
-            let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-            let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
-            let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
-            // SAFETY: row < rows; the coefficient was stored in phase A (same block).
-            let (rstd, coef) = unsafe {
-                (
-                    F32::load(p.rstd + row * p.rstd_stride * 4),
-                    F32::load(coef_base + row * 4),
-                )
-            };
-            unroll!(j < k => {
-                let c = first + j as u64 * stride;
-                let ok = c < nchunks;
-                // SAFETY: row < rows; when ok, c < nchunks.
-                unsafe {
-                    h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
-                    dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
-                    dres[j] = load_chunk_if::<E, M>(dres_row, c, hidden, ok && has_dres);
-                }
-            });
-            unroll!(j < k => {
-                let c = first + j as u64 * stride;
-                let mut dx = dx_chunk::<E>(&h[j], &dy[j], &w[j], rstd, coef);
-                unroll!(l < E::LANES => {
-                    if has_dres {
-                        dx[l] += dres[j][l];
-                    }
-                    dw[j][l] = fmaf32(dy[j][l], h[j][l] * rstd, dw[j][l]);
-                });
-                // SAFETY: as above; dx may be dy or dres, this chunk of which was loaded.
-                unsafe { store_chunk::<E, M>(dx_row, c, hidden, c < nchunks, &dx) };
-            });
+            // SAFETY: row < rows; its coefficient was stored in phase A (same block).
+            unsafe { loop_row_dx::<E, M>(p, row, coef_base, first, stride, &w, &mut dw) };
             row += step;
         }
         unroll!(j < k => {
