@@ -117,8 +117,9 @@ unsafe fn bwd_staged<
     };
     // The staged slots: after the reduction buffers (and a cluster's tile-sum slots), per row
     // buffer `b` and operand `o` (h, dy, dres), chunk `j` of every thread, 16 bytes each,
-    // consecutive threads side by side (16 bytes apart: the reads are free of bank conflicts). An address only: `dres`'s slots (o =
-    // 2) are outside the area when the call has no `dres`, and then neither copied nor read.
+    // consecutive threads side by side (16 bytes apart: the reads are free of bank conflicts).
+    // An address only: `dres`'s slots (o = 2) are outside the area when the call has no
+    // `dres`, and then neither copied nor read.
     let threads = (tpr.get() * rpb.get()) as u32;
     let operands = 2 + has_dres as u32;
     let head = if CLUSTER {
@@ -308,9 +309,9 @@ unsafe fn bwd_staged<
     unroll!(j < k => {
         let c = (j as u32 * tpr32 + t) as u64;
         let c = if CLUSTER { first_chunk + c } else { c };
-        // SAFETY: slot_row < grid * rows_per_block = the workspace's slot rows (host-sized); on
-        // the vector path row offsets slot_row * hidden * 4 are 16-byte multiples (L divides
-        // hidden).
+        // SAFETY: slot_row < the workspace's slot rows (host-sized: grid * rows_per_block, or
+        // a cluster's walkers); on the vector path row offsets slot_row * hidden * 4 are
+        // 16-byte multiples (L divides hidden).
         unsafe { store_f32s::<M>(p.workspace, slot_row * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
 }
@@ -352,9 +353,10 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool, const CLUSTER: bool>(p: &Rms
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
     // Split over a cluster of `blocks`: as in `bwd_staged`. A vector that straddles two tiles
-    // is stored element by element by both blocks (`realign::store_chunk` at lanes 0 and 31),
-    // and read whole by the left block only for the elements of its own chunk.
-    // Never 0 (every block is in a cluster of at least itself).
+    // is stored element by element by both blocks (`realign::store_chunk` at lanes 31 and 0);
+    // the left block's reads of it (`dres` after the cluster barrier, while the right block
+    // may be storing `dx` over it) use only the elements of its own chunk. Never 0 (every
+    // block is in a cluster of at least itself).
     let Some(blocks) = NonZeroU64::new(if CLUSTER { cluster::size() as u64 } else { 1 }) else {
         return;
     };
@@ -570,7 +572,8 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool, const CLUSTER: bool>(p: &Rms
     };
     unroll!(j < k => {
         let c = chunk(j) as u64;
-        // SAFETY: slot < grid * rows_per_block = the workspace's slot rows (host-sized).
+        // SAFETY: slot < the workspace's slot rows (host-sized: grid * rows_per_block, or a
+        // cluster's walkers).
         unsafe { store_f32s::<{ Path::Scalar }>(p.workspace, slot * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
     });
 }
