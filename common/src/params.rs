@@ -148,9 +148,10 @@ pub const RMSNORM_BWD_MAX_THREADS_PER_ROW: u32 = 512;
 /// of 256 x 16 elements; its form for the rows the cluster split takes walks the split's
 /// tiles ([`RMSNORM_BWD_TILE`]), each thread two of a tile's 512 in turn.
 pub const RMSNORM_BWD_LOOP_THREADS: u32 = 256;
-/// Elements of one tile of a backward row longer than 8192: 512 threads of 16 elements each
-/// (a block of the cluster-split backward; two halves of a looped block), the last tile
-/// partial. The row's sum is summed per tile, then the tiles' sums in tile order.
+/// Elements of one tile of the backward rows that the cluster split takes
+/// ([`rmsnorm_bwd_cluster_fits`]): 512 threads of 16 elements each (a block of the split, or
+/// two turns of a block of its looped form), the last tile partial. Such a row's sum is summed
+/// per tile, then the tiles' sums in tile order.
 pub const RMSNORM_BWD_TILE: u64 = RMSNORM_BWD_MAX_THREADS_PER_ROW as u64 * 16;
 /// Most blocks in a cluster of the cluster-split backward (the portable cluster size): rows
 /// of up to 8 tiles (65536 elements) take it.
