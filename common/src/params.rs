@@ -643,7 +643,7 @@ pub const fn rmsnorm_bwd_tiles(hidden: u64) -> u64 {
 /// hidden`: walker `i` takes rows `i, i + walkers, ...` in order and owns `dw` partial row
 /// `i`. The looped kernel runs a walker per block, the cluster-split kernel a walker per
 /// cluster of one block per tile, so both sum every element in the same order. Where the
-/// split applies ([`rmsnorm_bwd_cluster_fits`]), about [`RMSNORM_BWD_LONG_BLOCKS`] blocks of
+/// split applies ([`rmsnorm_bwd_cluster_fits`]), about 256 blocks of
 /// it; longer rows, which only the looped kernel runs, as many blocks of it as fit
 /// [`RMSNORM_BWD_GRID_THREADS`]; one walker per row below that. A function of rows and
 /// hidden only, as the slots must be.
