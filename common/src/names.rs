@@ -109,6 +109,11 @@ pub enum KernelId {
     /// shape (the same bits): where clusters are not run
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_loop_tiles`).
     RmsNormBwdLoopTiles(DType, VecMode),
+    /// [`KernelId::RmsNormBwdCluster`] in one launch, for calls of at most a row per walker:
+    /// the clusters' `dx`, then blocks that sum `dw` from `h`, `dy` and `rstd`, with the bits
+    /// of the two launches (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster_fused`; see
+    /// `crate::RmsNormBwdParams`).
+    RmsNormBwdClusterFused(DType, VecMode),
     /// The 16-per-thread form of [`KernelId::RmsNormBwd`] compiled to the register budget of
     /// a [`BwdNarrow`], for blocks of at most its `max_threads` (f32 only, staged on both
     /// paths, `rmsnorm_bwd_{dtype}_{v16|scalar}_e16_r{96|80}`; see `crate::rmsnorm_bwd_narrow`).
@@ -322,6 +327,12 @@ kernel_table! {
     rmsnorm_bwd_f16_scalar_cluster = RmsNormBwdCluster(F16, Scalar),
     rmsnorm_bwd_bf16_v16_cluster = RmsNormBwdCluster(BF16, V16),
     rmsnorm_bwd_bf16_scalar_cluster = RmsNormBwdCluster(BF16, Scalar),
+    rmsnorm_bwd_f32_v16_cluster_fused = RmsNormBwdClusterFused(F32, V16),
+    rmsnorm_bwd_f32_scalar_cluster_fused = RmsNormBwdClusterFused(F32, Scalar),
+    rmsnorm_bwd_f16_v16_cluster_fused = RmsNormBwdClusterFused(F16, V16),
+    rmsnorm_bwd_f16_scalar_cluster_fused = RmsNormBwdClusterFused(F16, Scalar),
+    rmsnorm_bwd_bf16_v16_cluster_fused = RmsNormBwdClusterFused(BF16, V16),
+    rmsnorm_bwd_bf16_scalar_cluster_fused = RmsNormBwdClusterFused(BF16, Scalar),
     rmsnorm_bwd_f32_v16_loop_tiles = RmsNormBwdLoopTiles(F32, V16),
     rmsnorm_bwd_f32_scalar_loop_tiles = RmsNormBwdLoopTiles(F32, Scalar),
     rmsnorm_bwd_f16_v16_loop_tiles = RmsNormBwdLoopTiles(F16, V16),
@@ -562,6 +573,7 @@ impl KernelId {
                 | KernelId::RmsNormFwdLoopAhead(..)
                 | KernelId::RmsNormBwd(..)
                 | KernelId::RmsNormBwdCluster(..)
+                | KernelId::RmsNormBwdClusterFused(..)
                 | KernelId::RmsNormBwdLoopTiles(..)
                 | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
@@ -604,7 +616,9 @@ impl KernelId {
             }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop)
             | KernelId::RmsNormBwdLoopTiles(..) => RMSNORM_BWD_LOOP_THREADS,
-            KernelId::RmsNormBwdCluster(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
+            KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
+                RMSNORM_BWD_MAX_THREADS_PER_ROW
+            }
             KernelId::RmsNormBwdNarrow(_, _, budget)
             | KernelId::RmsNormBwdFusedNarrow(_, budget) => budget.max_threads(),
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
@@ -703,7 +717,7 @@ impl KernelId {
                 rmsnorm_bwd_vector_min_blocks(d),
             )),
             // A cluster's blocks are the staged kernel's 512-thread blocks.
-            KernelId::RmsNormBwdCluster(d, mode) => {
+            KernelId::RmsNormBwdCluster(d, mode) | KernelId::RmsNormBwdClusterFused(d, mode) => {
                 KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).launch_bounds()
             }
             // Its register budget is `max_registers`.
@@ -780,7 +794,9 @@ impl KernelId {
             {
                 Some(RMSNORM_BWD_STAGED_MAX_SMEM_BYTES)
             }
-            KernelId::RmsNormBwdCluster(..) => Some(RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES),
+            KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
+                Some(RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES)
+            }
             // The same code as the 128-register entries, so the same shared memory.
             KernelId::RmsNormBwdNarrow(d, mode, _) => {
                 KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).dynamic_smem_opt_in()

@@ -301,9 +301,34 @@ pub const fn rmsnorm_bwd_fused_dw_groups(block_threads: u32) -> u32 {
     if groups == 0 { 1 } else { groups }
 }
 
-/// The `dw` blocks of a fused backward launch of `block_threads` per block.
-pub const fn rmsnorm_bwd_fused_dw_blocks(hidden: u64, block_threads: u32) -> u64 {
-    let cols = RMSNORM_DW_COLS as u64 * rmsnorm_bwd_fused_dw_groups(block_threads) as u64;
+/// Most rows of a one-launch backward whose `dw` blocks give each thread four whole columns
+/// (every row of them, one batch of loads) instead of a slice of the slots (see
+/// [`rmsnorm_bwd_fused_dw_by_column`]).
+pub const RMSNORM_BWD_FUSED_DW_COLUMN_ROWS: u64 = 4;
+
+/// Whether the `dw` blocks of a one-launch backward of `rows` rows over `slots` row slots sum
+/// each column's rows in one thread: at most [`RMSNORM_BWD_FUSED_DW_COLUMN_ROWS`] rows, each
+/// its own slot. A thread then takes every slice of its columns (most of them empty), where
+/// slicing the slots would leave at least 7 of 8 threads without a row and ask for 8 to 32
+/// times the blocks (1024 of them for one row of 65536). With two batches of loads per thread
+/// (8 rows) the slices were faster (8 x 8192 in graph replay: 3.6 µs by column, 2.6 sliced).
+pub const fn rmsnorm_bwd_fused_dw_by_column(rows: u64, slots: u64) -> bool {
+    rows <= RMSNORM_BWD_FUSED_DW_COLUMN_ROWS && slots >= rows
+}
+
+/// The `dw` blocks of a fused backward launch of `block_threads` per block for `rows` rows
+/// over `slots` row slots.
+pub const fn rmsnorm_bwd_fused_dw_blocks(
+    hidden: u64,
+    block_threads: u32,
+    rows: u64,
+    slots: u64,
+) -> u64 {
+    let cols = if rmsnorm_bwd_fused_dw_by_column(rows, slots) {
+        4 * block_threads as u64
+    } else {
+        RMSNORM_DW_COLS as u64 * rmsnorm_bwd_fused_dw_groups(block_threads) as u64
+    };
     hidden.div_ceil(cols)
 }
 
@@ -1082,10 +1107,12 @@ pub struct RmsNormFwdParams {
 /// Launch: the geometry of [`rmsnorm_bwd_geometry`], the blocks of [`rmsnorm_bwd_layout`],
 /// [`rmsnorm_bwd_smem_bytes`] of dynamic shared memory.
 ///
-/// The fused entries (`_e16_fused`, rows held 16 per thread) write no partials: one block per
-/// row group, then [`rmsnorm_bwd_fused_dw_blocks`] more, which sum `dw` (at `dw`, `[1, hidden]`
-/// in the weight's dtype) straight from `h`, `dy` and `rstd` in the order the two launches of
-/// [`rmsnorm_bwd_layout`] sum it, so both give the same bits; `workspace` is then unused.
+/// The fused entries write no partials: one block per row group (`_e16_fused`, rows held 16
+/// per thread), or one cluster per row (`_cluster_fused`, a row per walker: `rows` clusters of
+/// [`rmsnorm_bwd_tiles`] blocks), then [`rmsnorm_bwd_fused_dw_blocks`] more (rounded up to
+/// whole clusters), which sum `dw` (at `dw`, `[1, hidden]` in the weight's dtype) straight
+/// from `h`, `dy` and `rstd` in the order the two launches of [`rmsnorm_bwd_layout`] sum it,
+/// so both give the same bits; `workspace` is then unused.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RmsNormBwdParams {
@@ -1108,7 +1135,8 @@ pub struct RmsNormBwdParams {
     pub threads_per_row: u32,
     pub rows_per_block: u32,
     /// The fused entries: the slots of the two-launch layout of the same call
-    /// ([`rmsnorm_bwd_layout`]), whose order their `dw` blocks follow (0 for the others).
+    /// ([`rmsnorm_bwd_layout`]), whose order their `dw` blocks follow (0 for the others); for
+    /// `_cluster_fused` also its walkers, the clusters before the `dw` blocks.
     pub dw_slots: u32,
     /// `dw`, for the fused entries only (0 for the others).
     pub dw: u64,

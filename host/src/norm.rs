@@ -737,16 +737,15 @@ pub fn plan_rmsnorm_backward_with(
         || (mode == VecMode::Scalar
             && sixteen_bit
             && rows.saturating_mul(hidden) <= RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS);
-    let fused = fused_allowed
-        && variant == NormBwdVariant::E16
-        && rows > 0
-        && hidden > 0
-        && !t.dx.overlaps(dy)
-        && cheap;
+    let one_launch = fused_allowed && rows > 0 && hidden > 0 && !t.dx.overlaps(dy);
+    let fused = one_launch && variant == NormBwdVariant::E16 && cheap;
     // Rows longer than 8192 that the cluster split takes: a cluster of a block per tile per row
     // walker, or without clusters the looped kernel of the split's tiles (the same bits).
     let tiled = variant == NormBwdVariant::Loop && rmsnorm_bwd_cluster_fits(hidden as u64);
     let cluster = clusters && tiled && blocks > 0;
+    // The split in one launch while each walker has one row: the `dw` blocks' second read of
+    // `h` and `dy` is then no more than the partials the two launches write and read back.
+    let cluster_fused = cluster && one_launch && blocks == rows as u64;
     let row_blocks = if fused { groups } else { blocks };
     let rows_smem = rmsnorm_bwd_smem_bytes(
         dtype,
@@ -758,7 +757,7 @@ pub fn plan_rmsnorm_backward_with(
         fused,
     );
     let (kernel, grid, shared_mem_bytes) = if fused {
-        let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block);
+        let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots);
         // The narrow entry runs the same code, so it computes the same bits.
         let kernel = match rmsnorm_bwd_fused_narrow(dtype, mode, &geometry, groups) {
             Some(budget) => KernelId::RmsNormBwdFusedNarrow(dtype, budget),
@@ -771,12 +770,27 @@ pub fn plan_rmsnorm_backward_with(
         )
     } else if cluster {
         // A block of 512 threads per tile (`threads_per_row` below).
-        let grid = blocks * rmsnorm_bwd_tiles(hidden as u64);
-        (
-            KernelId::RmsNormBwdCluster(dtype, mode),
-            grid,
-            rmsnorm_bwd_cluster_smem_bytes(dtype, mode, dres_addr != 0, grid),
-        )
+        let tiles = rmsnorm_bwd_tiles(hidden as u64);
+        let grid = blocks * tiles;
+        if cluster_fused {
+            // The `dw` blocks make whole clusters of their own (the launch's cluster size).
+            let block = RMSNORM_BWD_MAX_THREADS_PER_ROW;
+            let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots)
+                .next_multiple_of(tiles);
+            let grid = grid + dw_blocks;
+            let rows_smem = rmsnorm_bwd_cluster_smem_bytes(dtype, mode, dres_addr != 0, grid);
+            (
+                KernelId::RmsNormBwdClusterFused(dtype, mode),
+                grid,
+                rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
+            )
+        } else {
+            (
+                KernelId::RmsNormBwdCluster(dtype, mode),
+                grid,
+                rmsnorm_bwd_cluster_smem_bytes(dtype, mode, dres_addr != 0, grid),
+            )
+        }
     } else {
         // The narrow entry runs the same code, so it computes the same bits.
         let kernel = match narrow {
@@ -816,11 +830,15 @@ pub fn plan_rmsnorm_backward_with(
             threads_per_row,
             rows_per_block: geometry.rows_per_block,
             // At most 131072 / 32 slots (blocks within 131072 threads of 32 or more per row).
-            dw_slots: if fused { slots as u32 } else { 0 },
-            dw: if fused { t.dw.addr } else { 0 },
+            dw_slots: if fused || cluster_fused {
+                slots as u32
+            } else {
+                0
+            },
+            dw: if fused || cluster_fused { t.dw.addr } else { 0 },
         },
     };
-    if fused {
+    if fused || cluster_fused {
         return Ok(RmsNormBwdPlan {
             rows: rows_launch,
             dw: None,

@@ -239,10 +239,11 @@ unsafe impl KernelParams for RmsNormFwdParams {
     }
 }
 unsafe impl KernelParams for RmsNormBwdParams {
-    /// The cluster-split backward runs a row walker on one cluster, a block per tile.
+    /// The cluster-split backward runs a row walker on one cluster, a block per tile (its
+    /// one-launch form also its `dw` blocks, in clusters of the same size).
     fn cluster_blocks(&self, kernel: KernelId) -> u32 {
         match kernel {
-            KernelId::RmsNormBwdCluster(..) => {
+            KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
                 ferrofuse_common::rmsnorm_bwd_tiles(self.hidden) as u32
             }
             _ => 1,

@@ -100,9 +100,12 @@ fn bwd(t: &RmsNormBwdDescs) -> Result<ferrofuse::norm::RmsNormBwdPlan, Error> {
 
 /// The rows kernel's blocks of a backward plan: the grid, less the `dw` blocks when fused.
 fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
+    let p = &plan.rows.params;
     let dw_blocks = match plan.dw {
         Some(_) => 0,
-        None => rmsnorm_bwd_fused_dw_blocks(hidden as u64, plan.rows.block),
+        None => {
+            rmsnorm_bwd_fused_dw_blocks(hidden as u64, plan.rows.block, p.rows, p.dw_slots as u64)
+        }
     };
     plan.rows.grid as u64 - dw_blocks
 }
@@ -810,7 +813,8 @@ fn backward_geometry_and_workspace() {
 /// Rows longer than 8192 with clusters: a cluster of a block per tile per row walker where
 /// the split fits (up to 8 tiles, the last a quarter full at least, every path), with the
 /// looped kernel's walkers as its clusters and the same `dw` launch (without clusters, the
-/// looped kernel of the split's tiles); the looped kernel otherwise.
+/// looped kernel of the split's tiles), or in one launch with `dw` blocks of its own while
+/// each walker has one row; the looped kernel otherwise.
 #[test]
 fn backward_long_rows_split_over_clusters() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -821,6 +825,7 @@ fn backward_long_rows_split_over_clusters() {
                 for dres in [false, true] {
                     let t = bwd_descs(dtype, rows, hidden, dres);
                     let split = plan_rmsnorm_backward_with(&t, &opts(), true, true).unwrap();
+                    let two = plan_rmsnorm_backward_with(&t, &opts(), false, true).unwrap();
                     let looped = plan_rmsnorm_backward_with(&t, &opts(), true, false).unwrap();
                     let what = format!("{dtype:?} {rows} x {hidden} dres {dres}");
                     let mode = mode_of(&looped);
@@ -840,12 +845,27 @@ fn backward_long_rows_split_over_clusters() {
                         (walkers, 256),
                         "{what}"
                     );
-                    assert_eq!(split.dw, looped.dw, "{what}");
+                    assert_eq!(two.dw, looped.dw, "{what}");
                     if !fits {
                         assert_eq!(split, looped, "{what}");
+                        assert_eq!(two, looped, "{what}");
                         continue;
                     }
-                    let l = split.rows;
+                    // The staged rows of a 512-thread block after the tile-sum slots.
+                    let (_, g) = rmsnorm_backward_geometry(dtype, 8192);
+                    let smem = |grid: u32| {
+                        let staged = rmsnorm_bwd_smem_bytes(
+                            dtype,
+                            mode,
+                            NormBwdVariant::E16,
+                            &g,
+                            dres,
+                            grid as u64,
+                            false,
+                        );
+                        staged + 16
+                    };
+                    let l = two.rows;
                     assert_eq!(l.kernel, KernelId::RmsNormBwdCluster(dtype, mode), "{what}");
                     assert_eq!((l.grid, l.block), (walkers * tiles, 512), "{what}");
                     let params = RmsNormBwdParams {
@@ -853,18 +873,40 @@ fn backward_long_rows_split_over_clusters() {
                         ..looped.rows.params
                     };
                     assert_eq!(l.params, params, "{what}");
-                    // The staged rows of a 512-thread block after the tile-sum slots.
-                    let (_, g) = rmsnorm_backward_geometry(dtype, 8192);
-                    let staged = rmsnorm_bwd_smem_bytes(
-                        dtype,
-                        mode,
-                        NormBwdVariant::E16,
-                        &g,
-                        dres,
-                        l.grid as u64,
-                        false,
+                    assert_eq!(l.shared_mem_bytes, smem(l.grid), "{what}");
+                    assert!(
+                        l.shared_mem_bytes <= l.kernel.dynamic_smem_opt_in().unwrap(),
+                        "{what}"
                     );
-                    assert_eq!(l.shared_mem_bytes, staged + 16, "{what}");
+                    // One launch while each walker has one row: the clusters, then the `dw`
+                    // blocks in whole clusters (by column for up to 4 rows, 2048 columns a
+                    // block; else 64 columns a block).
+                    if rows as u32 > most {
+                        assert_eq!(split, two, "{what}");
+                        continue;
+                    }
+                    assert_eq!(split.dw, None, "{what}");
+                    let l = split.rows;
+                    let cols = if rows <= 4 { 2048 } else { 64 };
+                    let dw_blocks = (hidden.div_ceil(cols) as u32).next_multiple_of(tiles);
+                    assert_eq!(
+                        l.kernel,
+                        KernelId::RmsNormBwdClusterFused(dtype, mode),
+                        "{what}"
+                    );
+                    assert_eq!(
+                        (l.grid, l.block),
+                        (walkers * tiles + dw_blocks, 512),
+                        "{what}"
+                    );
+                    let params = RmsNormBwdParams {
+                        threads_per_row: 512,
+                        dw_slots: walkers,
+                        dw: t.dw.addr,
+                        ..looped.rows.params
+                    };
+                    assert_eq!(l.params, params, "{what}");
+                    assert_eq!(l.shared_mem_bytes, smem(l.grid).max(2048), "{what}");
                     assert!(
                         l.shared_mem_bytes <= l.kernel.dynamic_smem_opt_in().unwrap(),
                         "{what}"

@@ -2458,7 +2458,7 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     // The rows kernel's blocks: with the fused kernel, the grid less its dw blocks, one row
     // group per block.
     let dw_blocks = if fused {
-        rmsnorm_bwd_fused_dw_blocks(hidden as u64, rl.block)
+        rmsnorm_bwd_fused_dw_blocks(hidden as u64, rl.block, rows as u64, p.dw_slots as u64)
     } else {
         0
     };

@@ -8,7 +8,7 @@ use ferrofuse_common::{
     RMSNORM_BWD_CLUSTER_HEAD_BYTES, RMSNORM_BWD_CLUSTER_PARTIALS_SLOT, RMSNORM_DW_COLS,
     RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_staged_buffers,
+    rmsnorm_bwd_fused_dw_by_column, rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_staged_buffers,
 };
 
 use super::realign::{self, Shifted, window};
@@ -199,7 +199,10 @@ unsafe fn bwd_staged<
     grid_dependency_sync();
 
     let (step, mut g) = if CLUSTER {
-        (grid::grid_dim_x() / blocks, grid::block_x() / blocks)
+        (
+            cluster_walkers::<PARTIALS>(p, blocks),
+            grid::block_x() / blocks,
+        )
     } else {
         (grid::grid_dim_x(), grid::block_x())
     };
@@ -424,7 +427,10 @@ unsafe fn bwd_scalar<E: Elem, const PARTIALS: bool, const CLUSTER: bool>(p: &Rms
 
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
     let (step, mut g) = if CLUSTER {
-        (grid::grid_dim_x() / blocks, grid::block_x() / blocks)
+        (
+            cluster_walkers::<PARTIALS>(p, blocks),
+            grid::block_x() / blocks,
+        )
     } else {
         (grid::grid_dim_x(), grid::block_x())
     };
@@ -1132,6 +1138,43 @@ pub(super) unsafe fn bwd_cluster<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     }
 }
 
+/// [`bwd_cluster`] in one launch, for calls of at most a row per walker: the first
+/// `p.dw_slots` clusters (the walkers) compute `dx` as it does, without partials; the blocks
+/// after them compute `dw` straight from `h`, `dy` and `rstd` ([`fused_dw`]), as
+/// [`bwd_fused`]'s do.
+///
+/// # Safety
+/// As for [`bwd_cluster`], launched with `p.dw_slots` clusters of a block per tile plus
+/// [`ferrofuse_common::rmsnorm_bwd_fused_dw_blocks`] rounded up to whole clusters, dynamic
+/// shared memory for both parts, and `p.dw` the `[1, hidden]` output in the weight's dtype.
+#[inline(always)]
+pub(super) unsafe fn bwd_cluster_fused<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+    let row_blocks = p.dw_slots as u64 * cluster::size() as u64;
+    let b = grid::block_x();
+    if b >= row_blocks {
+        // SAFETY: the caller's contract.
+        unsafe { fused_dw::<E, M>(p, b - row_blocks) }
+    } else if M == Path::V16 || E::BYTES == 4 {
+        // SAFETY: the caller's contract; the clusters before the `dw` blocks are the walkers.
+        unsafe { bwd_staged::<E, M, true, false, true>(p) }
+    } else {
+        // SAFETY: as above.
+        unsafe { bwd_scalar::<E, false, true>(p) }
+    }
+}
+
+/// The walkers of a cluster-split launch of clusters of `blocks`, whose clusters take the rows
+/// `walker, walker + walkers, ...`: every cluster of the grid, except in the one-launch form
+/// (no partials), whose grid also holds its `dw` blocks after its `p.dw_slots` walkers.
+#[inline(always)]
+fn cluster_walkers<const PARTIALS: bool>(p: &RmsNormBwdParams, blocks: NonZeroU64) -> u64 {
+    if PARTIALS {
+        grid::grid_dim_x() / blocks
+    } else {
+        p.dw_slots as u64
+    }
+}
+
 /// `dw[c] = sum over slots of the partials`. A block owns `RMSNORM_DW_COLS` = 32 columns:
 /// thread `tid` takes four of them (`4 * (tid % 8)` on) and the slice `q = tid / 8` of the
 /// slots (`[q * S / 32, (q + 1) * S / 32)`), summed in slot order with up to eight loads in
@@ -1229,7 +1272,7 @@ unsafe fn column_total(sums: *const f32, c: u64) -> f32 {
 
 /// The backward in one launch: the first `ceil(rows / rows_per_block)` blocks compute `dx` as
 /// [`bwd_regs`] does, one row group each, without partials; the blocks after them compute `dw`
-/// straight from `h`, `dy` and `rstd` ([`dw_columns`]). Nothing waits on anything: `dw` does
+/// straight from `h`, `dy` and `rstd` ([`fused_dw`]). Nothing waits on anything: `dw` does
 /// not depend on the rows' reductions.
 ///
 /// # Safety
@@ -1248,12 +1291,117 @@ pub(super) unsafe fn bwd_fused<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
         unsafe { bwd_regs::<E, M, false>(p) }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { dw_columns::<E, M>(p, b - row_blocks) }
+        unsafe { fused_dw::<E, M>(p, b - row_blocks) }
     }
 }
 
-/// `dw` of the fused backward, block `b` of the blocks after the rows': column groups of 32,
-/// [`rmsnorm_bwd_fused_dw_groups`] of them per block, each on 256 virtual threads that are
+/// `dw` of a one-launch backward, block `b` of the blocks after the rows': by column for few
+/// rows ([`rmsnorm_bwd_fused_dw_by_column`]: [`dw_by_column`]), else [`dw_columns`]. Both
+/// give the two launches' bits.
+///
+/// # Safety
+/// As for [`dw_columns`].
+#[inline(always)]
+unsafe fn fused_dw<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
+    if rmsnorm_bwd_fused_dw_by_column(p.rows, p.dw_slots as u64) {
+        // SAFETY: the caller's contract.
+        unsafe { dw_by_column::<E, M>(p, b) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { dw_columns::<E, M>(p, b) }
+    }
+}
+
+/// `dw` of a one-launch backward of few rows, each its own slot, block `b` of the blocks
+/// after the rows': a thread sums four columns (`4 * (b * threads + tid)` on) over every row,
+/// in [`dw_reduce`]'s order. Row `r` is slot `r`, whose partial is `fma(dy, h * rstd, 0)`, in
+/// the slice `q = ceil(32 (r + 1) / slots) - 1` (the `q` with `floor(q slots / 32) <= r <
+/// floor((q + 1) slots / 32)`); a slice's sum starts at 0 and adds its slots in order, a
+/// warp's four slices are added as `(s0 + s2) + (s1 + s3)` (the two butterfly steps), and the
+/// warps' sums in warp order from 0. A warp without a row adds +0.0, which changes no sum
+/// here (none is -0.0: each starts as `0.0 + x`), so it is skipped.
+///
+/// # Safety
+/// As for [`dw_columns`], with at most
+/// [`ferrofuse_common::RMSNORM_BWD_FUSED_DW_COLUMN_ROWS`] rows, and
+/// `p.dw_slots >= p.rows`.
+#[inline(always)]
+unsafe fn dw_by_column<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
+    let col0 = (b * grid::block_dim_x() + grid::thread_x()) * 4;
+    let slots = p.dw_slots;
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
+    if col0 >= p.hidden {
+        return;
+    }
+    let left = p.hidden - col0;
+    let slice = |r: u32| (RMSNORM_DW_SLICES * (r + 1)).div_ceil(slots) - 1;
+    // A warp's four slices, added to the total when the next row's slice is in a later warp.
+    let mut t = [0.0f32; 4];
+    let mut quad = [[0.0f32; 4]; 4];
+    let add_warp = |t: &mut [f32; 4], quad: &mut [[f32; 4]; 4]| {
+        unroll!(l < 4 => {
+            t[l] += (quad[0][l] + quad[2][l]) + (quad[1][l] + quad[3][l]);
+            unroll!(i < 4 => { quad[i][l] = 0.0; });
+        });
+    };
+    // A batch of rows' loads in flight together, then their partials added in row order (a
+    // loop, not unrolled: the batches' loads and addresses are not all live at once).
+    let mut n = 0usize;
+    while ((n * DW_ROWS) as u64) < p.rows {
+        let mut h = [[0.0f32; 4]; DW_ROWS];
+        let mut dy = [[0.0f32; 4]; DW_ROWS];
+        let mut rstd = [0.0f32; DW_ROWS];
+        unroll!(i < DW_ROWS => {
+            let r = (n * DW_ROWS + i) as u64;
+            let ok = r < p.rows;
+            // SAFETY: when ok, r < rows and columns col0.. (the first `left` < hidden) are
+            // inside h, dy and rstd (host-checked); on the vector path col0 is a multiple of 4
+            // of 16-byte aligned rows.
+            unsafe {
+                h[i] = load_quad::<E, M>(p.h + (r * p.h_stride + col0) * E::BYTES, ok, left);
+                dy[i] = load_quad::<E, M>(p.dy + (r * p.dy_stride + col0) * E::BYTES, ok, left);
+                rstd[i] = ld_f32_if(p.rstd + r * p.rstd_stride * 4, ok);
+            }
+        });
+        unroll!(i < DW_ROWS => {
+            let r = (n * DW_ROWS + i) as u32;
+            if (r as u64) < p.rows {
+                let q = slice(r);
+                if r > 0 && q / 4 != slice(r - 1) / 4 {
+                    add_warp(&mut t, &mut quad);
+                }
+                unroll!(j < 4 => {
+                    if j as u32 == q % 4 {
+                        unroll!(l < 4 => { quad[j][l] += fmaf32(dy[i][l], h[i][l] * rstd[i], 0.0); });
+                    }
+                });
+            }
+        });
+        n += 1;
+    }
+    add_warp(&mut t, &mut quad);
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    unroll!(l < 4 => {
+        let col = col0 + l as u64;
+        if col < p.hidden {
+            // SAFETY: col < hidden; dw holds hidden elements of the weight's dtype, f32 with
+            // RMSNORM_W_F32, else E (host-checked).
+            unsafe {
+                if w_f32 {
+                    F32::store(p.dw + col * 4, t[l]);
+                } else {
+                    E::store(p.dw + col * E::BYTES, t[l]);
+                }
+            }
+        }
+    });
+}
+
+/// `dw` of a one-launch backward by slices of the slots, block `b` of the blocks after the
+/// rows': column groups of 32, [`rmsnorm_bwd_fused_dw_groups`] of them per block, each on 256
+/// virtual threads that are
 /// [`dw_reduce`]'s threads (a real thread runs those at its index plus multiples of the block
 /// size, which keeps lanes and warps). A virtual thread's slice of slots is `dw_reduce`'s for
 /// the two-launch layout of the call; it forms each slot's partial as the rows kernel would

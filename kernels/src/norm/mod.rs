@@ -70,7 +70,9 @@ use crate::mem::{
     rsqrt_approx, st_v4_if,
 };
 use crate::reduce::row_sum;
-use backward::{bwd_cluster, bwd_fused, bwd_loop, bwd_loop_tiles, bwd_regs, dw_reduce};
+use backward::{
+    bwd_cluster, bwd_cluster_fused, bwd_fused, bwd_loop, bwd_loop_tiles, bwd_regs, dw_reduce,
+};
 
 /// Most chunks one thread holds (32 f32 elements).
 const MAX_CHUNKS: usize = 8;
@@ -1193,7 +1195,7 @@ norm_entries! {
 }
 
 macro_rules! bwd_cluster_entries {
-    ($($e:ty, $m:ident => $split:ident, $tiles:ident;)*) => {$(
+    ($($e:ty, $m:ident => $split:ident, $fused:ident, $tiles:ident;)*) => {$(
         /// RMSNorm backward rows and dw partials of rows longer than 8192, split over the
         /// blocks of a thread-block cluster, one tile each (sm_90; see `bwd_cluster`).
         ///
@@ -1202,6 +1204,16 @@ macro_rules! bwd_cluster_entries {
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $split(p: RmsNormBwdParams) {
             unsafe { bwd_cluster::<$e, { Path::$m }>(&p) }
+        }
+
+        /// RMSNorm backward split over clusters in one launch, for calls of at most a row per
+        /// walker: `dx` of each row, and `dw` summed by the blocks after the clusters'.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fused(p: RmsNormBwdParams) {
+            unsafe { bwd_cluster_fused::<$e, { Path::$m }>(&p) }
         }
 
         /// RMSNorm backward rows and dw partials of the rows that the cluster split takes,
@@ -1217,12 +1229,18 @@ macro_rules! bwd_cluster_entries {
 }
 
 bwd_cluster_entries! {
-    F32, V16 => rmsnorm_bwd_f32_v16_cluster, rmsnorm_bwd_f32_v16_loop_tiles;
-    F32, Scalar => rmsnorm_bwd_f32_scalar_cluster, rmsnorm_bwd_f32_scalar_loop_tiles;
-    F16, V16 => rmsnorm_bwd_f16_v16_cluster, rmsnorm_bwd_f16_v16_loop_tiles;
-    F16, Scalar => rmsnorm_bwd_f16_scalar_cluster, rmsnorm_bwd_f16_scalar_loop_tiles;
-    Bf16, V16 => rmsnorm_bwd_bf16_v16_cluster, rmsnorm_bwd_bf16_v16_loop_tiles;
-    Bf16, Scalar => rmsnorm_bwd_bf16_scalar_cluster, rmsnorm_bwd_bf16_scalar_loop_tiles;
+    F32, V16 => rmsnorm_bwd_f32_v16_cluster, rmsnorm_bwd_f32_v16_cluster_fused,
+        rmsnorm_bwd_f32_v16_loop_tiles;
+    F32, Scalar => rmsnorm_bwd_f32_scalar_cluster, rmsnorm_bwd_f32_scalar_cluster_fused,
+        rmsnorm_bwd_f32_scalar_loop_tiles;
+    F16, V16 => rmsnorm_bwd_f16_v16_cluster, rmsnorm_bwd_f16_v16_cluster_fused,
+        rmsnorm_bwd_f16_v16_loop_tiles;
+    F16, Scalar => rmsnorm_bwd_f16_scalar_cluster, rmsnorm_bwd_f16_scalar_cluster_fused,
+        rmsnorm_bwd_f16_scalar_loop_tiles;
+    Bf16, V16 => rmsnorm_bwd_bf16_v16_cluster, rmsnorm_bwd_bf16_v16_cluster_fused,
+        rmsnorm_bwd_bf16_v16_loop_tiles;
+    Bf16, Scalar => rmsnorm_bwd_bf16_scalar_cluster, rmsnorm_bwd_bf16_scalar_cluster_fused,
+        rmsnorm_bwd_bf16_scalar_loop_tiles;
 }
 
 macro_rules! loop_ahead_entries {
