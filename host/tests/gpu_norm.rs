@@ -2362,10 +2362,10 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
         "backward_long_rows_cluster_split_matches_loop_bitwise",
         &seen.into_inner().unwrap(),
         |k| match k {
-            // The quick matrix's rows the split does not take are of one length.
-            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => !quick(),
-            KernelId::RmsNormBwdLoopTiles(..) => true,
-            // The quick matrix's layouts do not reach every path of every dtype.
+            // The quick matrix's rows the split does not take are of one length, and its
+            // layouts do not reach every path of every dtype.
+            KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop)
+            | KernelId::RmsNormBwdLoopTiles(..) => !quick(),
             KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
                 clusters && !quick()
             }
