@@ -309,9 +309,9 @@ pub const RMSNORM_BWD_FUSED_DW_COLUMN_ROWS: u64 = 4;
 /// Whether the `dw` blocks of a one-launch backward of `rows` rows over `slots` row slots sum
 /// each column's rows in one thread: at most [`RMSNORM_BWD_FUSED_DW_COLUMN_ROWS`] rows, each
 /// its own slot. A thread then takes every slice of its columns (most of them empty), where
-/// slicing the slots would leave at least 7 of 8 threads without a row and ask for 8 to 32
-/// times the blocks (1024 of them for one row of 65536). With two batches of loads per thread
-/// (8 rows) the slices were faster (8 x 8192 in graph replay: 3.6 µs by column, 2.6 sliced).
+/// slicing the slots would leave at least 7 of 8 threads without a row and ask for 32
+/// times the blocks (1024 of them for one row of 65536). Past one batch of loads per thread
+/// the slices are faster again (their rows' loads are spread over more threads).
 pub const fn rmsnorm_bwd_fused_dw_by_column(rows: u64, slots: u64) -> bool {
     rows <= RMSNORM_BWD_FUSED_DW_COLUMN_ROWS && slots >= rows
 }
