@@ -111,8 +111,8 @@ pub enum KernelId {
     RmsNormBwdLoopTiles(DType, VecMode),
     /// [`KernelId::RmsNormBwdCluster`] in one launch, for calls of at most a row per walker:
     /// the clusters' `dx`, then blocks that sum `dw` from `h`, `dy` and `rstd`, with the bits
-    /// of the two launches (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster_fused`; see
-    /// `crate::RmsNormBwdParams`).
+    /// of the two launches (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster_fused`; sm_90 as the
+    /// split; see `crate::RmsNormBwdParams`).
     RmsNormBwdClusterFused(DType, VecMode),
     /// The 16-per-thread form of [`KernelId::RmsNormBwd`] compiled to the register budget of
     /// a [`BwdNarrow`], for blocks of at most its `max_threads` (f32 only, staged on both
