@@ -293,12 +293,25 @@ pub const RMSNORM_DW_THREADS: u32 = RMSNORM_DW_COLS / 4 * RMSNORM_DW_SLICES;
 /// Dynamic shared memory of the `dw` reduction: the 32 columns' sums of each warp.
 pub const RMSNORM_DW_SMEM_BYTES: u32 = RMSNORM_DW_THREADS / 32 * RMSNORM_DW_COLS * 4;
 
-/// Column groups of [`RMSNORM_DW_COLS`] that a `dw` block of the fused backward sums (see
-/// [`RmsNormBwdParams`]): one per [`RMSNORM_DW_THREADS`] threads of its block, at least one
-/// (smaller blocks run the group's threads in turns).
+/// Column groups of [`RMSNORM_DW_COLS`] that a `dw` block of a one-launch backward of
+/// `block_threads` threads per block sums by default: one per [`RMSNORM_DW_THREADS`] threads
+/// of its block, at least one (smaller blocks run the group's threads in turns).
 pub const fn rmsnorm_bwd_fused_dw_groups(block_threads: u32) -> u32 {
     let groups = block_threads / RMSNORM_DW_THREADS;
     if groups == 0 { 1 } else { groups }
+}
+
+/// Column groups of [`RMSNORM_DW_COLS`] per `dw` block of a one-launch backward over rows of
+/// `hidden` with `dw_blocks` such blocks (when they sum by slices of the slots): the groups
+/// spread evenly, block `b` taking groups `b * per_block` on. The kernel derives it from its
+/// grid; the host sizes the grid from the groups it wants per block
+/// ([`rmsnorm_bwd_fused_dw_blocks`]), which this gives back or fewer.
+pub const fn rmsnorm_bwd_fused_dw_groups_per_block(hidden: u64, dw_blocks: u64) -> u64 {
+    let groups = hidden.div_ceil(RMSNORM_DW_COLS as u64);
+    match groups.checked_div(dw_blocks) {
+        Some(_) => groups.div_ceil(dw_blocks),
+        None => 0,
+    }
 }
 
 /// Most rows of a one-launch backward whose `dw` blocks give each thread four whole columns
@@ -316,26 +329,49 @@ pub const fn rmsnorm_bwd_fused_dw_by_column(rows: u64, slots: u64) -> bool {
     rows <= RMSNORM_BWD_FUSED_DW_COLUMN_ROWS && slots >= rows
 }
 
-/// The `dw` blocks of a fused backward launch of `block_threads` per block for `rows` rows
-/// over `slots` row slots.
+/// The `dw` blocks of a one-launch backward of `block_threads` per block for `rows` rows over
+/// `slots` row slots: by column, four columns per thread; by slices, `groups` column groups
+/// per block (see [`rmsnorm_bwd_fused_dw_groups_per_block`]).
 pub const fn rmsnorm_bwd_fused_dw_blocks(
     hidden: u64,
     block_threads: u32,
     rows: u64,
     slots: u64,
+    groups: u64,
 ) -> u64 {
     let cols = if rmsnorm_bwd_fused_dw_by_column(rows, slots) {
         4 * block_threads as u64
     } else {
-        RMSNORM_DW_COLS as u64 * rmsnorm_bwd_fused_dw_groups(block_threads) as u64
+        RMSNORM_DW_COLS as u64 * groups
     };
-    hidden.div_ceil(cols)
+    match hidden.checked_div(cols) {
+        Some(_) => hidden.div_ceil(cols),
+        None => 0,
+    }
 }
 
-/// Dynamic shared memory the `dw` blocks of a fused launch use (the launch asks for the larger
-/// of this and the rows' [`rmsnorm_bwd_smem_bytes`]).
-pub const fn rmsnorm_bwd_fused_dw_smem_bytes(block_threads: u32) -> u32 {
-    RMSNORM_DW_SMEM_BYTES * rmsnorm_bwd_fused_dw_groups(block_threads)
+/// Column groups per `dw` block of the cluster split's one launch over rows of `hidden` (when
+/// they sum by slices of the slots): two (a virtual thread per thread of a 512-thread block)
+/// while that makes at most [`RMSNORM_BWD_CLUSTER_FUSED_DW_BLOCKS`] blocks, else four (two
+/// turns per thread; at most 512 blocks for the split's longest rows). Past about two waves
+/// of `dw` blocks, fewer blocks of two turns finish sooner; below it, the second turn costs
+/// more than the blocks it saves (see bench/TUNING.md).
+pub const fn rmsnorm_bwd_cluster_fused_dw_groups(hidden: u64) -> u64 {
+    if hidden.div_ceil(2 * RMSNORM_DW_COLS as u64) <= RMSNORM_BWD_CLUSTER_FUSED_DW_BLOCKS {
+        2
+    } else {
+        4
+    }
+}
+
+/// Most `dw` blocks of two column groups in the cluster split's one launch (see
+/// [`rmsnorm_bwd_cluster_fused_dw_groups`]).
+pub const RMSNORM_BWD_CLUSTER_FUSED_DW_BLOCKS: u64 = 300;
+
+/// Dynamic shared memory the `dw` blocks of a one-launch backward use with `groups` column
+/// groups per block (the launch asks for the larger of this and the rows' share).
+pub const fn rmsnorm_bwd_fused_dw_smem_bytes(groups: u64) -> u32 {
+    RMSNORM_DW_SMEM_BYTES * groups as u32
 }
 
 /// How a forward kernel holds a row: 16 or 32 elements per thread in registers, or (rows

@@ -97,7 +97,8 @@ use ferrofuse_common::{
     RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
     RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
     RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_cluster_fits,
-    rmsnorm_bwd_cluster_smem_bytes, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_smem_bytes,
+    rmsnorm_bwd_cluster_fused_dw_groups, rmsnorm_bwd_cluster_smem_bytes,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_fused_dw_smem_bytes,
     rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
     rmsnorm_bwd_tiles, rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
     rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
@@ -757,7 +758,9 @@ pub fn plan_rmsnorm_backward_with(
         fused,
     );
     let (kernel, grid, shared_mem_bytes) = if fused {
-        let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots);
+        let dw_groups = rmsnorm_bwd_fused_dw_groups(block) as u64;
+        let dw_blocks =
+            rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots, dw_groups);
         // The narrow entry runs the same code, so it computes the same bits.
         let kernel = match rmsnorm_bwd_fused_narrow(dtype, mode, &geometry, groups) {
             Some(budget) => KernelId::RmsNormBwdFusedNarrow(dtype, budget),
@@ -766,7 +769,7 @@ pub fn plan_rmsnorm_backward_with(
         (
             kernel,
             groups + dw_blocks,
-            rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
+            rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(dw_groups)),
         )
     } else if cluster {
         // A block of 512 threads per tile (`threads_per_row` below).
@@ -775,14 +778,16 @@ pub fn plan_rmsnorm_backward_with(
         if cluster_fused {
             // The `dw` blocks make whole clusters of their own (the launch's cluster size).
             let block = RMSNORM_BWD_MAX_THREADS_PER_ROW;
-            let dw_blocks = rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots)
-                .next_multiple_of(tiles);
+            let dw_groups = rmsnorm_bwd_cluster_fused_dw_groups(hidden as u64);
+            let dw_blocks =
+                rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots, dw_groups)
+                    .next_multiple_of(tiles);
             let grid = grid + dw_blocks;
             let rows_smem = rmsnorm_bwd_cluster_smem_bytes(dtype, mode, dres_addr != 0, grid);
             (
                 KernelId::RmsNormBwdClusterFused(dtype, mode),
                 grid,
-                rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(block)),
+                rows_smem.max(rmsnorm_bwd_fused_dw_smem_bytes(dw_groups)),
             )
         } else {
             (

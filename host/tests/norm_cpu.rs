@@ -28,9 +28,9 @@ use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
-    blocks_per_sm, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_smem_bytes,
-    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_realigned_fits,
-    rmsnorm_realigned_smem_bytes,
+    blocks_per_sm, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
+    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -104,7 +104,14 @@ fn row_blocks(plan: &ferrofuse::norm::RmsNormBwdPlan, hidden: usize) -> u64 {
     let dw_blocks = match plan.dw {
         Some(_) => 0,
         None => {
-            rmsnorm_bwd_fused_dw_blocks(hidden as u64, plan.rows.block, p.rows, p.dw_slots as u64)
+            let groups = rmsnorm_bwd_fused_dw_groups(plan.rows.block) as u64;
+            rmsnorm_bwd_fused_dw_blocks(
+                hidden as u64,
+                plan.rows.block,
+                p.rows,
+                p.dw_slots as u64,
+                groups,
+            )
         }
     };
     plan.rows.grid as u64 - dw_blocks
@@ -664,7 +671,9 @@ fn backward_geometry_and_workspace() {
                 };
                 let want = match plan.dw {
                     Some(_) => want,
-                    None => want.max(rmsnorm_bwd_fused_dw_smem_bytes(l.block)),
+                    None => want.max(rmsnorm_bwd_fused_dw_smem_bytes(
+                        rmsnorm_bwd_fused_dw_groups(l.block) as u64,
+                    )),
                 };
                 assert_eq!(
                     l.shared_mem_bytes, want,
@@ -880,14 +889,20 @@ fn backward_long_rows_split_over_clusters() {
                     );
                     // One launch while each walker has one row: the clusters, then the `dw`
                     // blocks in whole clusters (by column for up to 4 rows, 2048 columns a
-                    // block; else 64 columns a block).
+                    // block; else column groups of 32, two a block while that makes at most
+                    // 300 blocks, else four).
                     if rows as u32 > most {
                         assert_eq!(split, two, "{what}");
                         continue;
                     }
                     assert_eq!(split.dw, None, "{what}");
                     let l = split.rows;
-                    let cols = if rows <= 4 { 2048 } else { 64 };
+                    let groups = if hidden.div_ceil(64) <= 300 { 2 } else { 4 };
+                    let cols = if rows <= 4 {
+                        2048
+                    } else {
+                        32 * groups as usize
+                    };
                     let dw_blocks = (hidden.div_ceil(cols) as u32).next_multiple_of(tiles);
                     assert_eq!(
                         l.kernel,
@@ -906,7 +921,11 @@ fn backward_long_rows_split_over_clusters() {
                         ..looped.rows.params
                     };
                     assert_eq!(l.params, params, "{what}");
-                    assert_eq!(l.shared_mem_bytes, smem(l.grid).max(2048), "{what}");
+                    assert_eq!(
+                        l.shared_mem_bytes,
+                        smem(l.grid).max(1024 * groups),
+                        "{what}"
+                    );
                     assert!(
                         l.shared_mem_bytes <= l.kernel.dynamic_smem_opt_in().unwrap(),
                         "{what}"

@@ -48,8 +48,8 @@ use ferrofuse_common::{
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
     RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_smem_bytes,
+    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2458,7 +2458,14 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
     // The rows kernel's blocks: with the fused kernel, the grid less its dw blocks, one row
     // group per block.
     let dw_blocks = if fused {
-        rmsnorm_bwd_fused_dw_blocks(hidden as u64, rl.block, rows as u64, p.dw_slots as u64)
+        let groups = rmsnorm_bwd_fused_dw_groups(rl.block) as u64;
+        rmsnorm_bwd_fused_dw_blocks(
+            hidden as u64,
+            rl.block,
+            rows as u64,
+            p.dw_slots as u64,
+            groups,
+        )
     } else {
         0
     };
