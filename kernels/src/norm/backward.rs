@@ -8,8 +8,8 @@ use ferrofuse_common::{
     RMSNORM_BWD_CLUSTER_HEAD_BYTES, RMSNORM_BWD_CLUSTER_PARTIALS_SLOT, RMSNORM_DW_COLS,
     RMSNORM_DW_SLICES, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA,
     RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams,
-    rmsnorm_bwd_fused_dw_by_column, rmsnorm_bwd_fused_dw_groups_per_block,
-    rmsnorm_bwd_staged_buffers,
+    rmsnorm_bwd_fused_dw_by_column, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_bwd_fused_dw_groups_per_block, rmsnorm_bwd_staged_buffers,
 };
 
 use super::realign::{self, Shifted, window};
@@ -1154,7 +1154,7 @@ pub(super) unsafe fn bwd_cluster_fused<E: Elem, const M: Path>(p: &RmsNormBwdPar
     let b = grid::block_x();
     if b >= row_blocks {
         // SAFETY: the caller's contract.
-        unsafe { fused_dw::<E, M>(p, b - row_blocks, grid::grid_dim_x() - row_blocks) }
+        unsafe { fused_dw::<E, M, true>(p, b - row_blocks, grid::grid_dim_x() - row_blocks) }
     } else if M == Path::V16 || E::BYTES == 4 {
         // SAFETY: the caller's contract; the clusters before the `dw` blocks are the walkers.
         unsafe { bwd_staged::<E, M, true, false, true>(p) }
@@ -1292,18 +1292,22 @@ pub(super) unsafe fn bwd_fused<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
         unsafe { bwd_regs::<E, M, false>(p) }
     } else {
         // SAFETY: the caller's contract.
-        unsafe { fused_dw::<E, M>(p, b - row_blocks, grid::grid_dim_x() - row_blocks) }
+        unsafe { fused_dw::<E, M, false>(p, b - row_blocks, grid::grid_dim_x() - row_blocks) }
     }
 }
 
-/// `dw` of a one-launch backward, block `b` of the `dw_blocks` after the rows': by column for few
-/// rows ([`rmsnorm_bwd_fused_dw_by_column`]: [`dw_by_column`]), else [`dw_columns`]. Both
-/// give the two launches' bits.
+/// `dw` of a one-launch backward, block `b` of the `dw_blocks` after the rows': by column for
+/// few rows ([`rmsnorm_bwd_fused_dw_by_column`]: [`dw_by_column`]), else [`dw_columns`]
+/// (`BY_GRID` as there). Both give the two launches' bits.
 ///
 /// # Safety
 /// As for [`dw_columns`].
 #[inline(always)]
-unsafe fn fused_dw<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64, dw_blocks: u64) {
+unsafe fn fused_dw<E: Elem, const M: Path, const BY_GRID: bool>(
+    p: &RmsNormBwdParams,
+    b: u64,
+    dw_blocks: u64,
+) {
     if rmsnorm_bwd_fused_dw_by_column(p.rows, p.dw_slots as u64) {
         // SAFETY: the caller's contract.
         unsafe { dw_by_column::<E, M>(p, b) }
@@ -1311,7 +1315,7 @@ unsafe fn fused_dw<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64, dw_bloc
         // Block b of dw_blocks, so there is at least one.
         let dw_blocks = NonZeroU64::new(dw_blocks).unwrap_or(NonZeroU64::MIN);
         // SAFETY: the caller's contract.
-        unsafe { dw_columns::<E, M>(p, b, dw_blocks) }
+        unsafe { dw_columns::<E, M, BY_GRID>(p, b, dw_blocks) }
     }
 }
 
@@ -1403,22 +1407,32 @@ unsafe fn dw_by_column<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
 }
 
 /// `dw` of a one-launch backward by slices of the slots, block `b` of the `dw_blocks` after
-/// the rows': column groups of 32, [`rmsnorm_bwd_fused_dw_groups_per_block`] of them per
-/// block, each on 256 virtual threads that are [`dw_reduce`]'s threads (a real thread runs
+/// the rows': column groups of 32, each on 256 virtual threads that are [`dw_reduce`]'s threads (a real thread runs
 /// those at its index plus multiples of the block size, which keeps lanes and warps). A virtual thread's slice of slots is `dw_reduce`'s for
 /// the two-launch layout of the call; it forms each slot's partial as the rows kernel would
 /// (from 0, `fma(dy, h * rstd, partial)` over the slot's rows `s, s + slots, ...`) and adds it
 /// to its sum as `dw_reduce` adds what it reads, and the slices are combined as `dw_reduce`
-/// combines them: the same `dw` as the two launches.
+/// combines them: the same `dw` as the two launches. A block takes
+/// [`rmsnorm_bwd_fused_dw_groups`] of its threads' worth of groups, or with `BY_GRID` the
+/// call's groups spread over its `dw_blocks` ([`rmsnorm_bwd_fused_dw_groups_per_block`]: the
+/// host sizes that grid freely, which changes no bits).
 ///
 /// # Safety
 /// As for [`bwd_fused`]; shared memory of 1 KiB per column group of the block at least.
 #[inline(always)]
-unsafe fn dw_columns<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64, dw_blocks: NonZeroU64) {
+unsafe fn dw_columns<E: Elem, const M: Path, const BY_GRID: bool>(
+    p: &RmsNormBwdParams,
+    b: u64,
+    dw_blocks: NonZeroU64,
+) {
     let threads = grid::block_dim_x();
     let per_group = RMSNORM_DW_THREADS as u64;
     let cols = RMSNORM_DW_COLS as u64;
-    let groups = rmsnorm_bwd_fused_dw_groups_per_block(p.hidden, dw_blocks.get());
+    let groups = if BY_GRID {
+        rmsnorm_bwd_fused_dw_groups_per_block(p.hidden, dw_blocks.get())
+    } else {
+        rmsnorm_bwd_fused_dw_groups(threads as u32) as u64
+    };
     // The slots of the two-launch layout of the same call.
     let slots = p.dw_slots as u64;
     let slices = RMSNORM_DW_SLICES as u64;
