@@ -303,9 +303,10 @@ pub const fn rmsnorm_bwd_fused_dw_groups(block_threads: u32) -> u32 {
 
 /// Column groups of [`RMSNORM_DW_COLS`] per `dw` block of a one-launch backward over rows of
 /// `hidden` with `dw_blocks` such blocks (when they sum by slices of the slots): the groups
-/// spread evenly, block `b` taking groups `b * per_block` on. The kernel derives it from its
-/// grid; the host sizes the grid from the groups it wants per block
-/// ([`rmsnorm_bwd_fused_dw_blocks`]), which this gives back or fewer.
+/// spread evenly, block `b` taking groups `b * per_block` on. The cluster split's one launch
+/// derives it from its grid; the host sizes that grid from the groups it wants per block
+/// ([`rmsnorm_bwd_fused_dw_blocks`]), which this gives back or fewer. (The 16-per-thread
+/// kernel's one launch takes [`rmsnorm_bwd_fused_dw_groups`] of its block size.)
 pub const fn rmsnorm_bwd_fused_dw_groups_per_block(hidden: u64, dw_blocks: u64) -> u64 {
     let groups = hidden.div_ceil(RMSNORM_DW_COLS as u64);
     match groups.checked_div(dw_blocks) {
