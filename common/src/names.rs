@@ -147,6 +147,9 @@ pub enum KernelId {
     /// aligned words of `y` a row can touch, each word's inputs realigned in registers
     /// (`gated_fp8_flat_realigned_{f16|bf16}`).
     GatedFp8FlatRealigned(DType),
+    /// The same for grids the device holds at once: a word's loads issued together and the
+    /// scale read after them (`gated_fp8_flat_realigned_ends_first_{f16|bf16}`).
+    GatedFp8FlatRealignedEndsFirst(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one
     /// block per SM (`gated_fp8_row_long_{dtype}_{v16|scalar}`).
     GatedFp8RowLong(DType, VecMode),
@@ -537,6 +540,8 @@ kernel_table! {
     gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
     gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
     gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
+    gated_fp8_flat_realigned_ends_first_f16 = GatedFp8FlatRealignedEndsFirst(F16),
+    gated_fp8_flat_realigned_ends_first_bf16 = GatedFp8FlatRealignedEndsFirst(BF16),
 }
 
 impl KernelId {
@@ -557,6 +562,7 @@ impl KernelId {
                 | KernelId::GatedFp8Row(..)
                 | KernelId::GatedFp8RowRealigned(..)
                 | KernelId::GatedFp8FlatRealigned(..)
+                | KernelId::GatedFp8FlatRealignedEndsFirst(..)
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
@@ -594,6 +600,7 @@ impl KernelId {
             | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8FlatRealignedEndsFirst(..)
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowRealigned(..)
@@ -643,6 +650,7 @@ impl KernelId {
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
             KernelId::GatedFp8Flat(..)
             | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8FlatRealignedEndsFirst(..)
             | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),
             // Element accesses (a register per input each): as many rows of 512 threads per SM
             // as fit without spills, so that rows' loads stay in flight while others reduce or

@@ -739,22 +739,29 @@ pub fn plan_gated_forward_fp8(
             params,
         });
     }
-    // A static scale off the 16-byte grid, 16-bit inputs: the realigned kernel, walking the
+    // A static scale off the 16-byte grid, 16-bit inputs: the realigned kernels, walking the
     // aligned words of `y` a row can touch (one per 16-byte vector of the inputs, at any
-    // offset), where they are counted in 32 bits as the flat walk's accesses are and fill more
-    // than half the threads the device holds at once (below that, and for f32 inputs, it lost
-    // to the scalar kernel: latency sets the time there, and the scalar kernel spreads the
-    // bytes over more threads).
+    // offset), counted in 32 bits as the flat walk's accesses are. Up to a quarter of the
+    // threads the device holds (a word per thread; latency sets the time there), the entry
+    // that issues a word's loads together and reads the scale after them; past that the one
+    // of fewer instructions per word, whose loads wait in turn. f32 inputs take the scalar
+    // kernel, where the realigned one lost. Both realigned entries give the same bits.
+    // Measurements: `bench/TUNING.md`, "The static FP8 realigned kernel's loads at once".
     let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
-    let flat_realigned = KernelId::GatedFp8FlatRealigned(dtype);
     let total_words = (rows as u64).saturating_mul(words);
-    let realigned = mode == VecMode::Scalar
+    let realigned = (mode == VecMode::Scalar
         && scaling == Fp8Scaling::Static
         && dtype.size_bytes() == 2
-        && total_words < (1u64 << 32) - 1024
-        && total_words > resident_threads(flat_realigned, limits) / 2;
-    if realigned {
-        let kernel = flat_realigned;
+        && total_words < (1u64 << 32) - 1024)
+        .then(|| {
+            let ends_first = KernelId::GatedFp8FlatRealignedEndsFirst(dtype);
+            if total_words <= resident_threads(ends_first, limits) / 4 {
+                ends_first
+            } else {
+                KernelId::GatedFp8FlatRealigned(dtype)
+            }
+        });
+    if let Some(kernel) = realigned {
         // Rows of no columns store nothing: no launch.
         let total = if cols == 0 { 0 } else { rows as u64 * words };
         let resident = resident_threads(kernel, limits);

@@ -463,7 +463,8 @@ fn cluster_dimension(blocks: u32) -> sys::CUlaunchAttribute {
 
 /// The block size a kernel's occupancy is read at: its family's, where that is fixed, and the
 /// largest block for the w-first norm forward (so a grid planned as one wave is one at every
-/// row length).
+/// row length). Every kernel whose occupancy a planner reads must be here: the others count
+/// as one block per SM.
 fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     matches!(
         kernel,
@@ -473,8 +474,11 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedBwd(..)
             | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8FlatRealignedEndsFirst(..)
             | KernelId::GatedFp8Group(..)
             | KernelId::GatedFp8Row(..)
+            | KernelId::GatedFp8RowRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..)

@@ -62,34 +62,47 @@ fn static_scale_plans_the_flat_vector_kernel() {
     assert_eq!(l.params.scheme, FP8_STATIC);
     assert_eq!(l.block, 128);
     assert_eq!(l.params.walk.per_row, 14336 / 8);
-    // Off the 16-byte grid, 16-bit inputs: the realigned kernel over the aligned words of `y`
-    // a row can touch, a thread per word up to one wave of the device, where the words fill
-    // more than half the threads the device holds; the scalar kernel below that and for f32.
+    // Off the 16-byte grid, 16-bit inputs: the realigned kernels over the aligned words of
+    // `y` a row can touch, a thread per word up to one wave of the device, then the resident
+    // threads up to four waves: the entry of a word's loads at once up to a quarter of the
+    // threads the device holds, the other past that; the scalar kernel for f32.
+    let resident =
+        limits().resident_blocks(KernelId::GatedFp8FlatRealigned(DType::BF16)) as u64 * 128;
+    for (rows, kernel, threads) in [
+        (
+            16,
+            KernelId::GatedFp8FlatRealignedEndsFirst(DType::BF16),
+            16 * (14336 / 8 + 1),
+        ),
+        (
+            64,
+            KernelId::GatedFp8FlatRealigned(DType::BF16),
+            64 * (14336 / 8 + 1),
+        ),
+        (256, KernelId::GatedFp8FlatRealigned(DType::BF16), resident),
+    ] {
+        let (a, b, y) = abq(DType::BF16, rows, 14336);
+        let a1 = MatDesc {
+            addr: a.addr + 2,
+            ..a
+        };
+        let l = plan(&a1, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+        assert_eq!(l.kernel, kernel, "{rows} rows");
+        assert_eq!(l.params.walk.per_row, 14336 / 8 + 1);
+        assert_eq!(l.block, 128);
+        assert_eq!(l.grid as u64, threads.div_ceil(128), "{rows} rows");
+    }
     let a1 = MatDesc {
         addr: a.addr + 2,
         ..a
     };
-    let l = plan(&a1, &b, &y, Fp8Scaling::Static, &scales(1, 1)).unwrap();
-    assert_eq!(l.kernel, KernelId::GatedFp8FlatRealigned(DType::BF16));
-    assert_eq!(l.params.walk.per_row, 14336 / 8 + 1);
-    assert_eq!(l.block, 128);
-    let (words, resident) = (
-        64 * (14336 / 8 + 1),
-        limits().resident_blocks(l.kernel) as u64 * 128,
-    );
-    let threads = if words > resident && words <= 4 * resident {
-        resident
-    } else {
-        words
-    };
-    assert_eq!(l.grid as u64, threads.div_ceil(128));
-    assert!(words > resident / 2);
     let (a16, b16, y16) = abq(DType::BF16, 16, 14335);
     let l = plan(&a16, &b16, &y16, Fp8Scaling::Static, &scales(1, 1)).unwrap();
     assert_eq!(
         l.kernel,
-        KernelId::GatedFp8Flat(DType::BF16, VecMode::Scalar)
+        KernelId::GatedFp8FlatRealignedEndsFirst(DType::BF16)
     );
+    assert_eq!(l.grid as u64, (16 * (14335 / 8 + 2) as u64).div_ceil(128));
     let (af, bf, yf) = abq(DType::F32, 4096, 4095);
     let l = plan(&af, &bf, &yf, Fp8Scaling::Static, &scales(1, 1)).unwrap();
     assert_eq!(
@@ -610,19 +623,22 @@ fn kernel_table_has_every_storage_dtype_and_path() {
             }
         }
         // The realigned FP8 kernels: 16-bit inputs only.
-        let (row, flat) = (
+        let (row, flat, ends_first) = (
             KernelId::GatedFp8RowRealigned(d),
             KernelId::GatedFp8FlatRealigned(d),
+            KernelId::GatedFp8FlatRealignedEndsFirst(d),
         );
-        assert_eq!(row.exists(), d != DType::F32, "{row:?}");
-        assert_eq!(flat.exists(), d != DType::F32, "{flat:?}");
+        for k in [row, flat, ends_first] {
+            assert_eq!(k.exists(), d != DType::F32, "{k:?}");
+        }
         if d != DType::F32 {
-            for k in [row, flat] {
+            for k in [row, flat, ends_first] {
                 assert!(k.syncs_grid_dependency());
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
             assert_eq!(row.launch_bounds(), Some((512, 1)));
             assert_eq!(flat.launch_bounds(), Some((128, 8)));
+            assert_eq!(ends_first.launch_bounds(), Some((128, 8)));
         }
         for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);

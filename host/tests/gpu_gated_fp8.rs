@@ -526,8 +526,10 @@ fn fp8_per_token_long_rows() {
 
 /// The realigned FP8 kernels (16-bit inputs off the 16-byte grid) at shapes the planner gives
 /// them: per token, rows of three and four aligned words of `y` per thread, a row per SM and
-/// more; static, words filling more than half the device. Interleaved halves of odd width and
-/// split operands one element off the grid; every case against the references as the others.
+/// more; static, words filling the device, and (the entry of a word's loads at once) words
+/// that fill less than a quarter of it, among them short rows whose ends fall on most warps.
+/// Interleaved halves of odd width and split operands one element off the grid; every case
+/// against the references as the others.
 #[test]
 fn fp8_realigned_kernels() {
     let test = "fp8_realigned_kernels";
@@ -535,52 +537,64 @@ fn fp8_realigned_kernels() {
     let rows = k.limits().sm_count as usize + 3;
     for dtype in [DType::BF16, DType::F16] {
         let (mut rng, seed) = rng();
+        let (row, flat, ends_first) = (
+            KernelId::GatedFp8RowRealigned(dtype),
+            KernelId::GatedFp8FlatRealigned(dtype),
+            KernelId::GatedFp8FlatRealignedEndsFirst(dtype),
+        );
+        // The planner sizes the static kernels' grids by their occupancy, read from the
+        // device (several blocks per SM), not the one-block default.
+        for kernel in [flat, ends_first] {
+            assert!(
+                k.limits().resident_blocks(kernel) > k.limits().sm_count,
+                "{kernel:?}"
+            );
+        }
+        let static_ = Fp8Scaling::Static;
         // 1025 and 2048 words a row: three and four per thread.
-        for cols in [8193, 16375] {
-            for scaling in [Fp8Scaling::per_token(), Fp8Scaling::Static] {
-                let desc = |addr: u64, dtype, cols| {
-                    MatDesc::contiguous(addr + 2, rows * cols, dtype, rows, cols)
-                };
-                let scales = if scaling == Fp8Scaling::Static {
-                    1
-                } else {
-                    rows
-                };
-                let plan = plan_gated_forward_fp8(
-                    Activation::Silu,
-                    &desc(1 << 40, dtype, cols),
-                    &desc(1 << 41, dtype, cols),
-                    &MatDesc::contiguous(1 << 42, rows * cols, DType::F8E4M3, rows, cols),
-                    scaling,
-                    &MatDesc::contiguous(1 << 43, scales, DType::F32, scales, 1),
-                    k.limits(),
-                )
-                .unwrap();
-                let want = if scaling == Fp8Scaling::Static {
-                    KernelId::GatedFp8FlatRealigned(dtype)
-                } else {
-                    KernelId::GatedFp8RowRealigned(dtype)
-                };
-                assert_eq!(plan.kernel, want, "{dtype:?} {rows} x {cols}");
-                for layout in [Layout::Interleaved, Layout::SplitOffset] {
-                    with_seed(test, seed, || {
-                        typed!(
-                            dtype,
-                            case::<T>(
-                                &k,
-                                &s,
-                                &mut rng,
-                                Activation::Silu,
-                                layout,
-                                scaling,
-                                (rows, cols)
-                            )
+        let cases = [
+            (rows, 8193, Fp8Scaling::per_token(), row),
+            (rows, 8193, static_, flat),
+            (rows, 16375, Fp8Scaling::per_token(), row),
+            (rows, 16375, static_, flat),
+            (16, 8193, static_, ends_first),
+            (128, 1001, static_, ends_first),
+            (3, 4095, static_, ends_first),
+        ];
+        for (rows, cols, scaling, want) in cases {
+            if quick() && cols == 16375 {
+                continue;
+            }
+            let desc = |addr: u64, dtype, cols| {
+                MatDesc::contiguous(addr + 2, rows * cols, dtype, rows, cols)
+            };
+            let scales = if scaling == static_ { 1 } else { rows };
+            let plan = plan_gated_forward_fp8(
+                Activation::Silu,
+                &desc(1 << 40, dtype, cols),
+                &desc(1 << 41, dtype, cols),
+                &MatDesc::contiguous(1 << 42, rows * cols, DType::F8E4M3, rows, cols),
+                scaling,
+                &MatDesc::contiguous(1 << 43, scales, DType::F32, scales, 1),
+                k.limits(),
+            )
+            .unwrap();
+            assert_eq!(plan.kernel, want, "{dtype:?} {rows} x {cols}");
+            for layout in [Layout::Interleaved, Layout::SplitOffset] {
+                with_seed(test, seed, || {
+                    typed!(
+                        dtype,
+                        case::<T>(
+                            &k,
+                            &s,
+                            &mut rng,
+                            Activation::Silu,
+                            layout,
+                            scaling,
+                            (rows, cols)
                         )
-                    });
-                }
-                if quick() {
-                    break;
-                }
+                    )
+                });
             }
         }
     }

@@ -1507,7 +1507,7 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             }
             VecMode::Scalar
         }
-        KernelId::GatedFp8FlatRealigned(d)
+        KernelId::GatedFp8FlatRealigned(d) | KernelId::GatedFp8FlatRealignedEndsFirst(d)
             if d == dtype && scheme == FP8_STATIC && l.kernel.exists() =>
         {
             VecMode::Scalar
@@ -1529,7 +1529,9 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     // vector of the inputs (the row kernel all in one tile of its block).
     let realigned = matches!(
         l.kernel,
-        KernelId::GatedFp8RowRealigned(..) | KernelId::GatedFp8FlatRealigned(..)
+        KernelId::GatedFp8RowRealigned(..)
+            | KernelId::GatedFp8FlatRealigned(..)
+            | KernelId::GatedFp8FlatRealignedEndsFirst(..)
     );
     let per_row = if realigned {
         cols.div_ceil(lanes) + 1

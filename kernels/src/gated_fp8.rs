@@ -220,8 +220,9 @@ pub(crate) unsafe fn load_f32(p: u64) -> f32 {
 }
 
 /// The static scale at `p` and its [`reciprocal`]. The scalar and realigned flat kernels call
-/// it once before their loop; the vector flat kernel in its loop body after the body's own
-/// loads are issued: computed before the loop, the reciprocal made
+/// it once before their loop; the vector flat kernel and the realigned one for small grids
+/// in their loop body after the body's own loads are issued: computed before the loop, the
+/// reciprocal made
 /// every thread wait a whole memory latency for the scale before its first load, which at a
 /// step or two per thread (few rows) is a large part of the call. The load is a
 /// side-effecting `asm!`, so it is neither hoisted above those loads nor out of the loop;
@@ -875,17 +876,23 @@ fn word_of<E: Elem>(ya: u64, c: u64) -> (u64, u64) {
 /// moved into place in registers; the second is the next access's first, mostly an L1 hit);
 /// a word whose vectors leave the row loads its columns inside the row element by element,
 /// each a predicated load into a word of its own, all issued before the first is used.
+/// `AT_ONCE`: both kinds of load are issued, each predicated, before either is used, so a
+/// warp holding a row's end waits for memory once; otherwise the element loads sit in a
+/// branch after the vector lanes' (fewer registers live). `then` runs after the vector loads
+/// (and with `AT_ONCE` the element loads) are issued, before any is used, so a load it makes
+/// is in flight with them; its result comes back last.
 ///
 /// # Safety
 /// Row `row` exists when `mine`; `a` and `b` hold `rows x cols` at their strides (host-checked).
 #[inline(always)]
-unsafe fn load_word<E: Elem>(
+unsafe fn load_word<E: Elem, const AT_ONCE: bool, T>(
     p: &GatedFp8Params,
     row: u64,
     ya: u64,
     c: u64,
     mine: bool,
-) -> ([u32; 4], [u32; 4], bool) {
+    then: impl FnOnce() -> T,
+) -> ([u32; 4], [u32; 4], bool, T) {
     let (size, l) = (E::BYTES, E::LANES as u64);
     let row_bytes = p.cols * size;
     let (aa, ba) = (p.a + row * p.a_stride * size, p.b + row * p.b_stride * size);
@@ -901,23 +908,60 @@ unsafe fn load_word<E: Elem>(
             load_realigned(ba.wrapping_add(at), ba, ba + row_bytes, whole),
         )
     };
+    if AT_ONCE {
+        let by_element = touches && !(a_ok && b_ok);
+        // SAFETY: as below.
+        let bits = unsafe { word_elements::<E>(aa, ba, col, p.cols, by_element) };
+        let t = then();
+        return if a_ok && b_ok {
+            (realign(a0, a1, a_sh), realign(b0, b1, b_sh), touches, t)
+        } else {
+            (
+                pack_lanes::<E>(&bits[0]),
+                pack_lanes::<E>(&bits[1]),
+                touches,
+                t,
+            )
+        };
+    }
+    let t = then();
     let (mut a, mut b) = ([0u32; 4], [0u32; 4]);
     if a_ok && b_ok {
         (a, b) = (realign(a0, a1, a_sh), realign(b0, b1, b_sh));
     } else if touches {
-        let mut bits = [[0u32; 8]; 2];
-        unroll!(i < E::LANES => {
-            let k = col.wrapping_add(i as u64);
-            let inside = k < p.cols;
-            // SAFETY: column k < cols of the row, when inside.
-            unsafe {
-                bits[0][i] = E::load_bits_if(aa.wrapping_add(k.wrapping_mul(size)), inside);
-                bits[1][i] = E::load_bits_if(ba.wrapping_add(k.wrapping_mul(size)), inside);
-            }
-        });
+        // SAFETY: the row's columns of `a` and `b` start at `aa` and `ba`.
+        let bits = unsafe { word_elements::<E>(aa, ba, col, p.cols, true) };
         (a, b) = (pack_lanes::<E>(&bits[0]), pack_lanes::<E>(&bits[1]));
     }
-    (a, b, touches)
+    (a, b, touches, t)
+}
+
+/// The bits of the columns `col + i` (`i < L`, `col` wrapped when before the row) of `a` and of
+/// `b` that lie inside the row, each a predicated element load (zeros elsewhere, and
+/// everywhere when not `load`).
+///
+/// # Safety
+/// `aa` and `ba` are the starts of a row of `cols` elements of `a` and of `b`.
+#[inline(always)]
+unsafe fn word_elements<E: Elem>(
+    aa: u64,
+    ba: u64,
+    col: u64,
+    cols: u64,
+    load: bool,
+) -> [[u32; 8]; 2] {
+    let size = E::BYTES;
+    let mut bits = [[0u32; 8]; 2];
+    unroll!(i < E::LANES => {
+        let k = col.wrapping_add(i as u64);
+        let inside = load && k < cols;
+        // SAFETY: column k < cols of the row, when inside.
+        unsafe {
+            bits[0][i] = E::load_bits_if(aa.wrapping_add(k.wrapping_mul(size)), inside);
+            bits[1][i] = E::load_bits_if(ba.wrapping_add(k.wrapping_mul(size)), inside);
+        }
+    });
+    bits
 }
 
 /// Stores word `c` (see [`word_of`]) of the row of `y` at `ya`, its FP8 bytes `q`, when it
@@ -972,7 +1016,8 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
         let c = t_row + j as u64 * TPR;
         let mine = live && (j as u32) < p.chunks && c < p.walk.per_row;
         // SAFETY: row `row` exists when live (the host's checks).
-        (a[j], b[j], touches[j]) = unsafe { load_word::<E>(p, row, ya, c, mine) };
+        (a[j], b[j], touches[j], ()) =
+            unsafe { load_word::<E, false, ()>(p, row, ya, c, mine, || ()) };
     });
     let l = E::LANES as u64;
     let mut amax = 0.0f32;
@@ -999,16 +1044,27 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
 /// aligned words of `y` a row can touch (`ceil(cols / L) + 1` per row), each word's inputs
 /// loaded and its bytes stored as the realigned row kernel's ([`load_word`], [`store_word`]).
 ///
+/// `ENDS_FIRST` (`gated_fp8_flat_realigned_ends_first_*`, for grids the device holds at once,
+/// a word or so per thread, where memory latency sets the time): a word's vector and element
+/// loads issue together, and the scale is read after them in each step, so a thread waits for
+/// memory once per step, not for the scale, then its vectors, then a row end's elements. The
+/// other entry reads the scale once before its loop and keeps the element loads in a branch
+/// (fewer registers, for grids of several words per thread).
+///
 /// # Safety
 /// The host's plan: the walk built for this grid over `rows x per_row` words, fewer than 2^32;
 /// `scale` one readable f32; the operands checked.
 #[inline(always)]
-unsafe fn flat_realigned<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
+unsafe fn flat_realigned<E: Elem, const M: VecMode, A: GatedAct, const ENDS_FIRST: bool>(
+    p: &GatedFp8Params,
+) {
     grid_dependency_sync();
-    // Read once, before the loop: in the loop body it measured about 1% slower (this kernel
-    // runs where its threads take up to four words each; see `flat`'s scalar path).
-    // SAFETY: the host checked that `scale` is one readable, aligned f32.
-    let (scale, inv) = unsafe { static_scale(p.scale) };
+    let fixed = if ENDS_FIRST {
+        (0.0, 0.0)
+    } else {
+        // SAFETY: the host checked that `scale` is one readable, aligned f32.
+        unsafe { static_scale(p.scale) }
+    };
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
@@ -1019,8 +1075,17 @@ unsafe fn flat_realigned<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Par
     while i < total {
         let (row, c) = (at.row as u64, at.col as u64);
         let ya = p.y + row * p.y_stride;
-        // SAFETY: i < total, so row < rows (the host's checks cover the rows).
-        let (a, b, touches) = unsafe { load_word::<E>(p, row, ya, c, true) };
+        // SAFETY: i < total, so row < rows (the host's checks cover the rows); as above for
+        // the scale.
+        let (a, b, touches, (scale, inv)) = unsafe {
+            load_word::<E, ENDS_FIRST, _>(p, row, ya, c, true, || {
+                if ENDS_FIRST {
+                    static_scale(p.scale)
+                } else {
+                    fixed
+                }
+            })
+        };
         let q = quantize(l, &gated::<E, { VecMode::V16 }, A>(a, b), scale, inv);
         // SAFETY: a row of `y`.
         unsafe { store_word::<E>(ya, p.cols, c, touches, q) };
@@ -1273,7 +1338,7 @@ entries! {
 }
 
 macro_rules! realigned_row_entries {
-    ($($row:ident, $flat:ident: $e:ty;)*) => {$(
+    ($($row:ident, $flat:ident, $ends_first:ident: $e:ty;)*) => {$(
         /// Gated forward with FP8 output and per-token scales for rows off the 16-byte grid
         /// (see `per_token_realigned`), at most `GATED_FP8_ROW_CHUNKS` accesses per thread.
         /// Launch: one block of `GATED_FP8_ROW_MAX_THREADS` threads per row,
@@ -1295,7 +1360,17 @@ macro_rules! realigned_row_entries {
         /// As above.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $flat(p: GatedFp8Params) {
-            unsafe { dispatch!(flat_realigned, $e, VecMode::Scalar, &p) }
+            unsafe { dispatch!(flat_realigned, $e, VecMode::Scalar, &p, false) }
+        }
+
+        /// The same with a word's loads at once and the scale read after them (see
+        /// `flat_realigned`), for grids the device holds at once. Launch: as above.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ends_first(p: GatedFp8Params) {
+            unsafe { dispatch!(flat_realigned, $e, VecMode::Scalar, &p, true) }
         }
     )*};
 }
@@ -1303,8 +1378,10 @@ macro_rules! realigned_row_entries {
 // Names must match `ferrofuse_common::KernelId::name`; 16-bit inputs only (for f32 inputs the
 // scalar kernels were as fast or faster).
 realigned_row_entries! {
-    gated_fp8_row_realigned_f16, gated_fp8_flat_realigned_f16: F16;
-    gated_fp8_row_realigned_bf16, gated_fp8_flat_realigned_bf16: Bf16;
+    gated_fp8_row_realigned_f16, gated_fp8_flat_realigned_f16,
+        gated_fp8_flat_realigned_ends_first_f16: F16;
+    gated_fp8_row_realigned_bf16, gated_fp8_flat_realigned_bf16,
+        gated_fp8_flat_realigned_ends_first_bf16: Bf16;
 }
 
 macro_rules! stream_entries {
