@@ -147,7 +147,7 @@ pub enum KernelId {
     /// aligned words of `y` a row can touch, each word's inputs realigned in registers
     /// (`gated_fp8_flat_realigned_{f16|bf16}`).
     GatedFp8FlatRealigned(DType),
-    /// The same for grids the device holds at once: a word's loads issued together and the
+    /// The same for small grids (a word per thread): a word's loads issued together and the
     /// scale read after them (`gated_fp8_flat_realigned_ends_first_{f16|bf16}`).
     GatedFp8FlatRealignedEndsFirst(DType),
     /// The per-token kernel for rows of 2049-4096 accesses: a whole row in registers, one

@@ -1044,12 +1044,12 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
 /// aligned words of `y` a row can touch (`ceil(cols / L) + 1` per row), each word's inputs
 /// loaded and its bytes stored as the realigned row kernel's ([`load_word`], [`store_word`]).
 ///
-/// `ENDS_FIRST` (`gated_fp8_flat_realigned_ends_first_*`, for grids the device holds at once,
-/// a word or so per thread, where memory latency sets the time): a word's vector and element
-/// loads issue together, and the scale is read after them in each step, so a thread waits for
-/// memory once per step, not for the scale, then its vectors, then a row end's elements. The
-/// other entry reads the scale once before its loop and keeps the element loads in a branch
-/// (fewer registers, for grids of several words per thread).
+/// `ENDS_FIRST` (`gated_fp8_flat_realigned_ends_first_*`, for small grids, a word per thread,
+/// where memory latency sets the time): a word's vector and element loads issue together, and
+/// the scale is read after them in each step, so a thread waits for memory once per step, not
+/// for the scale, then its vectors, then a row end's elements. The other entry reads the scale
+/// once before its loop and keeps the element loads in a branch: fewer instructions per word,
+/// faster where the words fill the device.
 ///
 /// # Safety
 /// The host's plan: the walk built for this grid over `rows x per_row` words, fewer than 2^32;
@@ -1364,7 +1364,7 @@ macro_rules! realigned_row_entries {
         }
 
         /// The same with a word's loads at once and the scale read after them (see
-        /// `flat_realigned`), for grids the device holds at once. Launch: as above.
+        /// `flat_realigned`), for small grids. Launch: as above.
         ///
         /// # Safety
         /// As above.
