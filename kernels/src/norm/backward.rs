@@ -1406,16 +1406,16 @@ unsafe fn dw_by_column<E: Elem, const M: Path>(p: &RmsNormBwdParams, b: u64) {
     });
 }
 
-/// `dw` of a one-launch backward by slices of the slots, block `b` of the `dw_blocks` after
-/// the rows': column groups of 32, each on 256 virtual threads that are [`dw_reduce`]'s threads (a real thread runs
-/// those at its index plus multiples of the block size, which keeps lanes and warps). A virtual thread's slice of slots is `dw_reduce`'s for
-/// the two-launch layout of the call; it forms each slot's partial as the rows kernel would
-/// (from 0, `fma(dy, h * rstd, partial)` over the slot's rows `s, s + slots, ...`) and adds it
-/// to its sum as `dw_reduce` adds what it reads, and the slices are combined as `dw_reduce`
-/// combines them: the same `dw` as the two launches. A block takes
-/// [`rmsnorm_bwd_fused_dw_groups`] of its threads' worth of groups, or with `BY_GRID` the
-/// call's groups spread over its `dw_blocks` ([`rmsnorm_bwd_fused_dw_groups_per_block`]: the
-/// host sizes that grid freely, which changes no bits).
+/// `dw` of a one-launch backward by slices of the slots, block `b` of the `dw_blocks` after the
+/// rows': column groups of 32, each on 256 virtual threads that are [`dw_reduce`]'s threads (a real
+/// thread runs those at its index plus multiples of the block size, which keeps lanes and warps). A
+/// virtual thread's slice of slots is `dw_reduce`'s for the two-launch layout of the call; it forms
+/// each slot's partial as the rows kernel would (from 0, `fma(dy, h * rstd, partial)` over the
+/// slot's rows `s, s + slots, ...`) and adds it to its sum as `dw_reduce` adds what it reads, and
+/// the slices are combined as `dw_reduce` combines them: the same `dw` as the two launches. A block
+/// takes [`rmsnorm_bwd_fused_dw_groups`] of its threads' worth of groups, or with `BY_GRID` the
+/// call's groups spread over its `dw_blocks` ([`rmsnorm_bwd_fused_dw_groups_per_block`]: the host
+/// sizes that grid freely, which changes no bits).
 ///
 /// # Safety
 /// As for [`bwd_fused`]; shared memory of 1 KiB per column group of the block at least.
