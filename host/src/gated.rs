@@ -122,13 +122,13 @@ impl<P> GatedPlan<P> {
     /// planning elements `[start, start + len)`.
     fn flat(
         (head, body, tail): (usize, usize, usize),
-        piece: impl Fn(usize, usize) -> Launch<P>,
-    ) -> Self {
-        Self {
-            head: (head > 0).then(|| piece(0, head)),
-            body: piece(head, body),
-            tail: (tail > 0).then(|| piece(head + body, tail)),
-        }
+        piece: impl Fn(usize, usize) -> Result<Launch<P>>,
+    ) -> Result<Self> {
+        Ok(Self {
+            head: (head > 0).then(|| piece(0, head)).transpose()?,
+            body: piece(head, body)?,
+            tail: (tail > 0).then(|| piece(head + body, tail)).transpose()?,
+        })
     }
 
     /// The launches in stream order.
@@ -194,10 +194,10 @@ pub fn plan_gated_forward(
             act, a, b, y, true, limits,
         )));
     };
-    Ok(GatedPlan::flat(split, |start, len| {
+    GatedPlan::flat(split, |start, len| {
         let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
-        forward_launch(act, &a, &b, &y, false, limits)
-    }))
+        Ok(forward_launch(act, &a, &b, &y, false, limits))
+    })
 }
 
 /// The launch of a validated forward call over `a`'s shape: the vector path where every
@@ -288,10 +288,10 @@ pub fn plan_gated_backward(
     let Some(split) = flat_split(dtype, &all) else {
         return Ok(GatedPlan::single(backward_launch(act, all, true, limits)));
     };
-    Ok(GatedPlan::flat(split, |start, len| {
+    GatedPlan::flat(split, |start, len| {
         let flat = all.map(|m| m.flat(start, len));
-        backward_launch(act, flat.each_ref(), false, limits)
-    }))
+        Ok(backward_launch(act, flat.each_ref(), false, limits))
+    })
 }
 
 /// The launch of a validated backward call over `a`'s shape; operands `[a, b, dy, da, db]`.
@@ -541,12 +541,13 @@ impl Kernels {
 // FP8 E4M3 outputs: `y_q = e4m3(act(a) * b / scale)` (see `crate::fp8`).
 // ---------------------------------------------------------------------------------------------
 
-/// Validates an FP8 forward call and decides its launch: `a`, `b` in one storage dtype
+/// Validates an FP8 forward call and decides its launches: `a`, `b` in one storage dtype
 /// (f32/f16/bf16), `y` FP8 of their shape, `scales` f32 of the shape `scaling` needs (see
 /// [`Fp8Scaling::scale_shape`]); `y` and `scales` overlap nothing. Static and per-group
 /// scales run the flat kernel (each element read once, written once, one scale per group),
 /// per-token scales the row kernel (each row held by a block; see
-/// `kernels/src/gated_fp8.rs`).
+/// `kernels/src/gated_fp8.rs`). A static scale is the same for every element, so a call off
+/// the 16-byte grid whose operands are dense runs as one flat range ([`fp8_flat_split`]).
 pub fn plan_gated_forward_fp8(
     act: Activation,
     a: &MatDesc,
@@ -555,15 +556,67 @@ pub fn plan_gated_forward_fp8(
     scaling: Fp8Scaling,
     scales: &MatDesc,
     limits: &GridLimits,
-) -> Result<Launch<GatedFp8Params>> {
+) -> Result<GatedPlan<GatedFp8Params>> {
     let dtype = a.dtype;
     a.check("a", dtype)?;
     b.check("b", dtype)?;
     check_shape("b", b, a.shape())?;
     check_fp8_output(y, scales, &scaling, a.shape(), &[("a", a), ("b", b)])?;
     check_row_length(a.cols)?;
+    let split = (scaling == Fp8Scaling::Static)
+        .then(|| fp8_flat_split(dtype, a, b, y))
+        .flatten();
+    let Some((head, body, tail)) = split else {
+        let mode = vec_mode(dtype, a.cols, &[Some(a), Some(b), Some(y)]);
+        return Ok(GatedPlan::single(fp8_launch(
+            act, a, b, y, scaling, scales, limits, mode, true,
+        )?));
+    };
+    GatedPlan::flat((head, body, tail), |start, len| {
+        let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
+        // The body is on the vector grid (`fp8_flat_split`), the head and tail are shorter
+        // than a vector.
+        let mode = if start == head {
+            VecMode::V16
+        } else {
+            VecMode::Scalar
+        };
+        fp8_launch(act, &a, &b, &y, scaling, scales, limits, mode, false)
+    })
+}
+
+/// [`flat_split`] for a static-scale FP8 call: `a` and `b` as there, and `y` dense with the
+/// range's vector body on its grid, whose accesses store one byte per input element (8-byte
+/// words for 16-bit inputs, 4-byte for f32).
+fn fp8_flat_split(
+    dtype: DType,
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+) -> Option<(usize, usize, usize)> {
+    let (head, body, tail) = flat_split(dtype, &[a, b])?;
+    let dense = y.rows <= 1 || y.row_stride == y.cols;
+    let on_grid = (y.addr + head as u64).is_multiple_of(dtype.lanes_per_16b() as u64);
+    (dense && on_grid).then_some((head, body, tail))
+}
+
+/// The launch of a validated FP8 forward call over `a`'s shape on memory path `mode`; off the
+/// vector grid, a static scale with 16-bit inputs takes the realigned kernels when `realign`
+/// (a whole call), the scalar kernel when not (the short head and tail of a flat range).
+#[allow(clippy::too_many_arguments)]
+fn fp8_launch(
+    act: Activation,
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+    scaling: Fp8Scaling,
+    scales: &MatDesc,
+    limits: &GridLimits,
+    mode: VecMode,
+    realign: bool,
+) -> Result<Launch<GatedFp8Params>> {
+    let dtype = a.dtype;
     let (rows, cols) = a.shape();
-    let mode = vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]);
     let width = match mode {
         VecMode::V16 => dtype.lanes_per_16b(),
         VecMode::Scalar => 1,
@@ -749,7 +802,8 @@ pub fn plan_gated_forward_fp8(
     // Measurements: `bench/TUNING.md`, "The static FP8 realigned kernel's loads at once".
     let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
     let total_words = (rows as u64).saturating_mul(words);
-    let realigned = (mode == VecMode::Scalar
+    let realigned = (realign
+        && mode == VecMode::Scalar
         && scaling == Fp8Scaling::Static
         && dtype.size_bytes() == 2
         && total_words < (1u64 << 32) - 1024)
@@ -902,11 +956,11 @@ impl Kernels {
         let (y, _gy) = y.desc_mut(stream);
         let (scales, _gs) = scales.describe(stream, &scaling)?;
         let limits = self.gated_fp8_limits();
-        let launch = plan_gated_forward_fp8(act, a, b, &y, scaling, &scales, &limits)?;
+        let plan = plan_gated_forward_fp8(act, a, b, &y, scaling, &scales, &limits)?;
         // SAFETY: planned from live views borrowed for this call (y and the written scales
         // mutably, so they alias no input); the plan checked shapes, sizes, alignment and
         // every overlap.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 
     /// [`Kernels::gated_fp8`] on raw device matrices (`y` of dtype `F8E4M3`, `scales` f32);
@@ -927,8 +981,8 @@ impl Kernels {
     ) -> Result<()> {
         self.check_stream(stream)?;
         let limits = self.gated_fp8_limits();
-        let launch = plan_gated_forward_fp8(act, a, b, y, scaling, scales, &limits)?;
+        let plan = plan_gated_forward_fp8(act, a, b, y, scaling, scales, &limits)?;
         // SAFETY: the caller vouches for the descriptions; the plan checked the rest.
-        unsafe { self.launch(stream, &launch) }
+        unsafe { self.launch_plan(stream, &plan) }
     }
 }

@@ -40,6 +40,23 @@ fn abq(dtype: DType, rows: usize, cols: usize) -> (MatDesc, MatDesc, MatDesc) {
     )
 }
 
+/// `m` with its rows `stride` elements apart.
+fn padded(m: MatDesc, stride: usize) -> MatDesc {
+    MatDesc {
+        row_stride: stride,
+        len: (m.rows - 1) * stride + m.cols,
+        ..m
+    }
+}
+
+/// `m` starting `elements` further into its buffer.
+fn offset(m: MatDesc, elements: usize) -> MatDesc {
+    MatDesc {
+        addr: m.addr + (elements * m.dtype.size_bytes()) as u64,
+        ..m
+    }
+}
+
 fn scales(rows: usize, cols: usize) -> MatDesc {
     mat(BASE + 3 * GAP, DType::F32, rows, cols)
 }
@@ -51,7 +68,22 @@ fn plan(
     scaling: Fp8Scaling,
     s: &MatDesc,
 ) -> Result<Launch<GatedFp8Params>, Error> {
-    plan_gated_forward_fp8(Activation::Silu, a, b, y, scaling, s, &limits())
+    plan_on(a, b, y, scaling, s, &limits())
+}
+
+/// The call's one launch (a static call off the grid on dense operands may run as the pieces
+/// of a flat range; `flat_plan` looks at those).
+fn plan_on(
+    a: &MatDesc,
+    b: &MatDesc,
+    y: &MatDesc,
+    scaling: Fp8Scaling,
+    s: &MatDesc,
+    limits: &GridLimits,
+) -> Result<Launch<GatedFp8Params>, Error> {
+    let plan = plan_gated_forward_fp8(Activation::Silu, a, b, y, scaling, s, limits)?;
+    assert!(plan.head.is_none() && plan.tail.is_none(), "{plan:?}");
+    Ok(plan.body)
 }
 
 #[test]
@@ -64,8 +96,9 @@ fn static_scale_plans_the_flat_vector_kernel() {
     assert_eq!(l.params.walk.per_row, 14336 / 8);
     // Off the 16-byte grid, 16-bit inputs: the realigned kernels over the aligned words of
     // `y` a row can touch, a thread per word up to one wave of the device, then the resident
-    // threads up to four waves: the entry of a word's loads at once up to a quarter of the
-    // threads the device holds, the other past that; the scalar kernel for f32.
+    // threads up to four waves, then a thread per word again: the entry of a word's loads at
+    // once up to a quarter of the threads the device holds, the other past that; the scalar
+    // kernel for f32.
     let resident =
         limits().resident_blocks(KernelId::GatedFp8FlatRealigned(DType::BF16)) as u64 * 128;
     for (rows, kernel, threads) in [
@@ -80,6 +113,12 @@ fn static_scale_plans_the_flat_vector_kernel() {
             64 * (14336 / 8 + 1),
         ),
         (256, KernelId::GatedFp8FlatRealigned(DType::BF16), resident),
+        // Past four waves, a thread per word.
+        (
+            1024,
+            KernelId::GatedFp8FlatRealigned(DType::BF16),
+            1024 * (14336 / 8 + 1),
+        ),
     ] {
         let (a, b, y) = abq(DType::BF16, rows, 14336);
         let a1 = MatDesc {
@@ -96,7 +135,9 @@ fn static_scale_plans_the_flat_vector_kernel() {
         addr: a.addr + 2,
         ..a
     };
+    // Rows of odd length in a padded `y` (not one flat range, see below).
     let (a16, b16, y16) = abq(DType::BF16, 16, 14335);
+    let y16 = padded(y16, 14336);
     let l = plan(&a16, &b16, &y16, Fp8Scaling::Static, &scales(1, 1)).unwrap();
     assert_eq!(
         l.kernel,
@@ -104,7 +145,14 @@ fn static_scale_plans_the_flat_vector_kernel() {
     );
     assert_eq!(l.grid as u64, (16 * (14335 / 8 + 2) as u64).div_ceil(128));
     let (af, bf, yf) = abq(DType::F32, 4096, 4095);
-    let l = plan(&af, &bf, &yf, Fp8Scaling::Static, &scales(1, 1)).unwrap();
+    let l = plan(
+        &af,
+        &bf,
+        &padded(yf, 4096),
+        Fp8Scaling::Static,
+        &scales(1, 1),
+    )
+    .unwrap();
     assert_eq!(
         l.kernel,
         KernelId::GatedFp8Flat(DType::F32, VecMode::Scalar)
@@ -123,6 +171,70 @@ fn static_scale_plans_the_flat_vector_kernel() {
         KernelId::GatedFp8Group(DType::BF16, VecMode::Scalar)
     );
     assert_eq!(l.params.batch, 4);
+}
+
+/// A static scale off the 16-byte grid with every operand dense: one flat range, its vector
+/// body on the flat vector kernel, a ragged head (up to `a`'s first 16-byte boundary) and tail
+/// on the scalar kernel; each piece one row of the same elements of `a`, `b` and `y`. Not
+/// where `y` is padded, its body off its grid, the call small or the scale per token.
+#[test]
+fn static_scale_dense_rows_off_the_grid_run_as_one_flat_range() {
+    let s = scales(1, 1);
+    let flat = |a: &MatDesc, b: &MatDesc, y: &MatDesc| {
+        plan_gated_forward_fp8(Activation::Silu, a, b, y, Fp8Scaling::Static, &s, &limits())
+            .unwrap()
+    };
+    let piece = |l: &Launch<GatedFp8Params>, dtype, mode| {
+        assert_eq!(l.kernel, KernelId::GatedFp8Flat(dtype, mode));
+        assert_eq!(l.params.rows, 1);
+        (l.params.a, l.params.b, l.params.y, l.params.cols)
+    };
+    // On the grid at the start, 16384 x 4095 a multiple of 8: the body alone.
+    let (a, b, y) = abq(DType::BF16, 16384, 4095);
+    let n = 16384 * 4095;
+    let p = flat(&a, &b, &y);
+    assert_eq!((p.head, p.tail), (None, None));
+    let body = piece(&p.body, DType::BF16, VecMode::V16);
+    assert_eq!(body, (a.addr, b.addr, y.addr, n as u64));
+    assert_eq!(p.body.params.walk.per_row, n as u64 / 8);
+    // 1001 x 4093, every operand one element in: a head of 7 elements up to `a`'s boundary
+    // (`y`'s body then on its 8-byte grid), the body, a tail of 6.
+    let (a, b, y) = abq(DType::BF16, 1001, 4093);
+    let (a, b, y) = (offset(a, 1), offset(b, 1), offset(y, 1));
+    let n = 1001 * 4093u64;
+    let p = flat(&a, &b, &y);
+    let head = piece(&p.head.unwrap(), DType::BF16, VecMode::Scalar);
+    assert_eq!(head, (a.addr, b.addr, y.addr, 7));
+    let body = piece(&p.body, DType::BF16, VecMode::V16);
+    assert_eq!(body, (a.addr + 14, b.addr + 14, y.addr + 7, n - 13));
+    let tail = piece(&p.tail.unwrap(), DType::BF16, VecMode::Scalar);
+    let end = n - 6;
+    assert_eq!(tail, (a.addr + 2 * end, b.addr + 2 * end, y.addr + end, 6));
+    // f32: 4-byte words of `y`.
+    let (a, b, y) = abq(DType::F32, 4096, 4095);
+    let (a, b, y) = (offset(a, 1), offset(b, 1), offset(y, 1));
+    let p = flat(&a, &b, &y);
+    assert_eq!(piece(&p.head.unwrap(), DType::F32, VecMode::Scalar).3, 3);
+    assert_eq!(piece(&p.body, DType::F32, VecMode::V16).2 % 4, 0);
+    // One range, not: `y` padded; `y`'s body off its grid; fewer than 65536 elements; a
+    // scale per token.
+    let (a, b, y) = abq(DType::BF16, 1024, 4095);
+    let realigned = KernelId::GatedFp8FlatRealigned(DType::BF16);
+    for y in [padded(y, 4096), offset(y, 2)] {
+        assert_eq!(
+            plan(&a, &b, &y, Fp8Scaling::Static, &s).unwrap().kernel,
+            realigned
+        );
+    }
+    let (a, b, y) = abq(DType::BF16, 3, 4095);
+    let l = plan(&a, &b, &y, Fp8Scaling::Static, &s).unwrap();
+    assert_eq!(
+        l.kernel,
+        KernelId::GatedFp8FlatRealignedEndsFirst(DType::BF16)
+    );
+    let (a, b, y) = abq(DType::BF16, 1024, 4095);
+    let l = plan(&a, &b, &y, Fp8Scaling::per_token(), &scales(1024, 1)).unwrap();
+    assert_eq!(l.params.scheme, FP8_PER_TOKEN);
 }
 
 #[test]
@@ -181,7 +293,7 @@ fn per_token_plans_rows_in_registers() {
     ] {
         let (a, b, y) = abq(dtype, rows, cols);
         let s = scales(rows, 1);
-        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &two_per_sm).unwrap();
+        let l = plan_on(&a, &b, &y, ub, &s, &two_per_sm).unwrap();
         assert_eq!(
             (l.kernel, l.params.chunks, l.params.prefetch_rows),
             (kernel, chunks, prefetch_rows),
@@ -208,7 +320,7 @@ fn per_token_plans_rows_in_registers() {
     ] {
         let (a, b, y) = abq(DType::F32, rows, cols);
         let s = scales(rows, 1);
-        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &clusters).unwrap();
+        let l = plan_on(&a, &b, &y, ub, &s, &clusters).unwrap();
         assert_eq!(
             (
                 l.kernel,
@@ -253,7 +365,7 @@ fn per_token_plans_rows_in_registers() {
     ] {
         let (a, b, y) = abq(dtype, rows, cols);
         let s = scales(rows, 1);
-        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
+        let l = plan_on(&a, &b, &y, ub, &s, &streamed).unwrap();
         assert_eq!(
             (l.kernel, l.params.chunks, l.grid, l.params.prefetch_rows),
             (kernel, chunks, grid, prefetch_rows),
@@ -269,16 +381,7 @@ fn per_token_plans_rows_in_registers() {
         );
     }
     let (a, b, y) = abq(DType::F32, 4096, 4095);
-    let l = plan_gated_forward_fp8(
-        Activation::Silu,
-        &a,
-        &b,
-        &y,
-        ub,
-        &scales(4096, 1),
-        &streamed,
-    )
-    .unwrap();
+    let l = plan_on(&a, &b, &y, ub, &scales(4096, 1), &streamed).unwrap();
     // f32 rows off the 16-byte grid: the scalar row kernels (8 accesses per thread here).
     assert_eq!(
         l.kernel,
@@ -288,16 +391,7 @@ fn per_token_plans_rows_in_registers() {
     // (ceil(cols / L) + 1 of them) take three or four per thread of one tile, at least a wave
     // of rows (one per SM); the scalar row kernels elsewhere.
     let (a, b, y) = abq(DType::BF16, 1024, 14335);
-    let l = plan_gated_forward_fp8(
-        Activation::Silu,
-        &a,
-        &b,
-        &y,
-        ub,
-        &scales(1024, 1),
-        &streamed,
-    )
-    .unwrap();
+    let l = plan_on(&a, &b, &y, ub, &scales(1024, 1), &streamed).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::BF16));
     assert_eq!((l.params.walk.per_row, l.params.chunks), (1793, 4));
     assert_eq!((l.grid, l.block, l.params.prefetch_rows), (1024, 512, 0));
@@ -314,7 +408,7 @@ fn per_token_plans_rows_in_registers() {
     ] {
         let (a, b, y) = abq(dtype, rows, cols);
         let s = scales(rows, 1);
-        let l = plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, ub, &s, &streamed).unwrap();
+        let l = plan_on(&a, &b, &y, ub, &s, &streamed).unwrap();
         let got = l.kernel == KernelId::GatedFp8RowRealigned(dtype);
         assert_eq!(got, realigned, "{dtype:?} {rows} x {cols}: {:?}", l.kernel);
     }

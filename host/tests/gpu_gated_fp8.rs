@@ -41,6 +41,9 @@ enum Layout {
     /// Every operand one element into its buffer: off the 16-byte grid (the realigned kernels
     /// for static scales and per-token rows of one tile, the scalar path otherwise).
     SplitOffset,
+    /// Every operand dense, one element into its buffer (`y` too): for a static scale, one
+    /// flat range (a scalar head and tail around the vector kernel's body).
+    SplitFlat,
     Interleaved,
 }
 
@@ -107,9 +110,16 @@ fn case<T: Element>(
     .expect("f32 forward");
     let y32 = download(s, &dy32);
 
-    // The FP8 call: y with a padded row stride, poisoned (0x7f, NaN) beforehand.
-    let y_stride = cols + 16;
-    let mut dq = upload(s, &vec![F8E4M3::from_bits(0x7f); rows * y_stride]);
+    // The FP8 call: y with a padded row stride (dense and one element in for `SplitFlat`, a
+    // byte after it), poisoned (0x7f, NaN) beforehand.
+    let (y_stride, y_off) = match layout {
+        Layout::SplitFlat => (cols, 1),
+        _ => (cols + 16, 0),
+    };
+    let mut dq = upload(
+        s,
+        &vec![F8E4M3::from_bits(0x7f); 2 * y_off + rows * y_stride],
+    );
     let (sr, sc, s_stride) = scale_layout(scaling, rows, cols);
     let s_len = if sr == 0 { 0 } else { (sr - 1) * s_stride + sc };
     let mut ds = upload(s, &vec![f32::NAN; s_len.max(1)]);
@@ -117,10 +127,10 @@ fn case<T: Element>(
         ds = upload(s, &[static_scale]);
     }
     {
-        let mut y = MatMut::strided(dq.as_view_mut(), rows, cols, y_stride);
+        let mut y = MatMut::strided(dq.slice_mut(y_off..), rows, cols, y_stride);
         match layout {
-            Layout::Split | Layout::SplitOffset => {
-                let off = usize::from(layout == Layout::SplitOffset);
+            Layout::Split | Layout::SplitOffset | Layout::SplitFlat => {
+                let off = usize::from(layout != Layout::Split);
                 let pad = |v: &[T]| {
                     let mut out = vec![poison::<T>(); off];
                     out.extend_from_slice(v);
@@ -159,7 +169,17 @@ fn case<T: Element>(
             }
         }
     }
-    let q_all = download(s, &dq);
+    let q_buf = download(s, &dq);
+    // The bytes around y are untouched.
+    if y_off > 0 {
+        assert_eq!(q_buf[0].to_bits(), 0x7f, "{what}: byte before y");
+        assert_eq!(
+            q_buf.last().unwrap().to_bits(),
+            0x7f,
+            "{what}: byte after y"
+        );
+    }
+    let q_all = &q_buf[y_off..];
     let got_q: Vec<u8> = (0..rows)
         .flat_map(|r| {
             q_all[r * y_stride..r * y_stride + cols]
@@ -338,6 +358,7 @@ fn fp8_middle_regime() {
             let plan =
                 plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, scaling, &scales, k.limits())
                     .unwrap();
+            let plan = plan.body;
             // Each scheme's own entry sets its residency (their registers differ).
             let resident = k.limits().resident_blocks(plan.kernel) as u64 * GATED_THREADS as u64;
             let threads = plan.grid as u64 * GATED_THREADS as u64;
@@ -450,7 +471,8 @@ fn fp8_per_token_long_rows() {
                 &mat(1 << 43, DType::F32, 1),
                 k.limits(),
             )
-            .unwrap();
+            .unwrap()
+            .body;
             assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
             assert_eq!(
                 plan.params.prefetch_rows != 0,
@@ -526,8 +548,9 @@ fn fp8_per_token_long_rows() {
 
 /// The realigned FP8 kernels (16-bit inputs off the 16-byte grid) at shapes the planner gives
 /// them: per token, rows of three and four aligned words of `y` per thread, a row per SM and
-/// more; static, words filling the device, and (the entry of a word's loads at once) words
-/// that fill less than a quarter of it, among them short rows whose ends fall on most warps.
+/// more; static, words filling the device (also past four waves of its threads), and (the
+/// entry of a word's loads at once) words that fill less than a quarter of it, among them
+/// short rows whose ends fall on most warps.
 /// Interleaved halves of odd width and split operands one element off the grid; every case
 /// against the references as the others.
 #[test]
@@ -551,12 +574,16 @@ fn fp8_realigned_kernels() {
             );
         }
         let static_ = Fp8Scaling::Static;
+        // Rows past four waves of the static kernel's threads (a thread per word again).
+        let resident = k.limits().resident_blocks(flat) as usize * GATED_THREADS as usize;
+        let many = 4 * resident / (8193 / 8 + 2) + 7;
         // 1025 and 2048 words a row: three and four per thread.
         let cases = [
             (rows, 8193, Fp8Scaling::per_token(), row),
             (rows, 8193, static_, flat),
             (rows, 16375, Fp8Scaling::per_token(), row),
             (rows, 16375, static_, flat),
+            (many, 8193, static_, flat),
             (16, 8193, static_, ends_first),
             (128, 1001, static_, ends_first),
             (3, 4095, static_, ends_first),
@@ -579,7 +606,7 @@ fn fp8_realigned_kernels() {
                 k.limits(),
             )
             .unwrap();
-            assert_eq!(plan.kernel, want, "{dtype:?} {rows} x {cols}");
+            assert_eq!(plan.body.kernel, want, "{dtype:?} {rows} x {cols}");
             for layout in [Layout::Interleaved, Layout::SplitOffset] {
                 with_seed(test, seed, || {
                     typed!(
@@ -596,6 +623,62 @@ fn fp8_realigned_kernels() {
                     )
                 });
             }
+        }
+    }
+}
+
+/// A static scale on dense operands off the 16-byte grid, every operand one element into its
+/// buffer: one flat range, a scalar head up to the inputs' first 16-byte boundary, the flat
+/// vector kernel's body, a scalar tail where the elements after the head are not a whole
+/// number of vectors (none at 7 x 65537 in 16-bit); every dtype, against the references as
+/// the others, the bytes around `y` untouched.
+#[test]
+fn fp8_static_flat_range() {
+    let test = "fp8_static_flat_range";
+    let Some((k, s)) = gpu(test) else { return };
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        for (rows, cols) in [(16, 14335), (1001, 4093), (7, 65537)] {
+            let desc = |addr: u64, dtype: DType| {
+                let addr = addr + dtype.size_bytes() as u64;
+                MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)
+            };
+            let plan = plan_gated_forward_fp8(
+                Activation::Silu,
+                &desc(1 << 40, dtype),
+                &desc(1 << 41, dtype),
+                &desc(1 << 42, DType::F8E4M3),
+                Fp8Scaling::Static,
+                &MatDesc::contiguous(1 << 43, 1, DType::F32, 1, 1),
+                k.limits(),
+            )
+            .unwrap();
+            let lanes = dtype.lanes_per_16b();
+            let head = plan.head.map(|l| (l.kernel, l.params.cols as usize));
+            let scalar = KernelId::GatedFp8Flat(dtype, VecMode::Scalar);
+            assert_eq!(head, Some((scalar, lanes - 1)), "{dtype:?} {rows} x {cols}");
+            let body = KernelId::GatedFp8Flat(dtype, VecMode::V16);
+            assert_eq!(plan.body.kernel, body, "{dtype:?} {rows} x {cols}");
+            let tail = plan.tail.map_or(0, |l| l.params.cols as usize);
+            assert_eq!(
+                tail,
+                (rows * cols - (lanes - 1)) % lanes,
+                "{dtype:?} {rows} x {cols}"
+            );
+            with_seed(test, seed, || {
+                typed!(
+                    dtype,
+                    case::<T>(
+                        &k,
+                        &s,
+                        &mut rng,
+                        Activation::Silu,
+                        Layout::SplitFlat,
+                        Fp8Scaling::Static,
+                        (rows, cols)
+                    )
+                )
+            });
         }
     }
 }

@@ -1465,7 +1465,7 @@ fn gated_fp8_case(rng: &mut StdRng) -> GatedFp8Case {
     c
 }
 
-fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<Launch<GatedFp8Params>, Error> {
+fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<GatedPlan<GatedFp8Params>, Error> {
     let (a, b) = halves(&c.x, &c.a, &c.b)?;
     plan_gated_forward_fp8(
         c.act,
@@ -1478,7 +1478,7 @@ fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<Launch<GatedFp8Params>, Error
     )
 }
 
-fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> {
+fn check_gated_fp8(c: &GatedFp8Case, plan: &GatedPlan<GatedFp8Params>) -> Vec<String> {
     let mut v = Violations::default();
     let (a, b) = halves(&c.x, &c.a, &c.b).expect("planned, so resolved");
     // y is FP8 (checked as such below) but carries the shape.
@@ -1490,6 +1490,65 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     v.desc("b", &b, dtype, shape);
     v.desc("y", &c.y, DType::F8E4M3, shape);
     v.desc("scales", &c.scales, DType::F32, scale_shape);
+    let launches: Vec<_> = plan.launches().collect();
+    let (rows, cols) = (shape.0 as u64, shape.1 as u64);
+    let whole = |l: &Launch<GatedFp8Params>| {
+        let p = &l.params;
+        (p.rows, p.cols, p.a, p.b, p.y) == (rows, cols, a.addr, b.addr, c.y.addr)
+    };
+    if !(launches.len() == 1 && whole(launches[0])) {
+        // Pieces of one flat range: a static scale, every operand dense, each piece one row
+        // of the same elements of `a`, `b` and `y`, in order, together the whole call.
+        let size = dtype.size_bytes() as u64;
+        let dense = [&a, &b, &c.y]
+            .iter()
+            .all(|m| m.rows <= 1 || m.row_stride == m.cols);
+        if scheme != FP8_STATIC || !dense {
+            v.add(format!(
+                "{} launches for {:?} on dense operands: {dense}",
+                launches.len(),
+                c.scaling
+            ));
+        }
+        let mut next = 0u64;
+        for (i, l) in launches.iter().enumerate() {
+            let p = &l.params;
+            let start = (next * size, next);
+            if p.rows != 1
+                || (p.a.wrapping_sub(a.addr), p.b.wrapping_sub(b.addr)) != (start.0, start.0)
+                || p.y.wrapping_sub(c.y.addr) != start.1
+            {
+                v.add(format!(
+                    "launch {i}: {} x {} elements of a, b, y at {:#x}, {:#x}, {:#x}, not \
+                     elements {next}.. of the flat range",
+                    p.rows, p.cols, p.a, p.b, p.y
+                ));
+            }
+            next += p.cols;
+        }
+        if next != rows * cols {
+            v.add(format!(
+                "the pieces cover {next} of {rows} x {cols} elements"
+            ));
+        }
+    }
+    for (i, l) in launches.iter().enumerate() {
+        check_gated_fp8_launch(&mut v, c, (&a, &b), i, l, dtype, (scheme, group));
+    }
+    v.0
+}
+
+/// The checks of one launch of an FP8 gated plan (the whole call or a piece of its flat range:
+/// its shape is its params').
+fn check_gated_fp8_launch(
+    v: &mut Violations,
+    c: &GatedFp8Case,
+    (a, b): (&MatDesc, &MatDesc),
+    i: usize,
+    l: &Launch<GatedFp8Params>,
+    dtype: DType,
+    (scheme, group): (u32, usize),
+) {
     let p = &l.params;
     let per_token = scheme == FP8_PER_TOKEN;
     let mode = match l.kernel {
@@ -1544,14 +1603,14 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
             p.chunks
         ));
     }
-    if (rows, cols) != (shape.0 as u64, shape.1 as u64) || p.walk.per_row != per_row {
+    if p.walk.per_row != per_row {
         v.add(format!(
-            "{rows} x {cols} in rows of {} steps of {walk_unit}",
+            "launch {i}: {rows} x {cols} in rows of {} steps of {walk_unit}",
             p.walk.per_row
         ));
     }
-    scaling_params(&mut v, &c.scaling, p.scheme, p.min_scale, p.scale_ub);
-    v.launch(0, l, rows > 0 && cols > 0);
+    scaling_params(v, &c.scaling, p.scheme, p.min_scale, p.scale_ub);
+    v.launch(i, l, rows > 0 && cols > 0);
     if per_token {
         // One block of a fixed width per row: the kernel's addressing assumes it.
         let row_threads = GATED_FP8_ROW_MAX_THREADS;
@@ -1683,12 +1742,12 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     let size = dtype.size_bytes();
     let region = |addr, size, stride| Region::new(addr, size, rows, cols, stride);
     let accesses = [
-        (access("a", region(p.a, size, p.a_stride), false, 0), &a),
-        (access("b", region(p.b, size, p.b_stride), false, 0), &b),
-        (access("y", region(p.y, 1, p.y_stride), true, 0), &c.y),
+        (access("a", region(p.a, size, p.a_stride), false, i), a),
+        (access("b", region(p.b, size, p.b_stride), false, i), b),
+        (access("y", region(p.y, 1, p.y_stride), true, i), &c.y),
         (
             scale_access(
-                &mut v,
+                v,
                 &c.scaling,
                 (p.scale, p.scale_row, p.scale_group),
                 (rows, cols, group),
@@ -1706,7 +1765,6 @@ fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> 
     }
     let accesses: Vec<Access> = accesses.into_iter().map(|(a, _)| a).collect();
     v.aliasing(&accesses, &[]);
-    v.0
 }
 
 #[test]
