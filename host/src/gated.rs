@@ -585,9 +585,16 @@ pub fn plan_gated_forward_fp8(
     })
 }
 
+/// Fewest elements for which an FP8 flat range runs as more than one launch (a ragged head or
+/// tail beside the body): each extra launch waits for the one before it, about a microsecond
+/// in graph replay and two per call, which below this the body's vector accesses did not win
+/// back (`bench/TUNING.md`, "Static FP8 of dense rows off the grid as one flat range").
+pub const FP8_FLAT_PIECES_MIN_ELEMENTS: usize = 1 << 22;
+
 /// [`flat_split`] for a static-scale FP8 call: `a` and `b` as there, and `y` dense with the
 /// range's vector body on its grid, whose accesses store one byte per input element (8-byte
-/// words for 16-bit inputs, 4-byte for f32).
+/// words for 16-bit inputs, 4-byte for f32); a head or a tail only from
+/// [`FP8_FLAT_PIECES_MIN_ELEMENTS`] elements.
 fn fp8_flat_split(
     dtype: DType,
     a: &MatDesc,
@@ -597,7 +604,8 @@ fn fp8_flat_split(
     let (head, body, tail) = flat_split(dtype, &[a, b])?;
     let dense = y.rows <= 1 || y.row_stride == y.cols;
     let on_grid = (y.addr + head as u64).is_multiple_of(dtype.lanes_per_16b() as u64);
-    (dense && on_grid).then_some((head, body, tail))
+    let pieces_pay = head + tail == 0 || head + body + tail >= FP8_FLAT_PIECES_MIN_ELEMENTS;
+    (dense && on_grid && pieces_pay).then_some((head, body, tail))
 }
 
 /// The launch of a validated FP8 forward call over `a`'s shape on memory path `mode`; off the

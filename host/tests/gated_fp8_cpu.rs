@@ -176,7 +176,8 @@ fn static_scale_plans_the_flat_vector_kernel() {
 /// A static scale off the 16-byte grid with every operand dense: one flat range, its vector
 /// body on the flat vector kernel, a ragged head (up to `a`'s first 16-byte boundary) and tail
 /// on the scalar kernel; each piece one row of the same elements of `a`, `b` and `y`. Not
-/// where `y` is padded, its body off its grid, the call small or the scale per token.
+/// where `y` is padded, its body off its grid, the call small (or, with a head or a tail,
+/// below 2^22 elements) or the scale per token.
 #[test]
 fn static_scale_dense_rows_off_the_grid_run_as_one_flat_range() {
     let s = scales(1, 1);
@@ -197,11 +198,11 @@ fn static_scale_dense_rows_off_the_grid_run_as_one_flat_range() {
     let body = piece(&p.body, DType::BF16, VecMode::V16);
     assert_eq!(body, (a.addr, b.addr, y.addr, n as u64));
     assert_eq!(p.body.params.walk.per_row, n as u64 / 8);
-    // 1001 x 4093, every operand one element in: a head of 7 elements up to `a`'s boundary
+    // 2001 x 4093, every operand one element in: a head of 7 elements up to `a`'s boundary
     // (`y`'s body then on its 8-byte grid), the body, a tail of 6.
-    let (a, b, y) = abq(DType::BF16, 1001, 4093);
+    let (a, b, y) = abq(DType::BF16, 2001, 4093);
     let (a, b, y) = (offset(a, 1), offset(b, 1), offset(y, 1));
-    let n = 1001 * 4093u64;
+    let n = 2001 * 4093u64;
     let p = flat(&a, &b, &y);
     let head = piece(&p.head.unwrap(), DType::BF16, VecMode::Scalar);
     assert_eq!(head, (a.addr, b.addr, y.addr, 7));
@@ -216,8 +217,14 @@ fn static_scale_dense_rows_off_the_grid_run_as_one_flat_range() {
     let p = flat(&a, &b, &y);
     assert_eq!(piece(&p.head.unwrap(), DType::F32, VecMode::Scalar).3, 3);
     assert_eq!(piece(&p.body, DType::F32, VecMode::V16).2 % 4, 0);
+    // A small call of one launch: the body alone (16 x 14335, a multiple of 8).
+    let (a, b, y) = abq(DType::BF16, 16, 14335);
+    let p = flat(&a, &b, &y);
+    assert_eq!((p.head, p.tail), (None, None));
+    piece(&p.body, DType::BF16, VecMode::V16);
     // One range, not: `y` padded; `y`'s body off its grid; fewer than 65536 elements; a
-    // scale per token.
+    // small call that would need a second launch (7 x 14335: a tail of one); a scale per
+    // token.
     let (a, b, y) = abq(DType::BF16, 1024, 4095);
     let realigned = KernelId::GatedFp8FlatRealigned(DType::BF16);
     for y in [padded(y, 4096), offset(y, 2)] {
@@ -226,12 +233,14 @@ fn static_scale_dense_rows_off_the_grid_run_as_one_flat_range() {
             realigned
         );
     }
-    let (a, b, y) = abq(DType::BF16, 3, 4095);
-    let l = plan(&a, &b, &y, Fp8Scaling::Static, &s).unwrap();
-    assert_eq!(
-        l.kernel,
-        KernelId::GatedFp8FlatRealignedEndsFirst(DType::BF16)
-    );
+    for (rows, cols) in [(3, 4095), (7, 14335)] {
+        let (a, b, y) = abq(DType::BF16, rows, cols);
+        let l = plan(&a, &b, &y, Fp8Scaling::Static, &s).unwrap();
+        assert_eq!(
+            l.kernel,
+            KernelId::GatedFp8FlatRealignedEndsFirst(DType::BF16)
+        );
+    }
     let (a, b, y) = abq(DType::BF16, 1024, 4095);
     let l = plan(&a, &b, &y, Fp8Scaling::per_token(), &scales(1024, 1)).unwrap();
     assert_eq!(l.params.scheme, FP8_PER_TOKEN);

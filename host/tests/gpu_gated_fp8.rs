@@ -628,17 +628,17 @@ fn fp8_realigned_kernels() {
 }
 
 /// A static scale on dense operands off the 16-byte grid, every operand one element into its
-/// buffer: one flat range, a scalar head up to the inputs' first 16-byte boundary, the flat
-/// vector kernel's body, a scalar tail where the elements after the head are not a whole
-/// number of vectors (none at 7 x 65537 in 16-bit); every dtype, against the references as
-/// the others, the bytes around `y` untouched.
+/// buffer, calls large enough for a range of several launches: one flat range, a scalar head up
+/// to the inputs' first 16-byte boundary, the flat vector kernel's body, a scalar tail where
+/// the elements after the head are not a whole number of vectors (none at 71 x 65537); every
+/// dtype, against the references as the others, the bytes around `y` untouched.
 #[test]
 fn fp8_static_flat_range() {
     let test = "fp8_static_flat_range";
     let Some((k, s)) = gpu(test) else { return };
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
-        for (rows, cols) in [(16, 14335), (1001, 4093), (7, 65537)] {
+        for (rows, cols) in [(1025, 4097), (2001, 4093), (71, 65537)] {
             let desc = |addr: u64, dtype: DType| {
                 let addr = addr + dtype.size_bytes() as u64;
                 MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)

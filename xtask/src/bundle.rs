@@ -121,10 +121,22 @@ case "$task" in
     fi ;;
   sanitize)
     export FERROFUSE_TEST_QUICK=1
+    # racecheck's tracking of asynchronous copies fails inside the tool (a hardware exception
+    # it cannot handle) on this test's misaligned f32 rows; it runs with the tracking off,
+    # every other test with it on (bench/TUNING.md, "The norm backward's racecheck").
+    untracked=backward_long_rows_cluster_split_matches_loop_bitwise
     for tool in memcheck racecheck initcheck; do
       for t in "$here"/tests/gpu_*; do
         echo "== compute-sanitizer --tool $tool $(basename "$t")"
-        compute-sanitizer --tool "$tool" --error-exitcode 86 "$t" --test-threads=1 "$@" || status=1
+        if [ "$tool" = racecheck ] && [ "$(basename "$t")" = gpu_norm ]; then
+          compute-sanitizer --tool racecheck --error-exitcode 86 "$t" --test-threads=1 \
+            --skip "$untracked" "$@" || status=1
+          echo "== compute-sanitizer --tool racecheck --racecheck-memcpy-async no gpu_norm $untracked"
+          compute-sanitizer --tool racecheck --racecheck-memcpy-async no --error-exitcode 86 \
+            "$t" --test-threads=1 --exact "$untracked" || status=1
+        else
+          compute-sanitizer --tool "$tool" --error-exitcode 86 "$t" --test-threads=1 "$@" || status=1
+        fi
       done
     done ;;
   bench)
