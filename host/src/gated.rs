@@ -547,7 +547,9 @@ impl Kernels {
 /// scales run the flat kernel (each element read once, written once, one scale per group),
 /// per-token scales the row kernel (each row held by a block; see
 /// `kernels/src/gated_fp8.rs`). A static scale is the same for every element, so a call off
-/// the 16-byte grid whose operands are dense runs as one flat range ([`fp8_flat_split`]).
+/// the 16-byte grid whose operands are dense runs as one flat range, as the storage forward's
+/// does (`y`'s vector body on its own 8- or 4-byte grid; a scalar head or tail, each a launch
+/// of its own, only from [`FP8_FLAT_PIECES_MIN_ELEMENTS`] elements).
 pub fn plan_gated_forward_fp8(
     act: Activation,
     a: &MatDesc,

@@ -72,7 +72,7 @@ fn plan(
 }
 
 /// The call's one launch (a static call off the grid on dense operands may run as the pieces
-/// of a flat range; `flat_plan` looks at those).
+/// of a flat range: `static_scale_dense_rows_off_the_grid_run_as_one_flat_range`).
 fn plan_on(
     a: &MatDesc,
     b: &MatDesc,

@@ -1505,7 +1505,7 @@ fn check_gated_fp8(c: &GatedFp8Case, plan: &GatedPlan<GatedFp8Params>) -> Vec<St
             .all(|m| m.rows <= 1 || m.row_stride == m.cols);
         if scheme != FP8_STATIC || !dense {
             v.add(format!(
-                "{} launches for {:?} on dense operands: {dense}",
+                "{} launches for {:?} (every operand dense: {dense})",
                 launches.len(),
                 c.scaling
             ));
