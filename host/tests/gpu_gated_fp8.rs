@@ -273,6 +273,27 @@ fn case<T: Element>(
     }
 }
 
+/// One SiLU case of `dtype` (the memory paths do not depend on the activation), named with
+/// its test and seed when it fails.
+#[allow(clippy::too_many_arguments)]
+fn silu_case(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    (test, seed): (&str, u64),
+    dtype: DType,
+    layout: Layout,
+    scaling: Fp8Scaling,
+    shape: (usize, usize),
+) {
+    with_seed(test, seed, || {
+        typed!(
+            dtype,
+            case::<T>(k, s, rng, Activation::Silu, layout, scaling, shape)
+        )
+    });
+}
+
 /// Runs one case; when it fails, names the test and its generator's seed first.
 fn with_seed(test: &str, seed: u64, case: impl FnOnce()) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(case)) {
@@ -369,20 +390,16 @@ fn fp8_middle_regime() {
             );
         }
         for scaling in schemes(cols) {
-            with_seed(test, seed, || {
-                typed!(
-                    dtype,
-                    case::<T>(
-                        &k,
-                        &s,
-                        &mut rng,
-                        Activation::Silu,
-                        Layout::Split,
-                        scaling,
-                        (rows, cols)
-                    )
-                )
-            });
+            silu_case(
+                &k,
+                &s,
+                &mut rng,
+                (test, seed),
+                dtype,
+                Layout::Split,
+                scaling,
+                (rows, cols),
+            );
         }
     }
 }
@@ -526,20 +543,16 @@ fn fp8_per_token_long_rows() {
                 .flat_map(|c| streaming.iter().map(move |o| (c, o)))
             {
                 k.set_row_streaming(on);
-                with_seed(test, seed, || {
-                    typed!(
-                        dtype,
-                        case::<T>(
-                            &k,
-                            &s,
-                            &mut rng,
-                            Activation::Silu,
-                            layout,
-                            scaling,
-                            (rows, cols)
-                        )
-                    )
-                });
+                silu_case(
+                    &k,
+                    &s,
+                    &mut rng,
+                    (test, seed),
+                    dtype,
+                    layout,
+                    scaling,
+                    (rows, cols),
+                );
                 k.set_row_streaming(true);
             }
         }
@@ -608,20 +621,16 @@ fn fp8_realigned_kernels() {
             .unwrap();
             assert_eq!(plan.body.kernel, want, "{dtype:?} {rows} x {cols}");
             for layout in [Layout::Interleaved, Layout::SplitOffset] {
-                with_seed(test, seed, || {
-                    typed!(
-                        dtype,
-                        case::<T>(
-                            &k,
-                            &s,
-                            &mut rng,
-                            Activation::Silu,
-                            layout,
-                            scaling,
-                            (rows, cols)
-                        )
-                    )
-                });
+                silu_case(
+                    &k,
+                    &s,
+                    &mut rng,
+                    (test, seed),
+                    dtype,
+                    layout,
+                    scaling,
+                    (rows, cols),
+                );
             }
         }
     }
@@ -665,20 +674,16 @@ fn fp8_static_flat_range() {
                 (rows * cols - (lanes - 1)) % lanes,
                 "{dtype:?} {rows} x {cols}"
             );
-            with_seed(test, seed, || {
-                typed!(
-                    dtype,
-                    case::<T>(
-                        &k,
-                        &s,
-                        &mut rng,
-                        Activation::Silu,
-                        Layout::SplitFlat,
-                        Fp8Scaling::Static,
-                        (rows, cols)
-                    )
-                )
-            });
+            silu_case(
+                &k,
+                &s,
+                &mut rng,
+                (test, seed),
+                dtype,
+                Layout::SplitFlat,
+                Fp8Scaling::Static,
+                (rows, cols),
+            );
         }
     }
 }
