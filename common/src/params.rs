@@ -65,6 +65,37 @@ impl GridWalk {
     }
 }
 
+/// The ragged ends of a flat range. When every operand of a gated call is dense, the host runs
+/// the `rows x cols` elements as one row whose vector body starts at the operands' first
+/// 16-byte boundary; the `head` elements before that boundary (fewer than a vector) and the
+/// `tail` elements after the body's last vector go to the grid's last `head + tail` threads,
+/// one element each, head first. The kernel's pointers are the body's: the head lies just
+/// below them. `head = tail = 0` on every other launch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlatEnds {
+    pub head: u16,
+    pub tail: u16,
+}
+
+impl FlatEnds {
+    /// The element thread `g` of a grid of `threads` takes, as an offset in elements from the
+    /// body's first element (negative in the head), if it takes one; `body` is the body's
+    /// length in elements.
+    #[inline(always)]
+    pub const fn element(self, g: u64, threads: u64, body: u64) -> Option<i64> {
+        let (head, ends) = (self.head as u64, self.head as u64 + self.tail as u64);
+        let k = g.wrapping_sub(threads.wrapping_sub(ends));
+        if k >= ends {
+            None
+        } else if k < head {
+            Some(k as i64 - head as i64)
+        } else {
+            Some((body + k - head) as i64)
+        }
+    }
+}
+
 /// `y[r, c] = act(a[r, c]) * b[r, c]` for `r < rows`, `c < cols`.
 ///
 /// Element `[r, c]` of tensor `t` lives at `t + (r * t_stride + c) * size_of(dtype)`. The
@@ -89,7 +120,8 @@ pub struct GatedFwdParams {
     pub walk: GridWalk,
     /// An [`crate::Activation`] as `u32`.
     pub act: u32,
-    pub _pad: u32,
+    /// A flat range's ragged ends (see [`FlatEnds`]).
+    pub ends: FlatEnds,
 }
 
 /// `da = dy * b * act'(a)`, `db = dy * act(a)`, recomputing `act` from the saved `a`.
@@ -116,7 +148,8 @@ pub struct GatedBwdParams {
     pub walk: GridWalk,
     /// An [`crate::Activation`] as `u32`.
     pub act: u32,
-    pub _pad: u32,
+    /// A flat range's ragged ends (see [`FlatEnds`]).
+    pub ends: FlatEnds,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1309,6 +1342,9 @@ pub struct GatedFp8Params {
     pub prefetch_rows: u32,
     /// Row kernel: blocks per row (the cluster size of the split kernel, 1 elsewhere).
     pub row_blocks: u32,
+    /// The static vector path over a flat range: its ragged ends (see [`FlatEnds`]).
+    pub ends: FlatEnds,
+    pub _pad: u32,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@
 //! `ferrofuse_common::act`), rounded once at the store.
 //!
 //! Memory paths: 16-byte vectors when every operand's rows are on the 16-byte grid; one flat
-//! range (scalar head, vector body, scalar tail) when the rows are not but every operand is
-//! dense and at the same offset from the grid ([`GatedPlan`]); otherwise, forward, aligned
+//! range when the rows are not but every operand is dense and at the same offset from the grid
+//! (the vector kernel over the elements as one row, the few before its first 16-byte boundary
+//! and after its last vector taken by the grid's last threads: [`FlatEnds`]); otherwise, forward, aligned
 //! vectors of the output with the inputs realigned in registers (any offsets and strides:
 //! interleaved halves of odd width, padded rows, views at an offset), and backward one element
 //! per access, several accesses in flight per thread. All compute the same values.
@@ -18,8 +19,8 @@
 //! same `plan_*` validation, which needs no GPU.
 
 use ferrofuse_common::{
-    Activation, DType, GATED_SCALAR_BATCH, GATED_THREADS, GatedBwdParams, GatedFwdParams, GridWalk,
-    KernelId, VecMode,
+    Activation, DType, FlatEnds, GATED_SCALAR_BATCH, GATED_THREADS, GatedBwdParams, GatedFwdParams,
+    GridWalk, KernelId, VecMode,
 };
 
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
@@ -31,7 +32,7 @@ use ferrofuse_common::{
 
 use crate::error::{Error, Result};
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
-use crate::runtime::{GridLimits, KernelParams, Kernels, Launch};
+use crate::runtime::{GridLimits, Kernels, Launch};
 use crate::tensor::{Element, Mat, MatDesc, MatMut};
 use crate::validate::{check_aliasing, check_shape, vec_mode};
 use cudarc::driver::CudaStream;
@@ -59,8 +60,16 @@ fn check_row_length(cols: usize) -> Result<()> {
 /// path moves one element per access and takes [`GATED_SCALAR_BATCH`] of them per thread at a
 /// time, so its grid has a thread per batch, at most one wave (each thread then walks several
 /// batches). At most 2^31 threads, so the kernel's first-row multiply-high (exact below 2^32)
-/// is exact.
-fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> (u32, GridWalk) {
+/// is exact. A flat range's ragged `ends` go to the grid's last threads ([`FlatEnds`]); where
+/// one access per thread covers the call, the grid gets a warp more for them, so that their
+/// loads issue beside the body's, not after a warp's vector accesses.
+fn grid_for(
+    kernel: KernelId,
+    rows: usize,
+    cols: usize,
+    ends: FlatEnds,
+    limits: &GridLimits,
+) -> (u32, GridWalk) {
     let (per_row, vector) = match kernel {
         KernelId::GatedFwd(dtype, mode) | KernelId::GatedBwd(dtype, mode) => match mode {
             VecMode::V16 => ((cols / dtype.lanes_per_16b()) as u64, true),
@@ -76,11 +85,17 @@ fn grid_for(kernel: KernelId, rows: usize, cols: usize, limits: &GridLimits) -> 
     let resident = resident_threads(kernel, limits);
     let threads = match vector {
         true if total > resident && total <= 4 * resident => resident,
-        true => total.min(1 << 31),
+        true => (total + ends_warp(ends)).min(1 << 31),
         false => total.div_ceil(GATED_SCALAR_BATCH as u64).min(resident),
     };
     let grid = threads.div_ceil(block);
     (grid as u32, GridWalk::new(per_row, grid * block))
+}
+
+/// Threads a grid of one access (or step) per thread adds for a flat range's ragged ends: a
+/// warp where there are any (see [`grid_for`]).
+fn ends_warp(ends: FlatEnds) -> u64 {
+    if ends == FlatEnds::default() { 0 } else { 32 }
 }
 
 /// Accesses per row of the realigned forward: every 16-byte aligned vector of `y` that a row
@@ -99,77 +114,39 @@ fn resident_threads(kernel: KernelId, limits: &GridLimits) -> u64 {
     limits.resident_blocks(kernel) as u64 * GATED_THREADS as u64
 }
 
-/// The launches of one gated call, in stream order: the body and, where the call runs as one
-/// flat range (see the module docs), the scalar launches of that range's ragged head and tail.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GatedPlan<P> {
-    pub head: Option<Launch<P>>,
-    pub body: Launch<P>,
-    pub tail: Option<Launch<P>>,
-}
-
-impl<P> GatedPlan<P> {
-    /// One launch for the whole call.
-    fn single(body: Launch<P>) -> Self {
-        Self {
-            head: None,
-            body,
-            tail: None,
-        }
-    }
-
-    /// The launches of a flat range of `head + body + tail` elements, `piece(start, len)`
-    /// planning elements `[start, start + len)`.
-    fn flat(
-        (head, body, tail): (usize, usize, usize),
-        piece: impl Fn(usize, usize) -> Result<Launch<P>>,
-    ) -> Result<Self> {
-        Ok(Self {
-            head: (head > 0).then(|| piece(0, head)).transpose()?,
-            body: piece(head, body)?,
-            tail: (tail > 0).then(|| piece(head + body, tail)).transpose()?,
-        })
-    }
-
-    /// The launches in stream order.
-    pub fn launches(&self) -> impl Iterator<Item = &Launch<P>> {
-        self.head.iter().chain([&self.body]).chain(self.tail.iter())
-    }
-}
-
-/// Fewest elements for which a call runs as a flat range: below it the one-launch scalar path
-/// is as fast (the call is latency-bound) and one launch cheaper.
-pub const FLAT_MIN_ELEMENTS: usize = 1 << 16;
-
 /// Whether a call whose rows the vector path cannot take whole (their length, a row stride or
 /// a base address is off the 16-byte grid) still can as one flat range: every operand dense
-/// (its rows back to back), all at the same offset from a 16-byte boundary, and at least
-/// [`FLAT_MIN_ELEMENTS`] elements (and fewer than 2^32). Then the `rows * cols` elements are
-/// one array, split into a scalar head up to the first 16-byte boundary, a vector body and a
-/// scalar tail; returns their lengths. Each element still belongs to one thread of one launch.
-fn flat_split(dtype: DType, mats: &[&MatDesc]) -> Option<(usize, usize, usize)> {
+/// (its rows back to back), all at the same offset from a 16-byte boundary, fewer than 2^32
+/// elements and at least one vector of them past the first boundary. Then the `rows * cols`
+/// elements are one array: a head up to the first 16-byte boundary, a vector body and a tail
+/// (each shorter than a vector); returns the body's operands (one row each) and the ends.
+fn flat_split<const N: usize>(
+    dtype: DType,
+    mats: [&MatDesc; N],
+) -> Option<([MatDesc; N], FlatEnds)> {
     let first = mats[0];
     let (rows, cols) = first.shape();
     let n = rows * cols;
     let size = dtype.size_bytes() as u64;
     let offset = first.addr % 16;
-    let mut operands = [None; 5];
-    for (o, m) in operands.iter_mut().zip(mats) {
-        *o = Some(*m);
-    }
+    let lanes = dtype.lanes_per_16b();
+    let head = ((16 - offset) % 16 / size) as usize;
     // Within the vector kernel's row length (accesses counted in 32 bits).
-    let flat = vec_mode(dtype, cols, &operands[..mats.len()]) == VecMode::Scalar
-        && (FLAT_MIN_ELEMENTS..=u32::MAX as usize).contains(&n)
+    let flat = vec_mode(dtype, cols, &mats.map(Some)) == VecMode::Scalar
+        && n <= u32::MAX as usize
+        && n >= head + lanes
         && mats
             .iter()
             .all(|m| (m.rows <= 1 || m.row_stride == m.cols) && m.addr % 16 == offset);
     if !flat {
         return None;
     }
-    let head = (((16 - offset) % 16 / size) as usize).min(n);
-    let lanes = dtype.lanes_per_16b();
     let body = (n - head) / lanes * lanes;
-    Some((head, body, n - head - body))
+    let ends = FlatEnds {
+        head: head as u16,
+        tail: (n - head - body) as u16,
+    };
+    Some((mats.map(|m| m.flat(head, body)), ends))
 }
 
 /// Validates a forward call and decides its launches; every operand has `a`'s dtype. `y` may
@@ -180,7 +157,7 @@ pub fn plan_gated_forward(
     b: &MatDesc,
     y: &MatDesc,
     limits: &GridLimits,
-) -> Result<GatedPlan<GatedFwdParams>> {
+) -> Result<Launch<GatedFwdParams>> {
     let dtype = a.dtype;
     a.check("a", dtype)?;
     b.check("b", dtype)?;
@@ -189,34 +166,29 @@ pub fn plan_gated_forward(
     check_shape("y", y, a.shape())?;
     check_aliasing(("y", y), &[("a", Some(a)), ("b", Some(b))], &["b"])?;
     check_row_length(a.cols)?;
-    let Some(split) = flat_split(dtype, &[a, b, y]) else {
-        return Ok(GatedPlan::single(forward_launch(
-            act, a, b, y, true, limits,
-        )));
-    };
-    GatedPlan::flat(split, |start, len| {
-        let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
-        Ok(forward_launch(act, &a, &b, &y, false, limits))
+    Ok(match flat_split(dtype, [a, b, y]) {
+        Some(([a, b, y], ends)) => forward_launch(act, &a, &b, &y, ends, limits),
+        None => forward_launch(act, a, b, y, FlatEnds::default(), limits),
     })
 }
 
-/// The launch of a validated forward call over `a`'s shape: the vector path where every
-/// operand's rows are on the 16-byte grid; otherwise the realigned path when `realign` (a
-/// whole call), the scalar path when not (the short head and tail of a flat range).
+/// The launch of a validated forward call over `a`'s shape (a flat range's body, with its
+/// `ends`): the vector path where every operand's rows are on the 16-byte grid, the realigned
+/// path otherwise.
 fn forward_launch(
     act: Activation,
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
-    realign: bool,
+    ends: FlatEnds,
     limits: &GridLimits,
 ) -> Launch<GatedFwdParams> {
     let (dtype, (rows, cols)) = (a.dtype, a.shape());
     let kernel = match vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]) {
-        VecMode::Scalar if realign => realigned_kernel(dtype, rows, cols, limits),
+        VecMode::Scalar => realigned_kernel(dtype, rows, cols, limits),
         mode => KernelId::GatedFwd(dtype, mode),
     };
-    let (grid, walk) = grid_for(kernel, rows, cols, limits);
+    let (grid, walk) = grid_for(kernel, rows, cols, ends, limits);
     Launch {
         kernel,
         grid,
@@ -233,7 +205,7 @@ fn forward_launch(
             cols: cols as u64,
             walk,
             act: act as u32,
-            _pad: 0,
+            ends,
         },
     }
 }
@@ -260,7 +232,7 @@ pub fn plan_gated_backward(
     da: &MatDesc,
     db: &MatDesc,
     limits: &GridLimits,
-) -> Result<GatedPlan<GatedBwdParams>> {
+) -> Result<Launch<GatedBwdParams>> {
     let dtype = a.dtype;
     for (name, m) in [("a", a), ("b", b), ("dy", dy), ("da", da), ("db", db)] {
         m.check(name, dtype)?;
@@ -285,17 +257,14 @@ pub fn plan_gated_backward(
     )?;
     check_row_length(a.cols)?;
     let all = [a, b, dy, da, db];
-    let Some(split) = flat_split(dtype, &all) else {
-        return Ok(GatedPlan::single(backward_launch(act, all, true, limits)));
-    };
-    GatedPlan::flat(split, |start, len| {
-        let flat = all.map(|m| m.flat(start, len));
-        Ok(backward_launch(act, flat.each_ref(), false, limits))
+    Ok(match flat_split(dtype, all) {
+        Some((body, ends)) => backward_launch(act, body.each_ref(), ends, limits),
+        None => backward_launch(act, all, FlatEnds::default(), limits),
     })
 }
 
-/// The launch of a validated backward call over `a`'s shape; operands `[a, b, dy, da, db]`.
-/// Off the vector grid: the realigned path when `realign` (a whole call), no gradient
+/// The launch of a validated backward call over `a`'s shape (a flat range's body, with its
+/// `ends`); operands `[a, b, dy, da, db]`. Off the vector grid: the realigned path when no gradient
 /// overlaps an input (the realigned kernel reads each input vector's neighbours, which other
 /// threads would be overwriting in place) and the call's accesses, one thread each, fill more
 /// than half the threads the device holds at once; the scalar path otherwise. Below that,
@@ -304,7 +273,7 @@ pub fn plan_gated_backward(
 fn backward_launch(
     act: Activation,
     [a, b, dy, da, db]: [&MatDesc; 5],
-    realign: bool,
+    ends: FlatEnds,
     limits: &GridLimits,
 ) -> Launch<GatedBwdParams> {
     let (dtype, (rows, cols)) = (a.dtype, a.shape());
@@ -319,10 +288,10 @@ fn backward_launch(
         cols,
         &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
     ) {
-        VecMode::Scalar if realign && !in_place && fills_half => realigned,
+        VecMode::Scalar if !in_place && fills_half => realigned,
         mode => KernelId::GatedBwd(dtype, mode),
     };
-    let (grid, walk) = grid_for(kernel, rows, cols, limits);
+    let (grid, walk) = grid_for(kernel, rows, cols, ends, limits);
     Launch {
         kernel,
         grid,
@@ -343,29 +312,12 @@ fn backward_launch(
             cols: cols as u64,
             walk,
             act: act as u32,
-            _pad: 0,
+            ends,
         },
     }
 }
 
 impl Kernels {
-    /// Enqueues a plan's launches in order.
-    ///
-    /// # Safety
-    /// As for [`Kernels::launch`]: the plan's checks passed for buffers that stay alive until
-    /// the kernels have run.
-    unsafe fn launch_plan<P: KernelParams>(
-        &self,
-        stream: &CudaStream,
-        plan: &GatedPlan<P>,
-    ) -> Result<()> {
-        for launch in plan.launches() {
-            // SAFETY: the caller's contract; the launches touch disjoint elements.
-            unsafe { self.launch(stream, launch)? };
-        }
-        Ok(())
-    }
-
     /// `y = act(a) * b` with split inputs.
     pub fn gated<T: Element>(
         &self,
@@ -385,7 +337,7 @@ impl Kernels {
         let plan = plan_gated_forward(act, &a, &b, &y, self.limits())?;
         // SAFETY: planned from live views borrowed for this call; y cannot alias a or b (it is
         // borrowed mutably while they are borrowed shared) and the plan checked the rest.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// `y = act(x[:, :I]) * x[:, I:]` for an interleaved `[gate | up]` input of width `2I`.
@@ -402,7 +354,7 @@ impl Kernels {
         let (y, _gy) = y.desc_mut(stream);
         let plan = plan_gated_forward(act, &gate, &up, &y, self.limits())?;
         // SAFETY: as in `gated`.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// `b = act(a) * b`, in place over `b`.
@@ -418,7 +370,7 @@ impl Kernels {
         let (b, _gb) = b.desc_mut(stream);
         let plan = plan_gated_forward(act, &a, &b, &b, self.limits())?;
         // SAFETY: y is exactly b, which the kernel reads before writing, element by element.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// `x[:, I:] = act(x[:, :I]) * x[:, I:]`: the result overwrites the up half of the
@@ -434,7 +386,7 @@ impl Kernels {
         let (gate, up) = x.interleaved_halves()?;
         let plan = plan_gated_forward(act, &gate, &up, &up, self.limits())?;
         // SAFETY: y is exactly the up half; the halves of one row do not overlap.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// `da = dy * b * act'(a)`, `db = dy * act(a)` with split inputs and gradients.
@@ -466,7 +418,7 @@ impl Kernels {
         let (db, _gdb) = db.desc_mut(stream);
         let plan = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// Backward for the interleaved layout: `x = [a | b]` and `dx = [da | db]`, both `[rows, 2I]`.
@@ -489,7 +441,7 @@ impl Kernels {
         let (da, db) = dx.interleaved_halves()?;
         let plan = plan_gated_backward(act, &a, &b, &dy, &da, &db, self.limits())?;
         // SAFETY: as in `gated`; the halves of dx do not overlap each other.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// Forward on raw device matrices (tensors owned by another framework). `y` may be exactly
@@ -512,7 +464,7 @@ impl Kernels {
         let plan = plan_gated_forward(act, a, b, y, self.limits())?;
         // SAFETY: the caller vouches for the descriptions; the plan checked shapes, sizes,
         // alignment and aliasing.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// Backward on raw device matrices; aliasing as in [`plan_gated_backward`].
@@ -533,7 +485,7 @@ impl Kernels {
         self.check_stream(stream)?;
         let plan = plan_gated_backward(act, a, b, dy, da, db, self.limits())?;
         // SAFETY: as in `gated_raw`.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 }
 
@@ -548,8 +500,7 @@ impl Kernels {
 /// per-token scales the row kernel (each row held by a block; see
 /// `kernels/src/gated_fp8.rs`). A static scale is the same for every element, so a call off
 /// the 16-byte grid whose operands are dense runs as one flat range, as the storage forward's
-/// does (`y`'s vector body on its own 8- or 4-byte grid; a scalar head or tail, each a launch
-/// of its own, only from [`FP8_FLAT_PIECES_MIN_ELEMENTS`] elements).
+/// does (`y`'s vector body on its own 8- or 4-byte grid).
 pub fn plan_gated_forward_fp8(
     act: Activation,
     a: &MatDesc,
@@ -558,7 +509,7 @@ pub fn plan_gated_forward_fp8(
     scaling: Fp8Scaling,
     scales: &MatDesc,
     limits: &GridLimits,
-) -> Result<GatedPlan<GatedFp8Params>> {
+) -> Result<Launch<GatedFp8Params>> {
     let dtype = a.dtype;
     a.check("a", dtype)?;
     b.check("b", dtype)?;
@@ -568,51 +519,42 @@ pub fn plan_gated_forward_fp8(
     let split = (scaling == Fp8Scaling::Static)
         .then(|| fp8_flat_split(dtype, a, b, y))
         .flatten();
-    let Some((head, body, tail)) = split else {
-        let mode = vec_mode(dtype, a.cols, &[Some(a), Some(b), Some(y)]);
-        return Ok(GatedPlan::single(fp8_launch(
-            act, a, b, y, scaling, scales, limits, mode, true,
-        )?));
-    };
-    GatedPlan::flat((head, body, tail), |start, len| {
-        let (a, b, y) = (a.flat(start, len), b.flat(start, len), y.flat(start, len));
-        // The body is on the vector grid (`fp8_flat_split`), the head and tail are shorter
-        // than a vector.
-        let mode = if start == head {
-            VecMode::V16
-        } else {
-            VecMode::Scalar
-        };
-        fp8_launch(act, &a, &b, &y, scaling, scales, limits, mode, false)
-    })
+    if let Some(([a, b, y], ends)) = split {
+        return fp8_launch(act, &a, &b, &y, scaling, scales, limits, VecMode::V16, ends);
+    }
+    let mode = vec_mode(dtype, a.cols, &[Some(a), Some(b), Some(y)]);
+    fp8_launch(
+        act,
+        a,
+        b,
+        y,
+        scaling,
+        scales,
+        limits,
+        mode,
+        FlatEnds::default(),
+    )
 }
-
-/// Fewest elements for which an FP8 flat range runs as more than one launch (a ragged head or
-/// tail beside the body): each extra launch waits for the one before it, about a microsecond
-/// in graph replay and two per call, which below this the body's vector accesses did not win
-/// back (`bench/TUNING.md`, "Static FP8 of dense rows off the grid as one flat range").
-pub const FP8_FLAT_PIECES_MIN_ELEMENTS: usize = 1 << 22;
 
 /// [`flat_split`] for a static-scale FP8 call: `a` and `b` as there, and `y` dense with the
 /// range's vector body on its grid, whose accesses store one byte per input element (8-byte
-/// words for 16-bit inputs, 4-byte for f32); a head or a tail only from
-/// [`FP8_FLAT_PIECES_MIN_ELEMENTS`] elements.
+/// words for 16-bit inputs, 4-byte for f32). Returns the body's `[a, b, y]` and the ends.
 fn fp8_flat_split(
     dtype: DType,
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
-) -> Option<(usize, usize, usize)> {
-    let (head, body, tail) = flat_split(dtype, &[a, b])?;
+) -> Option<([MatDesc; 3], FlatEnds)> {
+    let ([a, b], ends) = flat_split(dtype, [a, b])?;
     let dense = y.rows <= 1 || y.row_stride == y.cols;
-    let on_grid = (y.addr + head as u64).is_multiple_of(dtype.lanes_per_16b() as u64);
-    let pieces_pay = head + tail == 0 || head + body + tail >= FP8_FLAT_PIECES_MIN_ELEMENTS;
-    (dense && on_grid && pieces_pay).then_some((head, body, tail))
+    let y = y.flat(ends.head as usize, a.cols);
+    let on_grid = y.addr.is_multiple_of(dtype.lanes_per_16b() as u64);
+    (dense && on_grid).then_some(([a, b, y], ends))
 }
 
-/// The launch of a validated FP8 forward call over `a`'s shape on memory path `mode`; off the
-/// vector grid, a static scale with 16-bit inputs takes the realigned kernels when `realign`
-/// (a whole call), the scalar kernel when not (the short head and tail of a flat range).
+/// The launch of a validated FP8 forward call over `a`'s shape on memory path `mode` (a flat
+/// range's body, with its `ends`); off the vector grid, a static scale with 16-bit inputs takes
+/// the realigned kernels.
 #[allow(clippy::too_many_arguments)]
 fn fp8_launch(
     act: Activation,
@@ -623,7 +565,7 @@ fn fp8_launch(
     scales: &MatDesc,
     limits: &GridLimits,
     mode: VecMode,
-    realign: bool,
+    ends: FlatEnds,
 ) -> Result<Launch<GatedFp8Params>> {
     let dtype = a.dtype;
     let (rows, cols) = a.shape();
@@ -673,6 +615,8 @@ fn fp8_launch(
         chunks: 1,
         prefetch_rows: 0,
         row_blocks: 1,
+        ends,
+        _pad: 0,
     };
     if let Fp8Scaling::PerToken {
         min_scale,
@@ -812,8 +756,7 @@ fn fp8_launch(
     // Measurements: `bench/TUNING.md`, "The static FP8 realigned kernel's loads at once".
     let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
     let total_words = (rows as u64).saturating_mul(words);
-    let realigned = (realign
-        && mode == VecMode::Scalar
+    let realigned = (mode == VecMode::Scalar
         && scaling == Fp8Scaling::Static
         && dtype.size_bytes() == 2
         && total_words < (1u64 << 32) - 1024)
@@ -892,10 +835,11 @@ fn fp8_launch(
         }
         // Static, two accesses per thread and step: beyond four waves of the resident
         // threads, a thread per two accesses; between one and four, the resident threads,
-        // each taking up to four; below, a thread per access.
+        // each taking up to four; below, a thread per access (a flat range's ends as in
+        // `grid_for`).
         VecMode::V16 if total > 4 * resident => total.div_ceil(2).min(1 << 31),
         VecMode::V16 if total > resident => resident,
-        VecMode::V16 => total,
+        VecMode::V16 => total + ends_warp(ends),
         // One warp per step of `32 * batch` accesses.
         VecMode::Scalar => (total.div_ceil(32 * params.batch as u64) * 32).min(resident),
     };
@@ -970,7 +914,7 @@ impl Kernels {
         // SAFETY: planned from live views borrowed for this call (y and the written scales
         // mutably, so they alias no input); the plan checked shapes, sizes, alignment and
         // every overlap.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 
     /// [`Kernels::gated_fp8`] on raw device matrices (`y` of dtype `F8E4M3`, `scales` f32);
@@ -993,6 +937,6 @@ impl Kernels {
         let limits = self.gated_fp8_limits();
         let plan = plan_gated_forward_fp8(act, a, b, y, scaling, scales, &limits)?;
         // SAFETY: the caller vouches for the descriptions; the plan checked the rest.
-        unsafe { self.launch_plan(stream, &plan) }
+        unsafe { self.launch(stream, &plan) }
     }
 }

@@ -100,7 +100,8 @@ pub struct MatDesc {
 }
 
 impl MatDesc {
-    /// Elements `[start, start + len)` of a dense matrix (rows back to back) as one row.
+    /// Elements `[start, start + len)` of a dense matrix (rows back to back, so unit steps
+    /// whatever column stride a one-column matrix states) as one row.
     pub fn flat(&self, start: usize, len: usize) -> Self {
         let size = self.dtype.size_bytes() as u64;
         Self {
@@ -109,6 +110,7 @@ impl MatDesc {
             rows: 1,
             cols: len,
             row_stride: len,
+            col_stride: 1,
             ..*self
         }
     }

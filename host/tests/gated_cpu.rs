@@ -8,7 +8,7 @@ use common::assert_matches;
 
 use ferrofuse::gated::{plan_gated_backward, plan_gated_forward};
 use ferrofuse::{Activation, DType, Error, GridLimits, KernelId, MatDesc, VecMode};
-use ferrofuse_common::{GATED_SCALAR_BATCH, GridWalk};
+use ferrofuse_common::{FlatEnds, GATED_SCALAR_BATCH, GridWalk};
 
 const SMS: u32 = 132;
 
@@ -19,6 +19,15 @@ const BASE: u64 = 0x7f00_0000_0000;
 
 fn mat(addr: u64, dtype: DType, rows: usize, cols: usize) -> MatDesc {
     MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)
+}
+
+/// `m` with rows `row_stride` elements apart (its buffer grown to match).
+fn padded(m: MatDesc, row_stride: usize) -> MatDesc {
+    MatDesc {
+        row_stride,
+        len: m.rows * row_stride,
+        ..m
+    }
 }
 
 /// Three disjoint, 256-byte aligned `rows x cols` matrices.
@@ -51,16 +60,13 @@ fn backward_mats(dtype: DType, rows: usize, cols: usize, shift: u32) -> [MatDesc
     ]
 }
 
-/// The forward's plan, expected to be one launch.
+/// The forward's launch.
 fn fwd(
     a: &MatDesc,
     b: &MatDesc,
     y: &MatDesc,
 ) -> Result<ferrofuse::Launch<ferrofuse_common::GatedFwdParams>, Error> {
-    plan_gated_forward(Activation::Silu, a, b, y, &limits()).map(|p| {
-        assert_eq!((p.head, p.tail), (None, None), "one launch expected");
-        p.body
-    })
+    plan_gated_forward(Activation::Silu, a, b, y, &limits())
 }
 
 #[test]
@@ -85,10 +91,11 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     // 1 x 14336 bf16: 1792 vectors, one per thread, 14 blocks of 128.
     let (a, b, y) = abc(DType::BF16, 1, 14336);
     assert_eq!(fwd(&a, &b, &y).unwrap().grid, 14);
-    // Realigned forward (rows off the grid): an access per 16-byte vector of `y` that a row
-    // can touch, ceil(4097 * 2 / 16) + 1 = 514 per row, one per thread.
+    // Realigned forward (rows off the grid, `y`'s padded: not one flat range): an access per
+    // 16-byte vector of `y` that a row can touch, ceil(4097 * 2 / 16) + 1 = 514 per row, one
+    // per thread.
     let (a, b, y) = abc(DType::BF16, 3, 4097);
-    let l = fwd(&a, &b, &y).unwrap();
+    let l = fwd(&a, &b, &padded(y, 4104)).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFwdRealignedEndsFirst(DType::BF16));
     assert_eq!(l.grid, (3 * 514usize).div_ceil(128) as u32);
     assert_eq!(l.params.walk, GridWalk::new(514, l.grid as u64 * 128));
@@ -101,15 +108,14 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     assert_eq!(l.grid, (3000 * 1377usize).div_ceil(128) as u32);
     assert_eq!(l.params.walk, GridWalk::new(1377, l.grid as u64 * 128));
     // The backward's scalar path (few accesses, see `realigned_backward_by_grid`): one element
-    // per access, a thread per batch of them, at most one wave (132 x 2 x 128 threads).
+    // per access, a thread per batch of them, at most one wave (132 x 2 x 128 threads); `dy`
+    // padded, so not one flat range.
     let [a, b, dy, da, db] = backward_mats(DType::BF16, 3, 4097, 20);
+    let dy = padded(dy, 4104);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
+    assert_eq!(p.kernel, KernelId::GatedBwd(DType::BF16, VecMode::Scalar));
     assert_eq!(
-        p.body.kernel,
-        KernelId::GatedBwd(DType::BF16, VecMode::Scalar)
-    );
-    assert_eq!(
-        p.body.grid,
+        p.grid,
         (3 * 4097usize).div_ceil(GATED_SCALAR_BATCH * 128) as u32
     );
     let (a, b, dy) = [a, b, dy]
@@ -133,24 +139,18 @@ fn grid_is_one_access_per_thread_up_to_the_resident_grid() {
     );
     // The realigned backward: as the realigned forward, 1377 accesses per row, one per thread.
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
-    assert_eq!(p.body.kernel, KernelId::GatedBwdRealigned(DType::BF16));
-    assert_eq!(p.body.grid, (3000 * 1377usize).div_ceil(128) as u32);
-    assert_eq!(
-        p.body.params.walk,
-        GridWalk::new(1377, p.body.grid as u64 * 128)
-    );
+    assert_eq!(p.kernel, KernelId::GatedBwdRealigned(DType::BF16));
+    assert_eq!(p.grid, (3000 * 1377usize).div_ceil(128) as u32);
+    assert_eq!(p.params.walk, GridWalk::new(1377, p.grid as u64 * 128));
     // In place (`da` over `a`, its own buffer here), the scalar path at one wave.
     let a = MatDesc {
         addr: BASE + (3 << 30),
         ..a
     };
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &a, &db, &limits()).unwrap();
-    assert_eq!(
-        p.body.kernel,
-        KernelId::GatedBwd(DType::BF16, VecMode::Scalar)
-    );
-    assert_eq!(p.body.grid, 264);
-    assert_eq!(p.body.params.walk, GridWalk::new(11001, 264 * 128));
+    assert_eq!(p.kernel, KernelId::GatedBwd(DType::BF16, VecMode::Scalar));
+    assert_eq!(p.grid, 264);
+    assert_eq!(p.params.walk, GridWalk::new(11001, 264 * 128));
     let (a, b, y) = abc(DType::F32, 0, 4096);
     assert_eq!(
         fwd(&a, &b, &y).unwrap().grid,
@@ -271,10 +271,10 @@ fn realigned_backward_by_grid() {
         let [a, b, mut dy, da, db] = backward_mats(DType::BF16, rows, 4216, 30);
         dy.addr += 2;
         let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
-        assert_eq!(p.body.kernel, kernel, "{rows} rows");
+        assert_eq!(p.kernel, kernel, "{rows} rows");
         // In place (`db` over `b`): the scalar path at any size.
         let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &b, &limits()).unwrap();
-        assert_eq!(p.body.kernel, scalar, "{rows} rows, in place");
+        assert_eq!(p.kernel, scalar, "{rows} rows, in place");
     }
 }
 
@@ -289,10 +289,10 @@ fn realigned_path_when_vectors_do_not_fit() {
         fwd(&gate, &up, &y).unwrap().kernel,
         KernelId::GatedFwdRealignedEndsFirst(DType::BF16)
     );
-    // Row length not a multiple of the vector.
+    // Row length not a multiple of the vector (`y` padded: not one flat range).
     let (a, b, y) = abc(DType::BF16, 5, 4097);
     assert_eq!(
-        fwd(&a, &b, &y).unwrap().kernel,
+        fwd(&a, &b, &padded(y, 4104)).unwrap().kernel,
         KernelId::GatedFwdRealignedEndsFirst(DType::BF16)
     );
     // An address aligned to the element but not to 16 bytes.
@@ -559,7 +559,7 @@ fn backward_aliasing_rules() {
     let plan = |da: &MatDesc, db: &MatDesc| {
         plan_gated_backward(Activation::GeluTanh, &a, &b, &dy, da, db, &limits())
     };
-    let l = plan(&da, &db).unwrap().body;
+    let l = plan(&da, &db).unwrap();
     assert_eq!(l.kernel, KernelId::GatedBwd(dt, VecMode::V16));
     assert!(plan(&a, &b).is_ok(), "da over a, db over b");
     assert!(plan(&dy, &b).is_ok(), "da over dy");
@@ -588,9 +588,7 @@ fn backward_aliasing_rules() {
     // Interleaved gradients [da | db] in one buffer do not overlap.
     let dx = mat(BASE + (1 << 30), dt, 8, 128);
     let (dga, dgb) = dx.interleaved_halves().unwrap();
-    let l = plan_gated_backward(Activation::Silu, &a, &b, &dy, &dga, &dgb, &limits())
-        .unwrap()
-        .body;
+    let l = plan_gated_backward(Activation::Silu, &a, &b, &dy, &dga, &dgb, &limits()).unwrap();
     assert_eq!(
         (
             l.params.da_stride,
@@ -777,26 +775,60 @@ fn rows_of_2_pow_32_elements_are_too_large() {
     );
 }
 
+/// The elements a flat launch's ragged ends take, thread by thread (offsets from the body's
+/// first element), each with whether its thread also has a vector access.
+fn end_elements(ends: FlatEnds, grid: u32, accesses: u64, lanes: u64) -> Vec<(i64, bool)> {
+    let threads = grid as u64 * 128;
+    (0..threads)
+        .filter_map(|g| {
+            ends.element(g, threads, accesses * lanes)
+                .map(|e| (e, g < accesses))
+        })
+        .collect()
+}
+
+/// Each ragged end element of a flat range goes to exactly one thread, the grid's last
+/// `head + tail` in order, head first; no other thread takes one.
+#[test]
+fn flat_ends_go_to_the_grids_last_threads_once_each() {
+    for (head, tail) in (0..8u16).flat_map(|h| (0..8u16).map(move |t| (h, t))) {
+        for threads in [32u64, 128, 4096] {
+            let (ends, body) = (FlatEnds { head, tail }, 4000u64);
+            let taken: Vec<(u64, i64)> = (0..threads)
+                .filter_map(|g| ends.element(g, threads, body).map(|e| (g, e)))
+                .collect();
+            let first = threads - (head + tail) as u64;
+            let expected: Vec<(u64, i64)> = (-(head as i64)..0)
+                .chain(body as i64..(body + tail as u64) as i64)
+                .enumerate()
+                .map(|(k, e)| (first + k as u64, e))
+                .collect();
+            assert_eq!(taken, expected, "{ends:?}, {threads} threads");
+        }
+    }
+}
+
 /// Dense operands at one offset from a 16-byte boundary, with rows off the vector grid: one
-/// flat range, a scalar head up to the boundary, a vector body, a scalar tail.
+/// flat range, one launch of the vector kernel over the body (from the first boundary), the
+/// ragged head before it and tail after it taken by the grid's last threads, one element each.
 #[test]
 fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     let dt = DType::BF16;
     let (rows, cols) = (999, 4097); // 4 092 903 elements
     let n = rows * cols;
     let (a, b, y) = abc(dt, rows, cols);
-    let p = plan_gated_forward(Activation::Silu, &a, &b, &y, &limits()).unwrap();
-    assert_eq!(p.head, None, "16-byte aligned: no head");
-    assert_eq!(p.body.kernel, KernelId::GatedFwd(dt, VecMode::V16));
-    assert_eq!(
-        (p.body.params.rows, p.body.params.cols),
-        (1, (n / 8 * 8) as u64)
-    );
-    let tail = p.tail.expect("n is not a multiple of 8");
-    assert_eq!(tail.kernel, KernelId::GatedFwd(dt, VecMode::Scalar));
-    assert_eq!((tail.params.rows, tail.params.cols), (1, (n % 8) as u64));
-    assert_eq!(tail.params.y, y.addr + (n / 8 * 8 * 2) as u64);
-    // Every operand one element past a boundary: a head of 7 elements first.
+    let p = fwd(&a, &b, &y).unwrap();
+    assert_eq!(p.kernel, KernelId::GatedFwd(dt, VecMode::V16));
+    assert_eq!((p.params.rows, p.params.cols), (1, (n / 8 * 8) as u64));
+    let tail = (n % 8) as u16;
+    assert_eq!(p.params.ends, FlatEnds { head: 0, tail });
+    let body = (n / 8 * 8) as i64;
+    let taken: Vec<i64> = end_elements(p.params.ends, p.grid, n as u64 / 8, 8)
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect();
+    assert_eq!(taken, (body..n as i64).collect::<Vec<_>>());
+    // Every operand one element past a boundary: a head of 7 elements below the body.
     let off = |m: MatDesc| MatDesc {
         addr: m.addr + 2,
         len: m.len - 1,
@@ -812,29 +844,57 @@ fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
             ..m
         })
         .into();
-    let p = plan_gated_forward(Activation::Silu, &a, &b, &y, &limits()).unwrap();
-    let head = p.head.expect("a head up to the boundary");
-    assert_eq!((head.params.a, head.params.cols), (a.addr, 7));
-    assert_eq!(p.body.params.a, a.addr + 14);
-    assert_eq!(p.body.params.a % 16, 0);
-    let covered: u64 = p.launches().map(|l| l.params.rows * l.params.cols).sum();
-    assert_eq!(covered, n as u64, "every element exactly once");
-    // Operands at different offsets, strided rows, or a small call: one launch as before.
+    let p = fwd(&a, &b, &y).unwrap();
+    let body = ((n - 7) / 8 * 8) as u64;
+    assert_eq!(
+        (p.params.a, p.params.b, p.params.y),
+        (a.addr + 14, b.addr + 14, y.addr + 14)
+    );
+    assert_eq!(p.params.cols, body);
+    let ends = FlatEnds {
+        head: 7,
+        tail: (n - 7 - body as usize) as u16,
+    };
+    assert_eq!(p.params.ends, ends);
+    let taken: Vec<i64> = end_elements(ends, p.grid, body / 8, 8)
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect();
+    let expected: Vec<i64> = (-7..0).chain(body as i64..(n - 7) as i64).collect();
+    assert_eq!(taken, expected, "every element exactly once");
+    // Operands at different offsets: the realigned kernel, no ends.
     let b2 = MatDesc {
         addr: b.addr + 2,
         ..b
     };
-    assert!(
-        plan_gated_forward(Activation::Silu, &a, &b2, &y, &limits())
-            .unwrap()
-            .head
-            .is_none()
-    );
+    let p = fwd(&a, &b2, &y).unwrap();
+    assert_eq!(p.kernel, KernelId::GatedFwdRealigned(dt));
+    assert_eq!(p.params.ends, FlatEnds::default());
+    // A small call: a thread per vector, and a warp more of its own for the three ends (so
+    // their loads do not wait for a warp's vector accesses).
     let (a, b, y) = abc(dt, 3, 4097);
-    assert!(fwd(&a, &b, &y).is_ok());
+    let p = fwd(&a, &b, &y).unwrap();
+    assert_eq!(p.kernel, KernelId::GatedFwd(dt, VecMode::V16));
+    assert_eq!(p.grid as usize, (3 * 4097 / 8 + 32usize).div_ceil(128));
+    let taken = end_elements(p.params.ends, p.grid, 3 * 4097 / 8, 8);
+    assert_eq!(taken.len(), 3);
+    assert!(taken.iter().all(|&(_, vector)| !vector));
+    // Fewer elements than a vector past the boundary: no flat range.
+    let (a, b, y) = [a, b, y]
+        .map(|m| MatDesc {
+            addr: m.addr + 2,
+            rows: 1,
+            cols: 13,
+            ..m
+        })
+        .into();
+    assert_eq!(
+        fwd(&a, &b, &y).unwrap().kernel,
+        KernelId::GatedFwdRealignedEndsFirst(dt)
+    );
     // The backward splits the same way.
     let [a, b, dy, da, db] = backward_mats(dt, rows, cols, 24);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
-    assert_eq!(p.body.kernel, KernelId::GatedBwd(dt, VecMode::V16));
-    assert_eq!(p.tail.map(|t| t.params.cols), Some((n % 8) as u64));
+    assert_eq!(p.kernel, KernelId::GatedBwd(dt, VecMode::V16));
+    assert_eq!(p.params.ends, FlatEnds { head: 0, tail });
 }

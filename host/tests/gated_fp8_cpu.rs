@@ -15,7 +15,7 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_STREAM_MIN_CHUNKS,
+    FlatEnds, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_STREAM_MIN_CHUNKS,
     GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
 };
 
@@ -71,8 +71,7 @@ fn plan(
     plan_on(a, b, y, scaling, s, &limits())
 }
 
-/// The call's one launch (a static call off the grid on dense operands may run as the pieces
-/// of a flat range: `static_scale_dense_rows_off_the_grid_run_as_one_flat_range`).
+/// The call's launch on the device `limits` describe.
 fn plan_on(
     a: &MatDesc,
     b: &MatDesc,
@@ -81,9 +80,7 @@ fn plan_on(
     s: &MatDesc,
     limits: &GridLimits,
 ) -> Result<Launch<GatedFp8Params>, Error> {
-    let plan = plan_gated_forward_fp8(Activation::Silu, a, b, y, scaling, s, limits)?;
-    assert!(plan.head.is_none() && plan.tail.is_none(), "{plan:?}");
-    Ok(plan.body)
+    plan_gated_forward_fp8(Activation::Silu, a, b, y, scaling, s, limits)
 }
 
 #[test]
@@ -173,75 +170,65 @@ fn static_scale_plans_the_flat_vector_kernel() {
     assert_eq!(l.params.batch, 4);
 }
 
-/// A static scale off the 16-byte grid with every operand dense: one flat range, its vector
-/// body on the flat vector kernel, a ragged head (up to `a`'s first 16-byte boundary) and tail
-/// on the scalar kernel; each piece one row of the same elements of `a`, `b` and `y`. Not
-/// where `y` is padded, its body off its grid, the call small (or, with a head or a tail,
-/// below 2^22 elements) or the scale per token.
+/// A static scale off the 16-byte grid with every operand dense: one flat range, one launch of
+/// the flat vector kernel over the body (one row of the same elements of `a`, `b` and `y`,
+/// from `a`'s first 16-byte boundary), the ragged head before it and tail after it taken by
+/// the grid's last threads (see `FlatEnds`). Not where `y` is padded, its body off its grid or
+/// the scale per token.
 #[test]
 fn static_scale_dense_rows_off_the_grid_run_as_one_flat_range() {
     let s = scales(1, 1);
-    let flat = |a: &MatDesc, b: &MatDesc, y: &MatDesc| {
-        plan_gated_forward_fp8(Activation::Silu, a, b, y, Fp8Scaling::Static, &s, &limits())
-            .unwrap()
-    };
-    let piece = |l: &Launch<GatedFp8Params>, dtype, mode| {
-        assert_eq!(l.kernel, KernelId::GatedFp8Flat(dtype, mode));
+    let flat = |a: &MatDesc, b: &MatDesc, y: &MatDesc, dtype| {
+        let l = plan(a, b, y, Fp8Scaling::Static, &s).unwrap();
+        assert_eq!(l.kernel, KernelId::GatedFp8Flat(dtype, VecMode::V16));
         assert_eq!(l.params.rows, 1);
-        (l.params.a, l.params.b, l.params.y, l.params.cols)
+        l
     };
+    let body = |l: &Launch<GatedFp8Params>| (l.params.a, l.params.b, l.params.y, l.params.cols);
     // On the grid at the start, 16384 x 4095 a multiple of 8: the body alone.
     let (a, b, y) = abq(DType::BF16, 16384, 4095);
     let n = 16384 * 4095;
-    let p = flat(&a, &b, &y);
-    assert_eq!((p.head, p.tail), (None, None));
-    let body = piece(&p.body, DType::BF16, VecMode::V16);
-    assert_eq!(body, (a.addr, b.addr, y.addr, n as u64));
-    assert_eq!(p.body.params.walk.per_row, n as u64 / 8);
+    let l = flat(&a, &b, &y, DType::BF16);
+    assert_eq!(body(&l), (a.addr, b.addr, y.addr, n as u64));
+    assert_eq!(l.params.ends, FlatEnds::default());
+    assert_eq!(l.params.walk.per_row, n as u64 / 8);
     // 2001 x 4093, every operand one element in: a head of 7 elements up to `a`'s boundary
     // (`y`'s body then on its 8-byte grid), the body, a tail of 6.
     let (a, b, y) = abq(DType::BF16, 2001, 4093);
     let (a, b, y) = (offset(a, 1), offset(b, 1), offset(y, 1));
     let n = 2001 * 4093u64;
-    let p = flat(&a, &b, &y);
-    let head = piece(&p.head.unwrap(), DType::BF16, VecMode::Scalar);
-    assert_eq!(head, (a.addr, b.addr, y.addr, 7));
-    let body = piece(&p.body, DType::BF16, VecMode::V16);
-    assert_eq!(body, (a.addr + 14, b.addr + 14, y.addr + 7, n - 13));
-    let tail = piece(&p.tail.unwrap(), DType::BF16, VecMode::Scalar);
-    let end = n - 6;
-    assert_eq!(tail, (a.addr + 2 * end, b.addr + 2 * end, y.addr + end, 6));
+    let l = flat(&a, &b, &y, DType::BF16);
+    assert_eq!(body(&l), (a.addr + 14, b.addr + 14, y.addr + 7, n - 13));
+    assert_eq!(l.params.ends, FlatEnds { head: 7, tail: 6 });
     // f32: 4-byte words of `y`.
     let (a, b, y) = abq(DType::F32, 4096, 4095);
     let (a, b, y) = (offset(a, 1), offset(b, 1), offset(y, 1));
-    let p = flat(&a, &b, &y);
-    assert_eq!(piece(&p.head.unwrap(), DType::F32, VecMode::Scalar).3, 3);
-    assert_eq!(piece(&p.body, DType::F32, VecMode::V16).2 % 4, 0);
-    // A small call of one launch: the body alone (16 x 14335, a multiple of 8).
-    let (a, b, y) = abq(DType::BF16, 16, 14335);
-    let p = flat(&a, &b, &y);
-    assert_eq!((p.head, p.tail), (None, None));
-    piece(&p.body, DType::BF16, VecMode::V16);
-    // One range, not: `y` padded; `y`'s body off its grid; fewer than 65536 elements; a
-    // small call that would need a second launch (7 x 14335: a tail of one); a scale per
-    // token.
+    let l = flat(&a, &b, &y, DType::F32);
+    assert_eq!(l.params.ends.head, 3);
+    assert_eq!(l.params.y % 4, 0);
+    // Small calls: a thread per vector and a warp more for the ends (7 x 14335: a tail of
+    // one), so that the end's loads do not wait for a warp's vector accesses.
+    for (rows, cols) in [(3, 4095), (7, 14335)] {
+        let (a, b, y) = abq(DType::BF16, rows, cols);
+        let l = flat(&a, &b, &y, DType::BF16);
+        let n = rows * cols;
+        assert_eq!(
+            l.params.ends,
+            FlatEnds {
+                head: 0,
+                tail: (n % 8) as u16
+            }
+        );
+        assert_eq!(l.grid as usize, (n / 8 + 32).div_ceil(128));
+    }
+    // One range, not: `y` padded; `y`'s body off its grid; a scale per token.
     let (a, b, y) = abq(DType::BF16, 1024, 4095);
     let realigned = KernelId::GatedFp8FlatRealigned(DType::BF16);
     for y in [padded(y, 4096), offset(y, 2)] {
-        assert_eq!(
-            plan(&a, &b, &y, Fp8Scaling::Static, &s).unwrap().kernel,
-            realigned
-        );
-    }
-    for (rows, cols) in [(3, 4095), (7, 14335)] {
-        let (a, b, y) = abq(DType::BF16, rows, cols);
         let l = plan(&a, &b, &y, Fp8Scaling::Static, &s).unwrap();
-        assert_eq!(
-            l.kernel,
-            KernelId::GatedFp8FlatRealignedEndsFirst(DType::BF16)
-        );
+        assert_eq!(l.kernel, realigned);
+        assert_eq!(l.params.ends, FlatEnds::default());
     }
-    let (a, b, y) = abq(DType::BF16, 1024, 4095);
     let l = plan(&a, &b, &y, Fp8Scaling::per_token(), &scales(1024, 1)).unwrap();
     assert_eq!(l.params.scheme, FP8_PER_TOKEN);
 }

@@ -32,7 +32,7 @@ use ferrofuse::{
     Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc,
     MatMut, ScaleLayout, VecMode, reference,
 };
-use ferrofuse_common::{GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
+use ferrofuse_common::{FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -42,7 +42,8 @@ enum Layout {
     /// for static scales and per-token rows of one tile, the scalar path otherwise).
     SplitOffset,
     /// Every operand dense, one element into its buffer (`y` too): for a static scale, one
-    /// flat range (a scalar head and tail around the vector kernel's body).
+    /// flat range (the vector kernel's body, its ragged head and tail on the grid's last
+    /// threads).
     SplitFlat,
     Interleaved,
 }
@@ -379,7 +380,6 @@ fn fp8_middle_regime() {
             let plan =
                 plan_gated_forward_fp8(Activation::Silu, &a, &b, &y, scaling, &scales, k.limits())
                     .unwrap();
-            let plan = plan.body;
             // Each scheme's own entry sets its residency (their registers differ).
             let resident = k.limits().resident_blocks(plan.kernel) as u64 * GATED_THREADS as u64;
             let threads = plan.grid as u64 * GATED_THREADS as u64;
@@ -488,8 +488,7 @@ fn fp8_per_token_long_rows() {
                 &mat(1 << 43, DType::F32, 1),
                 k.limits(),
             )
-            .unwrap()
-            .body;
+            .unwrap();
             assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
             assert_eq!(
                 plan.params.prefetch_rows != 0,
@@ -619,7 +618,7 @@ fn fp8_realigned_kernels() {
                 k.limits(),
             )
             .unwrap();
-            assert_eq!(plan.body.kernel, want, "{dtype:?} {rows} x {cols}");
+            assert_eq!(plan.kernel, want, "{dtype:?} {rows} x {cols}");
             for layout in [Layout::Interleaved, Layout::SplitOffset] {
                 silu_case(
                     &k,
@@ -637,17 +636,24 @@ fn fp8_realigned_kernels() {
 }
 
 /// A static scale on dense operands off the 16-byte grid, every operand one element into its
-/// buffer, calls large enough for a range of several launches: one flat range, a scalar head up
-/// to the inputs' first 16-byte boundary, the flat vector kernel's body, a scalar tail where
-/// the elements after the head are not a whole number of vectors (none at 71 x 65537); every
-/// dtype, against the references as the others, the bytes around `y` untouched.
+/// buffer: one flat range, the flat vector kernel over the body from the inputs' first 16-byte
+/// boundary, the grid's last threads taking the ragged head before it and tail after it (no
+/// tail at 71 x 65537); calls of one access per thread (a warp of their own for the ends) and
+/// of several; every dtype, against the references as the others, the bytes around `y`
+/// untouched.
 #[test]
 fn fp8_static_flat_range() {
     let test = "fp8_static_flat_range";
     let Some((k, s)) = gpu(test) else { return };
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
-        for (rows, cols) in [(1025, 4097), (2001, 4093), (71, 65537)] {
+        for (rows, cols) in [
+            (3, 133),
+            (7, 14335),
+            (1025, 4097),
+            (2001, 4093),
+            (71, 65537),
+        ] {
             let desc = |addr: u64, dtype: DType| {
                 let addr = addr + dtype.size_bytes() as u64;
                 MatDesc::contiguous(addr, rows * cols, dtype, rows, cols)
@@ -663,17 +669,13 @@ fn fp8_static_flat_range() {
             )
             .unwrap();
             let lanes = dtype.lanes_per_16b();
-            let head = plan.head.map(|l| (l.kernel, l.params.cols as usize));
-            let scalar = KernelId::GatedFp8Flat(dtype, VecMode::Scalar);
-            assert_eq!(head, Some((scalar, lanes - 1)), "{dtype:?} {rows} x {cols}");
             let body = KernelId::GatedFp8Flat(dtype, VecMode::V16);
-            assert_eq!(plan.body.kernel, body, "{dtype:?} {rows} x {cols}");
-            let tail = plan.tail.map_or(0, |l| l.params.cols as usize);
-            assert_eq!(
-                tail,
-                (rows * cols - (lanes - 1)) % lanes,
-                "{dtype:?} {rows} x {cols}"
-            );
+            assert_eq!(plan.kernel, body, "{dtype:?} {rows} x {cols}");
+            let ends = FlatEnds {
+                head: (lanes - 1) as u16,
+                tail: ((rows * cols - (lanes - 1)) % lanes) as u16,
+            };
+            assert_eq!(plan.params.ends, ends, "{dtype:?} {rows} x {cols}");
             silu_case(
                 &k,
                 &s,

@@ -27,9 +27,7 @@ use std::fmt::Debug;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use ferrofuse::fp8::DEFAULT_MIN_SCALE;
-use ferrofuse::gated::{
-    GatedPlan, plan_gated_backward, plan_gated_forward, plan_gated_forward_fp8,
-};
+use ferrofuse::gated::{plan_gated_backward, plan_gated_forward, plan_gated_forward_fp8};
 use ferrofuse::norm::{
     BwdNarrow, NormBwdVariant, RmsNormBwdDescs, RmsNormBwdPlan, RmsNormFp8Descs, RmsNormFwdDescs,
     plan_rmsnorm_backward, plan_rmsnorm_forward, plan_rmsnorm_forward_fp8,
@@ -42,7 +40,7 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    DEFAULT_MAX_SMEM_BYTES, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
+    DEFAULT_MAX_SMEM_BYTES, FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
     GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
@@ -658,7 +656,7 @@ fn overlap_tests_match_brute_force() {
 }
 
 /// One operand as one launch touches it.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Access {
     name: &'static str,
     region: Region,
@@ -938,7 +936,7 @@ fn gated_forward_operands(c: &GatedFwdCase) -> Result<[MatDesc; 3], Error> {
     Ok([a, b, c.y.unwrap_or(b)])
 }
 
-fn plan_gated_forward_case(c: &GatedFwdCase) -> Result<GatedPlan<GatedFwdParams>, Error> {
+fn plan_gated_forward_case(c: &GatedFwdCase) -> Result<Launch<GatedFwdParams>, Error> {
     let [a, b, y] = gated_forward_operands(c)?;
     plan_gated_forward(c.act, &a, &b, &y, &c.limits.grid_limits())
 }
@@ -969,7 +967,48 @@ fn gated_launch<P>(
     }
 }
 
-fn check_gated_forward(c: &GatedFwdCase, plan: &GatedPlan<GatedFwdParams>) -> Vec<String> {
+/// The ragged ends of a flat launch (see `FlatEnds`) as accesses of launch `i`: for each of
+/// the body's accesses, `head` elements just below it and `tail` just past it, of the same
+/// operand. Only a one-row launch of the vector path may carry ends (the other kernels ignore
+/// them, which would leave elements unwritten), with a thread for each.
+fn flat_ends<'m>(
+    v: &mut Violations,
+    i: usize,
+    (ends, threads, vector): (FlatEnds, u64, bool),
+    body: &[(Access, &'m MatDesc)],
+) -> Vec<(Access, &'m MatDesc)> {
+    let (head, tail) = (ends.head as u128, ends.tail as u128);
+    if head + tail == 0 {
+        return Vec::new();
+    }
+    if !vector || body.iter().any(|(a, _)| a.region.rows > 1) || threads < (head + tail) as u64 {
+        v.add(format!(
+            "launch {i}: ends {ends:?} on a launch of {threads} threads that is not one vector row"
+        ));
+    }
+    let part = |acc: &Access, addr: u128, cols: u128| Access {
+        region: Region {
+            addr,
+            rows: 1,
+            cols,
+            stride: cols,
+            ..acc.region
+        },
+        ..*acc
+    };
+    body.iter()
+        .flat_map(|&(acc, buf)| {
+            let r = acc.region;
+            let below = r.addr.saturating_sub(head * r.size);
+            [
+                (part(&acc, below, head), buf),
+                (part(&acc, r.addr + r.cols * r.size, tail), buf),
+            ]
+        })
+        .collect()
+}
+
+fn check_gated_forward(c: &GatedFwdCase, l: &Launch<GatedFwdParams>) -> Vec<String> {
     let mut v = Violations::default();
     let [a, b, y] = gated_forward_operands(c).expect("planned, so resolved");
     let (mut dtypes, mut shapes) = gated_inputs_carried(&c.x, &c.a, &c.b);
@@ -982,53 +1021,43 @@ fn check_gated_forward(c: &GatedFwdCase, plan: &GatedPlan<GatedFwdParams>) -> Ve
         v.desc(name, m, dtype, shape);
     }
     let size = dtype.size_bytes();
-    let mut accesses = Vec::new();
-    let mut elements = 0u128;
-    let mut outputs: Vec<Region> = Vec::new();
-    for (i, l) in plan.launches().enumerate() {
-        let p = &l.params;
-        let vector = match l.kernel {
-            KernelId::GatedFwd(d, mode) if d == dtype => mode == VecMode::V16,
-            KernelId::GatedFwdRealigned(d) | KernelId::GatedFwdRealignedEndsFirst(d)
-                if d == dtype =>
-            {
-                false
-            }
-            k => {
-                v.add(format!("launch {i}: kernel {k:?} for {dtype:?}"));
-                false
-            }
-        };
-        let region = |addr, stride| Region::new(addr, size, p.rows, p.cols, stride);
-        let mine = [
-            (access("a", region(p.a, p.a_stride), false, i), &a),
-            (access("b", region(p.b, p.b_stride), false, i), &b),
-            (access("y", region(p.y, p.y_stride), true, i), &y),
-        ];
-        gated_launch(
-            &mut v,
-            i,
-            l,
-            (p.rows, p.cols, p.walk.per_row),
-            &mine,
-            vector,
-        );
-        // Each element belongs to one launch: the outputs of the pieces are disjoint.
-        let out = mine[2].0.region;
-        if outputs.iter().any(|o| overlap(o, &out) == Some(true)) {
-            v.add(format!(
-                "launch {i} writes y elements another launch writes"
-            ));
+    let p = &l.params;
+    let vector = match l.kernel {
+        KernelId::GatedFwd(d, mode) if d == dtype => mode == VecMode::V16,
+        KernelId::GatedFwdRealigned(d) | KernelId::GatedFwdRealignedEndsFirst(d) if d == dtype => {
+            false
         }
-        outputs.push(out);
-        elements += p.rows as u128 * p.cols as u128;
-        accesses.extend(mine.into_iter().map(|(a, _)| a));
+        k => {
+            v.add(format!("kernel {k:?} for {dtype:?}"));
+            false
+        }
+    };
+    let region = |addr, stride| Region::new(addr, size, p.rows, p.cols, stride);
+    let body = [
+        (access("a", region(p.a, p.a_stride), false, 0), &a),
+        (access("b", region(p.b, p.b_stride), false, 0), &b),
+        (access("y", region(p.y, p.y_stride), true, 0), &y),
+    ];
+    gated_launch(
+        &mut v,
+        0,
+        l,
+        (p.rows, p.cols, p.walk.per_row),
+        &body,
+        vector,
+    );
+    let threads = l.grid as u64 * l.block as u64;
+    let ends = flat_ends(&mut v, 0, (p.ends, threads, vector), &body);
+    for (acc, buf) in &ends {
+        v.inside(acc, buf);
     }
+    let elements = p.rows as u128 * p.cols as u128 + p.ends.head as u128 + p.ends.tail as u128;
     if elements != shape.0 as u128 * shape.1 as u128 {
         v.add(format!(
-            "the launches cover {elements} elements of {shape:?}"
+            "the launch covers {elements} elements of {shape:?}"
         ));
     }
+    let accesses: Vec<Access> = body.iter().chain(&ends).map(|(a, _)| *a).collect();
     v.aliasing(&accesses, &[("y", "b")]);
     v.0
 }
@@ -1140,12 +1169,12 @@ fn gated_backward_operands(c: &GatedBwdCase) -> Result<[MatDesc; 5], Error> {
     Ok([a, b, c.dy, da, db])
 }
 
-fn plan_gated_backward_case(c: &GatedBwdCase) -> Result<GatedPlan<GatedBwdParams>, Error> {
+fn plan_gated_backward_case(c: &GatedBwdCase) -> Result<Launch<GatedBwdParams>, Error> {
     let [a, b, dy, da, db] = gated_backward_operands(c)?;
     plan_gated_backward(c.act, &a, &b, &dy, &da, &db, &c.limits.grid_limits())
 }
 
-fn check_gated_backward(c: &GatedBwdCase, plan: &GatedPlan<GatedBwdParams>) -> Vec<String> {
+fn check_gated_backward(c: &GatedBwdCase, l: &Launch<GatedBwdParams>) -> Vec<String> {
     let mut v = Violations::default();
     let ops = gated_backward_operands(c).expect("planned, so resolved");
     let [a, b, dy, da, db] = &ops;
@@ -1171,69 +1200,53 @@ fn check_gated_backward(c: &GatedBwdCase, plan: &GatedPlan<GatedBwdParams>) -> V
         v.desc(name, m, dtype, shape);
     }
     let size = dtype.size_bytes();
-    let mut accesses = Vec::new();
-    let mut elements = 0u128;
-    let mut outputs: Vec<(&str, Region)> = Vec::new();
-    for (i, l) in plan.launches().enumerate() {
-        let p = &l.params;
-        let vector = match l.kernel {
-            KernelId::GatedBwd(d, mode) if d == dtype => mode == VecMode::V16,
-            KernelId::GatedBwdRealigned(d) if d == dtype => {
-                // It reads the neighbours of each input vector, which other threads would be
-                // overwriting in place.
-                if [da, db]
-                    .iter()
-                    .any(|g| [a, b, dy].iter().any(|m| g.overlaps(m)))
-                {
-                    v.add(format!(
-                        "launch {i}: the realigned backward with a gradient in place"
-                    ));
-                }
-                false
+    let p = &l.params;
+    let vector = match l.kernel {
+        KernelId::GatedBwd(d, mode) if d == dtype => mode == VecMode::V16,
+        KernelId::GatedBwdRealigned(d) if d == dtype => {
+            // It reads the neighbours of each input vector, which other threads would be
+            // overwriting in place.
+            if [da, db]
+                .iter()
+                .any(|g| [a, b, dy].iter().any(|m| g.overlaps(m)))
+            {
+                v.add("the realigned backward with a gradient in place".into());
             }
-            k => {
-                v.add(format!("launch {i}: kernel {k:?} for {dtype:?}"));
-                false
-            }
-        };
-        let region = |addr, stride| Region::new(addr, size, p.rows, p.cols, stride);
-        let mine = [
-            (access("a", region(p.a, p.a_stride), false, i), a),
-            (access("b", region(p.b, p.b_stride), false, i), b),
-            (access("dy", region(p.dy, p.dy_stride), false, i), dy),
-            (access("da", region(p.da, p.da_stride), true, i), da),
-            (access("db", region(p.db, p.db_stride), true, i), db),
-        ];
-        gated_launch(
-            &mut v,
-            i,
-            l,
-            (p.rows, p.cols, p.walk.per_row),
-            &mine,
-            vector,
-        );
-        // Each element belongs to one launch: the outputs of the pieces are disjoint. (The
-        // aliasing check below skips pairs of one name, so it would not see a piece's da over
-        // another piece's da.)
-        for (acc, _) in &mine[3..] {
-            for (name, o) in &outputs {
-                if overlap(o, &acc.region) == Some(true) {
-                    v.add(format!(
-                        "launch {i} writes {} elements another launch writes as {name}",
-                        acc.name
-                    ));
-                }
-            }
+            false
         }
-        outputs.extend(mine[3..].iter().map(|(acc, _)| (acc.name, acc.region)));
-        elements += p.rows as u128 * p.cols as u128;
-        accesses.extend(mine.into_iter().map(|(a, _)| a));
+        k => {
+            v.add(format!("kernel {k:?} for {dtype:?}"));
+            false
+        }
+    };
+    let region = |addr, stride| Region::new(addr, size, p.rows, p.cols, stride);
+    let body = [
+        (access("a", region(p.a, p.a_stride), false, 0), a),
+        (access("b", region(p.b, p.b_stride), false, 0), b),
+        (access("dy", region(p.dy, p.dy_stride), false, 0), dy),
+        (access("da", region(p.da, p.da_stride), true, 0), da),
+        (access("db", region(p.db, p.db_stride), true, 0), db),
+    ];
+    gated_launch(
+        &mut v,
+        0,
+        l,
+        (p.rows, p.cols, p.walk.per_row),
+        &body,
+        vector,
+    );
+    let threads = l.grid as u64 * l.block as u64;
+    let ends = flat_ends(&mut v, 0, (p.ends, threads, vector), &body);
+    for (acc, buf) in &ends {
+        v.inside(acc, buf);
     }
+    let elements = p.rows as u128 * p.cols as u128 + p.ends.head as u128 + p.ends.tail as u128;
     if elements != shape.0 as u128 * shape.1 as u128 {
         v.add(format!(
-            "the launches cover {elements} elements of {shape:?}"
+            "the launch covers {elements} elements of {shape:?}"
         ));
     }
+    let accesses: Vec<Access> = body.iter().chain(&ends).map(|(a, _)| *a).collect();
     v.aliasing(
         &accesses,
         &[("da", "a"), ("da", "dy"), ("db", "b"), ("db", "dy")],
@@ -1465,7 +1478,7 @@ fn gated_fp8_case(rng: &mut StdRng) -> GatedFp8Case {
     c
 }
 
-fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<GatedPlan<GatedFp8Params>, Error> {
+fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<Launch<GatedFp8Params>, Error> {
     let (a, b) = halves(&c.x, &c.a, &c.b)?;
     plan_gated_forward_fp8(
         c.act,
@@ -1478,7 +1491,7 @@ fn plan_gated_fp8_case(c: &GatedFp8Case) -> Result<GatedPlan<GatedFp8Params>, Er
     )
 }
 
-fn check_gated_fp8(c: &GatedFp8Case, plan: &GatedPlan<GatedFp8Params>) -> Vec<String> {
+fn check_gated_fp8(c: &GatedFp8Case, l: &Launch<GatedFp8Params>) -> Vec<String> {
     let mut v = Violations::default();
     let (a, b) = halves(&c.x, &c.a, &c.b).expect("planned, so resolved");
     // y is FP8 (checked as such below) but carries the shape.
@@ -1490,56 +1503,42 @@ fn check_gated_fp8(c: &GatedFp8Case, plan: &GatedPlan<GatedFp8Params>) -> Vec<St
     v.desc("b", &b, dtype, shape);
     v.desc("y", &c.y, DType::F8E4M3, shape);
     v.desc("scales", &c.scales, DType::F32, scale_shape);
-    let launches: Vec<_> = plan.launches().collect();
     let (rows, cols) = (shape.0 as u64, shape.1 as u64);
-    let whole = |l: &Launch<GatedFp8Params>| {
-        let p = &l.params;
-        (p.rows, p.cols, p.a, p.b, p.y) == (rows, cols, a.addr, b.addr, c.y.addr)
-    };
-    if !(launches.len() == 1 && whole(launches[0])) {
-        // Pieces of one flat range: a static scale, every operand dense, each piece one row
-        // of the same elements of `a`, `b` and `y`, in order, together the whole call.
+    let p = &l.params;
+    if (p.rows, p.cols, p.a, p.b, p.y) != (rows, cols, a.addr, b.addr, c.y.addr) {
+        // One flat range: a static scale, every operand dense, the launch one row of the same
+        // elements of `a`, `b` and `y` past the head, with the ends the whole call.
         let size = dtype.size_bytes() as u64;
         let dense = [&a, &b, &c.y]
             .iter()
             .all(|m| m.rows <= 1 || m.row_stride == m.cols);
         if scheme != FP8_STATIC || !dense {
             v.add(format!(
-                "{} launches for {:?} (every operand dense: {dense})",
-                launches.len(),
+                "a flat range for {:?} (every operand dense: {dense})",
                 c.scaling
             ));
         }
-        let mut next = 0u64;
-        for (i, l) in launches.iter().enumerate() {
-            let p = &l.params;
-            let start = (next * size, next);
-            if p.rows != 1
-                || (p.a.wrapping_sub(a.addr), p.b.wrapping_sub(b.addr)) != (start.0, start.0)
-                || p.y.wrapping_sub(c.y.addr) != start.1
-            {
-                v.add(format!(
-                    "launch {i}: {} x {} elements of a, b, y at {:#x}, {:#x}, {:#x}, not \
-                     elements {next}.. of the flat range",
-                    p.rows, p.cols, p.a, p.b, p.y
-                ));
-            }
-            next += p.cols;
-        }
-        if next != rows * cols {
+        let head = p.ends.head as u64;
+        if p.rows != 1
+            || (p.a.wrapping_sub(a.addr), p.b.wrapping_sub(b.addr)) != (head * size, head * size)
+            || p.y.wrapping_sub(c.y.addr) != head
+            || head + p.cols + p.ends.tail as u64 != rows * cols
+        {
             v.add(format!(
-                "the pieces cover {next} of {rows} x {cols} elements"
+                "{} x {} elements of a, b, y at {:#x}, {:#x}, {:#x} with ends {:?}, not one \
+                 flat range of {rows} x {cols}",
+                p.rows, p.cols, p.a, p.b, p.y, p.ends
             ));
         }
+    } else if p.ends != FlatEnds::default() {
+        v.add(format!("ends {:?} on a whole call", p.ends));
     }
-    for (i, l) in launches.iter().enumerate() {
-        check_gated_fp8_launch(&mut v, c, (&a, &b), i, l, dtype, (scheme, group));
-    }
+    check_gated_fp8_launch(&mut v, c, (&a, &b), 0, l, dtype, (scheme, group));
     v.0
 }
 
-/// The checks of one launch of an FP8 gated plan (the whole call or a piece of its flat range:
-/// its shape is its params').
+/// The checks of an FP8 gated launch (the whole call or the body of its flat range: its shape is
+/// its params').
 fn check_gated_fp8_launch(
     v: &mut Violations,
     c: &GatedFp8Case,
@@ -1755,7 +1754,10 @@ fn check_gated_fp8_launch(
             &c.scales,
         ),
     ];
-    for (acc, buf) in &accesses {
+    let threads = l.grid as u64 * l.block as u64;
+    let flat_vector = l.kernel == KernelId::GatedFp8Flat(dtype, VecMode::V16);
+    let ends = flat_ends(v, i, (p.ends, threads, flat_vector), &accesses[..3]);
+    for (acc, buf) in accesses.iter().chain(&ends) {
         v.inside(acc, buf);
     }
     if mode == VecMode::V16 {
@@ -1763,7 +1765,7 @@ fn check_gated_fp8_launch(
         v.vectors(&accesses[1].0, false);
         v.aligned_to(&accesses[2].0, false, lanes as u128);
     }
-    let accesses: Vec<Access> = accesses.into_iter().map(|(a, _)| a).collect();
+    let accesses: Vec<Access> = accesses.iter().chain(&ends).map(|(a, _)| *a).collect();
     v.aliasing(&accesses, &[]);
 }
 

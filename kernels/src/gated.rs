@@ -62,7 +62,9 @@
 //! even in the storage dtype.
 
 use ferrofuse_common::act::{GatedAct, GeluErf, GeluTanh, Relu, Silu};
-use ferrofuse_common::{Activation, GATED_SCALAR_BATCH, GatedBwdParams, GatedFwdParams, GridWalk};
+use ferrofuse_common::{
+    Activation, FlatEnds, GATED_SCALAR_BATCH, GatedBwdParams, GatedFwdParams, GridWalk,
+};
 
 use crate::mem::{
     Bf16, Elem, F16, F32, VecMode, access_width, funnel_shift_right, grid, grid_dependency_sync,
@@ -159,6 +161,37 @@ unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
         at = advance(walk, at);
         i += step;
     }
+    if let Some(e) = flat_end::<E, M>(p.ends, step, total) {
+        let at = |base: u64| end_addr::<E>(base, e);
+        // SAFETY: a flat range's end element lies inside every operand, next to the body (the
+        // host's split; see `FlatEnds`); y may be exactly b, loaded first.
+        unsafe {
+            let (a, b) = (
+                E::load_bits_if(at(p.a), true),
+                E::load_bits_if(at(p.b), true),
+            );
+            E::store_if(at(p.y), A::value(E::widen(a)) * E::widen(b), true);
+        }
+    }
+}
+
+/// The ragged end element of a flat range this thread takes after its accesses, if any (see
+/// [`FlatEnds`]; `total` accesses of `M`, one row). Found after the loop, from the thread's
+/// index, so that nothing of it is live across the loop.
+#[inline(always)]
+pub(crate) fn flat_end<E: Elem, const M: VecMode>(
+    ends: FlatEnds,
+    threads: u64,
+    total: u64,
+) -> Option<i64> {
+    let g = grid::block_x() * grid::block_dim_x() + grid::thread_x();
+    ends.element(g, threads, total * const { access_width::<E, M>() })
+}
+
+/// Byte address of a flat range's end element `e` elements from the body at `base`.
+#[inline(always)]
+pub(crate) fn end_addr<E: Elem>(base: u64, e: i64) -> u64 {
+    base.wrapping_add((e as u64).wrapping_mul(E::BYTES))
 }
 
 /// [`fwd`] one element per access, [`SCALAR_BATCH`] accesses per thread at a time: all their
@@ -371,6 +404,18 @@ unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
         }
         at = advance(walk, at);
         i += step;
+    }
+    if let Some(e) = flat_end::<E, M>(p.ends, step, total) {
+        let at = |base: u64| end_addr::<E>(base, e);
+        // SAFETY: as in `fwd`'s end element; all three loads precede both stores.
+        unsafe {
+            let a = E::widen(E::load_bits_if(at(p.a), true));
+            let b = E::widen(E::load_bits_if(at(p.b), true));
+            let dy = E::widen(E::load_bits_if(at(p.dy), true));
+            let (f, df) = A::value_and_grad(a);
+            E::store_if(at(p.da), dy * b * df, true);
+            E::store_if(at(p.db), dy * f, true);
+        }
     }
 }
 

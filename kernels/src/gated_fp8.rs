@@ -78,7 +78,7 @@ use ferrofuse_common::{
 };
 
 use crate::cluster;
-use crate::gated::{load_realigned, realign};
+use crate::gated::{end_addr, flat_end, load_realigned, realign};
 use crate::mem::{
     Bf16, Elem, F16, F32, VecMode, access_width, grid, grid_dependency_sync, ld_v4_if,
 };
@@ -479,6 +479,23 @@ unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
         }
         at = at2.advance(grid_step);
         i += 2 * step;
+    }
+    if let Some(e) = flat_end::<E, { VecMode::V16 }>(p.ends, step, total) {
+        let at = |base: u64| end_addr::<E>(base, e);
+        // SAFETY: a flat range's end element lies inside `a`, `b` and `y` (one byte per
+        // element), next to the body (the host's split; see `FlatEnds`); the host checked the
+        // scale as above.
+        unsafe {
+            let (a, b) = (
+                E::load_bits_if(at(p.a), true),
+                E::load_bits_if(at(p.b), true),
+            );
+            let (scale, inv) = static_scale(p.scale);
+            let mut y = [0.0f32; 8];
+            y[0] = A::value(E::widen(a)) * E::widen(b);
+            let q = quantize(1, &y, scale, inv);
+            store_q(1, p.y.wrapping_add(e as u64), q, true);
+        }
     }
 }
 
