@@ -58,6 +58,12 @@ impl NormPath {
 pub enum KernelId {
     GatedFwd(DType, VecMode),
     GatedBwd(DType, VecMode),
+    /// [`KernelId::GatedFwd`] on the vector path that also takes a flat range's ragged head
+    /// and tail (`gated_fwd_{dtype}_v16_ends`; see [`crate::FlatEnds`]): its own entry, so the
+    /// plain one keeps its code.
+    GatedFwdEnds(DType),
+    /// The same for the backward (`gated_bwd_{dtype}_v16_ends`).
+    GatedBwdEnds(DType),
     /// Gated forward for operands at any element offset and row stride: aligned 16-byte
     /// vectors of `y`, the inputs realigned in registers (`gated_fwd_{dtype}_realigned`).
     GatedFwdRealigned(DType),
@@ -133,6 +139,9 @@ pub enum KernelId {
     /// Gated forward with FP8 E4M3 output and a static scale: a flat walk over the elements
     /// (`gated_fp8_flat_{dtype}_{v16|scalar}`; see `GatedFp8Params`).
     GatedFp8Flat(DType, VecMode),
+    /// [`KernelId::GatedFp8Flat`] on the vector path that also takes a flat range's ragged
+    /// head and tail (`gated_fp8_flat_{dtype}_v16_ends`; see [`crate::FlatEnds`]).
+    GatedFp8FlatEnds(DType),
     /// Gated forward with FP8 E4M3 output and per-group scales: the flat walk, a group's
     /// maximum over its lanes (`gated_fp8_group_{dtype}_{v16|scalar}`).
     GatedFp8Group(DType, VecMode),
@@ -285,6 +294,12 @@ kernel_table! {
     gated_bwd_f16_scalar = GatedBwd(F16, Scalar),
     gated_bwd_bf16_v16 = GatedBwd(BF16, V16),
     gated_bwd_bf16_scalar = GatedBwd(BF16, Scalar),
+    gated_fwd_f32_v16_ends = GatedFwdEnds(F32),
+    gated_fwd_f16_v16_ends = GatedFwdEnds(F16),
+    gated_fwd_bf16_v16_ends = GatedFwdEnds(BF16),
+    gated_bwd_f32_v16_ends = GatedBwdEnds(F32),
+    gated_bwd_f16_v16_ends = GatedBwdEnds(F16),
+    gated_bwd_bf16_v16_ends = GatedBwdEnds(BF16),
     gated_bwd_f32_realigned = GatedBwdRealigned(F32),
     gated_bwd_f16_realigned = GatedBwdRealigned(F16),
     gated_bwd_bf16_realigned = GatedBwdRealigned(BF16),
@@ -398,6 +413,9 @@ kernel_table! {
     gated_fp8_flat_f16_scalar = GatedFp8Flat(F16, Scalar),
     gated_fp8_flat_bf16_v16 = GatedFp8Flat(BF16, V16),
     gated_fp8_flat_bf16_scalar = GatedFp8Flat(BF16, Scalar),
+    gated_fp8_flat_f32_v16_ends = GatedFp8FlatEnds(F32),
+    gated_fp8_flat_f16_v16_ends = GatedFp8FlatEnds(F16),
+    gated_fp8_flat_bf16_v16_ends = GatedFp8FlatEnds(BF16),
     gated_fp8_row_f32_v16 = GatedFp8Row(F32, V16),
     gated_fp8_row_f32_scalar = GatedFp8Row(F32, Scalar),
     gated_fp8_row_f16_v16 = GatedFp8Row(F16, V16),
@@ -553,6 +571,9 @@ impl KernelId {
         matches!(
             self,
             KernelId::GatedFwd(..)
+                | KernelId::GatedFwdEnds(..)
+                | KernelId::GatedBwdEnds(..)
+                | KernelId::GatedFp8FlatEnds(..)
                 | KernelId::GatedFwdRealigned(..)
                 | KernelId::GatedFwdRealignedEndsFirst(..)
                 | KernelId::GatedBwd(..)
@@ -594,6 +615,9 @@ impl KernelId {
     pub const fn max_block_threads(self) -> u32 {
         match self {
             KernelId::GatedFwd(..)
+            | KernelId::GatedFwdEnds(..)
+            | KernelId::GatedBwdEnds(..)
+            | KernelId::GatedFp8FlatEnds(..)
             | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedFwdRealignedEndsFirst(..)
             | KernelId::GatedBwd(..)
@@ -649,6 +673,7 @@ impl KernelId {
             // 8 blocks of 128 threads per SM (64 registers): two accesses per thread in
             // flight (at 12 or 16 blocks, 40 or 32 registers, ptxas spilled even one).
             KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatEnds(..)
             | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8FlatRealignedEndsFirst(..)
             | KernelId::GatedFp8Group(..) => Some((GATED_THREADS, 8)),

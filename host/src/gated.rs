@@ -8,10 +8,11 @@
 //! Memory paths: 16-byte vectors when every operand's rows are on the 16-byte grid; one flat
 //! range when the rows are not but every operand is dense and at the same offset from the grid
 //! (the vector kernel over the elements as one row, the few before its first 16-byte boundary
-//! and after its last vector taken by the grid's last threads: [`FlatEnds`]); otherwise, forward, aligned
-//! vectors of the output with the inputs realigned in registers (any offsets and strides:
-//! interleaved halves of odd width, padded rows, views at an offset), and backward one element
-//! per access, several accesses in flight per thread. All compute the same values.
+//! and after its last vector taken by the grid's last threads: [`FlatEnds`]); otherwise,
+//! forward, aligned vectors of the output with the inputs realigned in registers (any offsets
+//! and strides: interleaved halves of odd width, padded rows, views at an offset), and backward
+//! likewise or one element per access, several accesses in flight per thread. All compute the
+//! same values.
 //!
 //! Safe entry points take inputs as [`Mat`] and outputs as [`MatMut`]; the in-place forms are
 //! their own functions taking the overwritten buffer as `&mut`. The `unsafe` `*_raw` forms take
@@ -75,6 +76,9 @@ fn grid_for(
             VecMode::V16 => ((cols / dtype.lanes_per_16b()) as u64, true),
             VecMode::Scalar => (cols as u64, false),
         },
+        KernelId::GatedFwdEnds(dtype) | KernelId::GatedBwdEnds(dtype) => {
+            ((cols / dtype.lanes_per_16b()) as u64, true)
+        }
         KernelId::GatedFwdRealigned(dtype)
         | KernelId::GatedFwdRealignedEndsFirst(dtype)
         | KernelId::GatedBwdRealigned(dtype) => (realigned_per_row(dtype, cols), true),
@@ -173,8 +177,8 @@ pub fn plan_gated_forward(
 }
 
 /// The launch of a validated forward call over `a`'s shape (a flat range's body, with its
-/// `ends`): the vector path where every operand's rows are on the 16-byte grid, the realigned
-/// path otherwise.
+/// `ends`: on the grid): the vector path where every operand's rows are on the 16-byte grid
+/// (its entry that takes the ends where there are any), the realigned path otherwise.
 fn forward_launch(
     act: Activation,
     a: &MatDesc,
@@ -186,7 +190,8 @@ fn forward_launch(
     let (dtype, (rows, cols)) = (a.dtype, a.shape());
     let kernel = match vec_mode(dtype, cols, &[Some(a), Some(b), Some(y)]) {
         VecMode::Scalar => realigned_kernel(dtype, rows, cols, limits),
-        mode => KernelId::GatedFwd(dtype, mode),
+        mode if ends == FlatEnds::default() => KernelId::GatedFwd(dtype, mode),
+        _ => KernelId::GatedFwdEnds(dtype),
     };
     let (grid, walk) = grid_for(kernel, rows, cols, ends, limits);
     Launch {
@@ -264,12 +269,12 @@ pub fn plan_gated_backward(
 }
 
 /// The launch of a validated backward call over `a`'s shape (a flat range's body, with its
-/// `ends`); operands `[a, b, dy, da, db]`. Off the vector grid: the realigned path when no gradient
-/// overlaps an input (the realigned kernel reads each input vector's neighbours, which other
-/// threads would be overwriting in place) and the call's accesses, one thread each, fill more
-/// than half the threads the device holds at once; the scalar path otherwise. Below that,
-/// latency sets the time: the scalar path issues all of a thread's loads at once, the
-/// realigned one waits for `da`'s inputs, then for `db`'s.
+/// `ends`); operands `[a, b, dy, da, db]`. Off the vector grid: the realigned path when no
+/// gradient overlaps an input (the realigned kernel reads each input vector's neighbours,
+/// which other threads would be overwriting in place) and the call's accesses, one thread
+/// each, fill more than half the threads the device holds at once; the scalar path otherwise.
+/// Below that, latency sets the time: the scalar path issues all of a thread's loads at once,
+/// the realigned one waits for `da`'s inputs, then for `db`'s.
 fn backward_launch(
     act: Activation,
     [a, b, dy, da, db]: [&MatDesc; 5],
@@ -289,6 +294,7 @@ fn backward_launch(
         &[Some(a), Some(b), Some(dy), Some(da), Some(db)],
     ) {
         VecMode::Scalar if !in_place && fills_half => realigned,
+        VecMode::V16 if ends != FlatEnds::default() => KernelId::GatedBwdEnds(dtype),
         mode => KernelId::GatedBwd(dtype, mode),
     };
     let (grid, walk) = grid_for(kernel, rows, cols, ends, limits);
@@ -791,6 +797,7 @@ fn fp8_launch(
     }
     let kernel = match scaling {
         Fp8Scaling::PerGroup { .. } => KernelId::GatedFp8Group(dtype, mode),
+        _ if ends != FlatEnds::default() => KernelId::GatedFp8FlatEnds(dtype),
         _ => KernelId::GatedFp8Flat(dtype, mode),
     };
     // The walk's unit: an access, or on the per-group vector path a pair of accesses (a lane

@@ -469,11 +469,14 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
     matches!(
         kernel,
         KernelId::GatedFwd(..)
+            | KernelId::GatedFwdEnds(..)
             | KernelId::GatedFwdRealigned(..)
             | KernelId::GatedFwdRealignedEndsFirst(..)
             | KernelId::GatedBwd(..)
+            | KernelId::GatedBwdEnds(..)
             | KernelId::GatedBwdRealigned(..)
             | KernelId::GatedFp8Flat(..)
+            | KernelId::GatedFp8FlatEnds(..)
             | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8FlatRealignedEndsFirst(..)
             | KernelId::GatedFp8Group(..)

@@ -810,7 +810,8 @@ fn flat_ends_go_to_the_grids_last_threads_once_each() {
 
 /// Dense operands at one offset from a 16-byte boundary, with rows off the vector grid: one
 /// flat range, one launch of the vector kernel over the body (from the first boundary), the
-/// ragged head before it and tail after it taken by the grid's last threads, one element each.
+/// ragged head before it and tail after it taken by the grid's last threads, one element each
+/// (on the vector entry that takes them; the plain one where there are none).
 #[test]
 fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     let dt = DType::BF16;
@@ -818,7 +819,7 @@ fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     let n = rows * cols;
     let (a, b, y) = abc(dt, rows, cols);
     let p = fwd(&a, &b, &y).unwrap();
-    assert_eq!(p.kernel, KernelId::GatedFwd(dt, VecMode::V16));
+    assert_eq!(p.kernel, KernelId::GatedFwdEnds(dt));
     assert_eq!((p.params.rows, p.params.cols), (1, (n / 8 * 8) as u64));
     let tail = (n % 8) as u16;
     assert_eq!(p.params.ends, FlatEnds { head: 0, tail });
@@ -874,7 +875,7 @@ fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     // their loads do not wait for a warp's vector accesses).
     let (a, b, y) = abc(dt, 3, 4097);
     let p = fwd(&a, &b, &y).unwrap();
-    assert_eq!(p.kernel, KernelId::GatedFwd(dt, VecMode::V16));
+    assert_eq!(p.kernel, KernelId::GatedFwdEnds(dt));
     assert_eq!(p.grid as usize, (3 * 4097 / 8 + 32usize).div_ceil(128));
     let taken = end_elements(p.params.ends, p.grid, 3 * 4097 / 8, 8);
     assert_eq!(taken.len(), 3);
@@ -895,6 +896,15 @@ fn dense_rows_off_the_vector_grid_run_as_one_flat_range() {
     // The backward splits the same way.
     let [a, b, dy, da, db] = backward_mats(dt, rows, cols, 24);
     let p = plan_gated_backward(Activation::Silu, &a, &b, &dy, &da, &db, &limits()).unwrap();
-    assert_eq!(p.kernel, KernelId::GatedBwd(dt, VecMode::V16));
+    assert_eq!(p.kernel, KernelId::GatedBwdEnds(dt));
     assert_eq!(p.params.ends, FlatEnds { head: 0, tail });
+    // A flat range without ends (the elements a whole number of vectors) runs the plain
+    // vector entry.
+    let (a, b, y) = abc(dt, 8, 4097);
+    let p = fwd(&a, &b, &y).unwrap();
+    assert_eq!(p.kernel, KernelId::GatedFwd(dt, VecMode::V16));
+    assert_eq!(
+        (p.params.cols, p.params.ends),
+        (8 * 4097, FlatEnds::default())
+    );
 }

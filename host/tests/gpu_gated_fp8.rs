@@ -669,7 +669,7 @@ fn fp8_static_flat_range() {
             )
             .unwrap();
             let lanes = dtype.lanes_per_16b();
-            let body = KernelId::GatedFp8Flat(dtype, VecMode::V16);
+            let body = KernelId::GatedFp8FlatEnds(dtype);
             assert_eq!(plan.kernel, body, "{dtype:?} {rows} x {cols}");
             let ends = FlatEnds {
                 head: (lanes - 1) as u16,

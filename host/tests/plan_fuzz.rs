@@ -969,21 +969,23 @@ fn gated_launch<P>(
 
 /// The ragged ends of a flat launch (see `FlatEnds`) as accesses of launch `i`: for each of
 /// the body's accesses, `head` elements just below it and `tail` just past it, of the same
-/// operand. Only a one-row launch of the vector path may carry ends (the other kernels ignore
-/// them, which would leave elements unwritten), with a thread for each.
+/// operand. Only a one-row launch of an entry that takes them may carry ends (the others
+/// ignore them, which would leave elements unwritten), with a thread for each.
 fn flat_ends<'m>(
     v: &mut Violations,
     i: usize,
-    (ends, threads, vector): (FlatEnds, u64, bool),
+    (ends, threads, takes_ends): (FlatEnds, u64, bool),
     body: &[(Access, &'m MatDesc)],
 ) -> Vec<(Access, &'m MatDesc)> {
     let (head, tail) = (ends.head as u128, ends.tail as u128);
     if head + tail == 0 {
         return Vec::new();
     }
-    if !vector || body.iter().any(|(a, _)| a.region.rows > 1) || threads < (head + tail) as u64 {
+    let one_row = body.iter().all(|(a, _)| a.region.rows <= 1);
+    if !takes_ends || !one_row || threads < (head + tail) as u64 {
         v.add(format!(
-            "launch {i}: ends {ends:?} on a launch of {threads} threads that is not one vector row"
+            "launch {i}: ends {ends:?} on {threads} threads of an entry that takes them: \
+             {takes_ends}, one row: {one_row}"
         ));
     }
     let part = |acc: &Access, addr: u128, cols: u128| Access {
@@ -1024,6 +1026,7 @@ fn check_gated_forward(c: &GatedFwdCase, l: &Launch<GatedFwdParams>) -> Vec<Stri
     let p = &l.params;
     let vector = match l.kernel {
         KernelId::GatedFwd(d, mode) if d == dtype => mode == VecMode::V16,
+        KernelId::GatedFwdEnds(d) if d == dtype => true,
         KernelId::GatedFwdRealigned(d) | KernelId::GatedFwdRealignedEndsFirst(d) if d == dtype => {
             false
         }
@@ -1047,7 +1050,8 @@ fn check_gated_forward(c: &GatedFwdCase, l: &Launch<GatedFwdParams>) -> Vec<Stri
         vector,
     );
     let threads = l.grid as u64 * l.block as u64;
-    let ends = flat_ends(&mut v, 0, (p.ends, threads, vector), &body);
+    let takes_ends = matches!(l.kernel, KernelId::GatedFwdEnds(_));
+    let ends = flat_ends(&mut v, 0, (p.ends, threads, takes_ends), &body);
     for (acc, buf) in &ends {
         v.inside(acc, buf);
     }
@@ -1203,6 +1207,7 @@ fn check_gated_backward(c: &GatedBwdCase, l: &Launch<GatedBwdParams>) -> Vec<Str
     let p = &l.params;
     let vector = match l.kernel {
         KernelId::GatedBwd(d, mode) if d == dtype => mode == VecMode::V16,
+        KernelId::GatedBwdEnds(d) if d == dtype => true,
         KernelId::GatedBwdRealigned(d) if d == dtype => {
             // It reads the neighbours of each input vector, which other threads would be
             // overwriting in place.
@@ -1236,7 +1241,8 @@ fn check_gated_backward(c: &GatedBwdCase, l: &Launch<GatedBwdParams>) -> Vec<Str
         vector,
     );
     let threads = l.grid as u64 * l.block as u64;
-    let ends = flat_ends(&mut v, 0, (p.ends, threads, vector), &body);
+    let takes_ends = matches!(l.kernel, KernelId::GatedBwdEnds(_));
+    let ends = flat_ends(&mut v, 0, (p.ends, threads, takes_ends), &body);
     for (acc, buf) in &ends {
         v.inside(acc, buf);
     }
@@ -1571,6 +1577,7 @@ fn check_gated_fp8_launch(
             VecMode::Scalar
         }
         KernelId::GatedFp8Flat(d, mode) if d == dtype && scheme == FP8_STATIC => mode,
+        KernelId::GatedFp8FlatEnds(d) if d == dtype && scheme == FP8_STATIC => VecMode::V16,
         KernelId::GatedFp8Group(d, mode) if d == dtype && scheme == FP8_PER_GROUP => mode,
         k => {
             v.add(format!("kernel {k:?} for {dtype:?} and {:?}", c.scaling));
@@ -1755,8 +1762,8 @@ fn check_gated_fp8_launch(
         ),
     ];
     let threads = l.grid as u64 * l.block as u64;
-    let flat_vector = l.kernel == KernelId::GatedFp8Flat(dtype, VecMode::V16);
-    let ends = flat_ends(v, i, (p.ends, threads, flat_vector), &accesses[..3]);
+    let takes_ends = matches!(l.kernel, KernelId::GatedFp8FlatEnds(_));
+    let ends = flat_ends(v, i, (p.ends, threads, takes_ends), &accesses[..3]);
     for (acc, buf) in accesses.iter().chain(&ends) {
         v.inside(acc, buf);
     }

@@ -20,6 +20,16 @@
 //! column of the first access come from a host-precomputed multiply-high, later ones by adding
 //! the grid step: no division in the kernel ([`GridWalk`]).
 //!
+//! # Flat ranges
+//! When every operand is dense and at the same offset from the 16-byte grid, the host launches
+//! the vector entry over the elements as one row from the first 16-byte boundary (the body),
+//! and the few elements before it and after its last vector (the ragged head and tail, each
+//! shorter than a vector) go to the grid's last threads, one element each, after their vector
+//! accesses ([`FlatEnds`]), in entries of their own (`gated_{fwd,bwd}_{dtype}_v16_ends`) so
+//! that every other call runs the vector body without that code. A grid of one access per
+//! thread has a warp more for them, so their loads issue with the body's rather than after a
+//! warp's vector accesses; the call is one launch, nothing waits for a second one.
+//!
 //! # The realigned forward (`gated_fwd_{dtype}_realigned`)
 //! For operands at any element offset and row stride (an interleaved `[gate | up]` input of
 //! odd `I` puts the two halves of a row at different offsets from the 16-byte grid, and the
@@ -134,8 +144,10 @@ fn batch(
     (ats, ok)
 }
 
+/// The forward over the walk's accesses; with `ENDS`, then a flat range's ragged end element
+/// where this thread takes one (see the module docs).
 #[inline(always)]
-unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
+unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct, const ENDS: bool>(p: &GatedFwdParams) {
     if M == VecMode::Scalar {
         // SAFETY: the caller's contract.
         return unsafe { fwd_scalar::<E, A>(p) };
@@ -160,6 +172,9 @@ unsafe fn fwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFwdParams) {
         unsafe { E::store_access::<M>(addr::<E, M>(p.y, p.y_stride, at), &y) };
         at = advance(walk, at);
         i += step;
+    }
+    if !ENDS {
+        return;
     }
     if let Some(e) = flat_end::<E, M>(p.ends, step, total) {
         let at = |base: u64| end_addr::<E>(base, e);
@@ -365,8 +380,10 @@ unsafe fn row_end<E: Elem, A: GatedAct>(v: u64, off: u64, aa: u64, ba: u64, row_
     });
 }
 
+/// The backward over the walk's accesses; with `ENDS`, then a flat range's ragged end element
+/// where this thread takes one.
 #[inline(always)]
-unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
+unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct, const ENDS: bool>(p: &GatedBwdParams) {
     if M == VecMode::Scalar {
         // SAFETY: the caller's contract.
         return unsafe { bwd_scalar::<E, A>(p) };
@@ -404,6 +421,9 @@ unsafe fn bwd<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedBwdParams) {
         }
         at = advance(walk, at);
         i += step;
+    }
+    if !ENDS {
+        return;
     }
     if let Some(e) = flat_end::<E, M>(p.ends, step, total) {
         let at = |base: u64| end_addr::<E>(base, e);
@@ -575,12 +595,12 @@ unsafe fn bwd_scalar<E: Elem, A: GatedAct>(p: &GatedBwdParams) {
 /// Dispatches on the activation once per launch (a uniform branch), then runs a body
 /// monomorphized for it.
 macro_rules! dispatch_act {
-    ($body:ident, $e:ty, $m:path, $p:expr) => {
+    ($body:ident, $e:ty, $m:path, $ends:expr, $p:expr) => {
         match Activation::from_u32($p.act) {
-            Some(Activation::Silu) => $body::<$e, { $m }, Silu>($p),
-            Some(Activation::GeluErf) => $body::<$e, { $m }, GeluErf>($p),
-            Some(Activation::GeluTanh) => $body::<$e, { $m }, GeluTanh>($p),
-            Some(Activation::Relu) => $body::<$e, { $m }, Relu>($p),
+            Some(Activation::Silu) => $body::<$e, { $m }, Silu, { $ends }>($p),
+            Some(Activation::GeluErf) => $body::<$e, { $m }, GeluErf, { $ends }>($p),
+            Some(Activation::GeluTanh) => $body::<$e, { $m }, GeluTanh, { $ends }>($p),
+            Some(Activation::Relu) => $body::<$e, { $m }, Relu, { $ends }>($p),
             // The host only passes valid activations.
             None => {}
         }
@@ -670,7 +690,7 @@ macro_rules! entries {
         /// The host launcher's checks: valid, aligned, in-bounds tensors; allowed aliasing only.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $fwd(p: GatedFwdParams) {
-            unsafe { dispatch_act!(fwd, $e, $m, &p) }
+            unsafe { dispatch_act!(fwd, $e, $m, false, &p) }
         }
 
         /// Gated backward; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
@@ -679,7 +699,7 @@ macro_rules! entries {
         /// As for the forward entry.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $bwd(p: GatedBwdParams) {
-            unsafe { dispatch_act!(bwd, $e, $m, &p) }
+            unsafe { dispatch_act!(bwd, $e, $m, false, &p) }
         }
     )*};
 }
@@ -692,4 +712,33 @@ entries! {
     gated_fwd_f16_scalar, gated_bwd_f16_scalar: F16, VecMode::Scalar;
     gated_fwd_bf16_v16, gated_bwd_bf16_v16: Bf16, VecMode::V16;
     gated_fwd_bf16_scalar, gated_bwd_bf16_scalar: Bf16, VecMode::Scalar;
+}
+
+macro_rules! ends_entries {
+    ($($fwd:ident, $bwd:ident: $e:ty;)*) => {$(
+        /// Gated forward on the vector path over a flat range, its ragged head and tail
+        /// included; see the module docs. Launch: `GATED_THREADS` threads, the planned grid.
+        ///
+        /// # Safety
+        /// As for the vector entry; the ends next to the body lie inside every operand.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $fwd(p: GatedFwdParams) {
+            unsafe { dispatch_act!(fwd, $e, VecMode::V16, true, &p) }
+        }
+
+        /// The same for the backward.
+        ///
+        /// # Safety
+        /// As for the forward entry.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $bwd(p: GatedBwdParams) {
+            unsafe { dispatch_act!(bwd, $e, VecMode::V16, true, &p) }
+        }
+    )*};
+}
+
+ends_entries! {
+    gated_fwd_f32_v16_ends, gated_bwd_f32_v16_ends: F32;
+    gated_fwd_f16_v16_ends, gated_bwd_f16_v16_ends: F16;
+    gated_fwd_bf16_v16_ends, gated_bwd_bf16_v16_ends: Bf16;
 }

@@ -12,7 +12,9 @@
 //!   elements each, 16 bytes of the dtype on `v16`, one element on `scalar`) are numbered
 //!   row-major. Static on `v16`: thread `g` of `G` takes accesses `g, g + G, g + 2G, ...`, two
 //!   per step with all four loads issued first, its row and column advanced by the host's
-//!   [`GridWalk`] step as in the plain kernel. Per group on `v16`: a group of 128 (or 64)
+//!   [`GridWalk`] step as in the plain kernel; over a flat range (dense operands off the grid,
+//!   as one row) the grid's last threads then take its ragged head and tail as there
+//!   (`gated_fp8_flat_{dtype}_v16_ends`; [`crate::gated`], "Flat ranges"). Per group on `v16`: a group of 128 (or 64)
 //!   columns is 8-32 consecutive accesses (16 for bf16 / f16, 32 for f32 at 128 columns), held
 //!   by half as many consecutive lanes, two accesses each half a group apart (so both loads of
 //!   a lane are coalesced with its neighbours'); the walk counts these pairs, thread `g` taking
@@ -372,7 +374,7 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
     }
     if M == VecMode::V16 {
         // SAFETY: the caller's contract.
-        return unsafe { flat_v16::<E, A>(p) };
+        return unsafe { flat_v16::<E, A, false>(p) };
     }
     // The scalar path reads the static scale once, before its loop: read in the loop body
     // after the loads, as on the vector path, it measured 7% slower at the few rows where this
@@ -445,9 +447,10 @@ unsafe fn flat<E: Elem, const M: VecMode, A: GatedAct, const LANES: u32>(p: &Gat
 
 /// [`flat`] on the vector path: thread `g` of `G` takes accesses `g, g + G, ...` (so a warp's
 /// 32 lanes take 32 consecutive accesses, `G` being a multiple of 32), its row and column
-/// ([`Cursor32`]) advanced by the host's [`GridWalk`] step as in the plain gated forward.
+/// ([`Cursor32`]) advanced by the host's [`GridWalk`] step as in the plain gated forward; with
+/// `ENDS`, then a flat range's ragged end element where this thread takes one.
 #[inline(always)]
-unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
+unsafe fn flat_v16<E: Elem, A: GatedAct, const ENDS: bool>(p: &GatedFp8Params) {
     let walk = &p.walk;
     let step = grid::grid_dim_x() * grid::block_dim_x();
     let mut i = grid::block_x() * grid::block_dim_x() + grid::thread_x();
@@ -479,6 +482,9 @@ unsafe fn flat_v16<E: Elem, A: GatedAct>(p: &GatedFp8Params) {
         }
         at = at2.advance(grid_step);
         i += 2 * step;
+    }
+    if !ENDS {
+        return;
     }
     if let Some(e) = flat_end::<E, { VecMode::V16 }>(p.ends, step, total) {
         let at = |base: u64| end_addr::<E>(base, e);
@@ -516,6 +522,18 @@ unsafe fn flat_v16_one<E: Elem, A: GatedAct>(
     let q = quantize(w, &gated::<E, V, A>(a, b), scale, inv);
     // SAFETY: `y` covers rows x cols at its stride, aligned to `w` bytes (the host's checks).
     unsafe { store_q(w, at.addr_q::<E>(p.y, p.y_stride, 0), q, ok) };
+}
+
+/// The static vector path over a flat range, its ragged head and tail included (`M` is
+/// [`VecMode::V16`]: the form [`dispatch!`] calls).
+///
+/// # Safety
+/// As for [`flat`]; the ends next to the body lie inside `a`, `b` and `y`.
+#[inline(always)]
+unsafe fn flat_ends<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
+    grid_dependency_sync();
+    // SAFETY: the caller's contract.
+    unsafe { flat_v16::<E, A, true>(p) }
 }
 
 /// [`flat`] on the vector path with per-group scales. A group of `2 * LANES` accesses is held
@@ -1352,6 +1370,27 @@ entries! {
         gated_fp8_row_long_bf16_v16, gated_fp8_row_split_bf16_v16: Bf16, VecMode::V16;
     gated_fp8_flat_bf16_scalar, gated_fp8_group_bf16_scalar, gated_fp8_row_bf16_scalar,
         gated_fp8_row_long_bf16_scalar, gated_fp8_row_split_bf16_scalar: Bf16, VecMode::Scalar;
+}
+
+macro_rules! ends_entries {
+    ($($ends:ident: $e:ty;)*) => {$(
+        /// Gated forward with FP8 output and a static scale on the vector path over a flat
+        /// range, its ragged head and tail included; see the module docs. Launch: as for the
+        /// static entry.
+        ///
+        /// # Safety
+        /// As for the static entry; the ends next to the body lie inside `a`, `b` and `y`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $ends(p: GatedFp8Params) {
+            unsafe { dispatch!(flat_ends, $e, VecMode::V16, &p) }
+        }
+    )*};
+}
+
+ends_entries! {
+    gated_fp8_flat_f32_v16_ends: F32;
+    gated_fp8_flat_f16_v16_ends: F16;
+    gated_fp8_flat_bf16_v16_ends: Bf16;
 }
 
 macro_rules! realigned_row_entries {

@@ -132,7 +132,7 @@ pub fn run(args: &Args) -> Result<(), String> {
             k.registers > GATED_FWD_MAX_REGISTERS
                 && matches!(
                     kernel_id(&k.kernel),
-                    Some(KernelId::GatedFwd(_, VecMode::V16))
+                    Some(KernelId::GatedFwd(_, VecMode::V16) | KernelId::GatedFwdEnds(_))
                 )
         })
         .map(|k| format!("{} ({}): {}", k.kernel, k.arch, k.registers))
