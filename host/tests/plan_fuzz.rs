@@ -1010,6 +1010,32 @@ fn flat_ends<'m>(
         .collect()
 }
 
+/// [`gated_launch`] of a forward or backward launch of `rows x cols` (`per_row` accesses a
+/// row), with its ragged `ends` ([`flat_ends`]) inside their buffers and counted toward the
+/// call's `shape`; returns every access, the ends' too.
+fn gated_launch_with_ends<P>(
+    v: &mut Violations,
+    l: &Launch<P>,
+    (rows, cols, per_row, ends): (u64, u64, u64, FlatEnds),
+    body: &[(Access, &MatDesc)],
+    (vector, takes_ends): (bool, bool),
+    shape: (usize, usize),
+) -> Vec<Access> {
+    gated_launch(v, 0, l, (rows, cols, per_row), body, vector);
+    let threads = l.grid as u64 * l.block as u64;
+    let end_accesses = flat_ends(v, 0, (ends, threads, takes_ends), body);
+    for (acc, buf) in &end_accesses {
+        v.inside(acc, buf);
+    }
+    let elements = rows as u128 * cols as u128 + ends.head as u128 + ends.tail as u128;
+    if elements != shape.0 as u128 * shape.1 as u128 {
+        v.add(format!(
+            "the launch covers {elements} elements of {shape:?}"
+        ));
+    }
+    body.iter().chain(&end_accesses).map(|(a, _)| *a).collect()
+}
+
 fn check_gated_forward(c: &GatedFwdCase, l: &Launch<GatedFwdParams>) -> Vec<String> {
     let mut v = Violations::default();
     let [a, b, y] = gated_forward_operands(c).expect("planned, so resolved");
@@ -1041,27 +1067,9 @@ fn check_gated_forward(c: &GatedFwdCase, l: &Launch<GatedFwdParams>) -> Vec<Stri
         (access("b", region(p.b, p.b_stride), false, 0), &b),
         (access("y", region(p.y, p.y_stride), true, 0), &y),
     ];
-    gated_launch(
-        &mut v,
-        0,
-        l,
-        (p.rows, p.cols, p.walk.per_row),
-        &body,
-        vector,
-    );
-    let threads = l.grid as u64 * l.block as u64;
     let takes_ends = matches!(l.kernel, KernelId::GatedFwdEnds(_));
-    let ends = flat_ends(&mut v, 0, (p.ends, threads, takes_ends), &body);
-    for (acc, buf) in &ends {
-        v.inside(acc, buf);
-    }
-    let elements = p.rows as u128 * p.cols as u128 + p.ends.head as u128 + p.ends.tail as u128;
-    if elements != shape.0 as u128 * shape.1 as u128 {
-        v.add(format!(
-            "the launch covers {elements} elements of {shape:?}"
-        ));
-    }
-    let accesses: Vec<Access> = body.iter().chain(&ends).map(|(a, _)| *a).collect();
+    let dims = (p.rows, p.cols, p.walk.per_row, p.ends);
+    let accesses = gated_launch_with_ends(&mut v, l, dims, &body, (vector, takes_ends), shape);
     v.aliasing(&accesses, &[("y", "b")]);
     v.0
 }
@@ -1232,27 +1240,9 @@ fn check_gated_backward(c: &GatedBwdCase, l: &Launch<GatedBwdParams>) -> Vec<Str
         (access("da", region(p.da, p.da_stride), true, 0), da),
         (access("db", region(p.db, p.db_stride), true, 0), db),
     ];
-    gated_launch(
-        &mut v,
-        0,
-        l,
-        (p.rows, p.cols, p.walk.per_row),
-        &body,
-        vector,
-    );
-    let threads = l.grid as u64 * l.block as u64;
     let takes_ends = matches!(l.kernel, KernelId::GatedBwdEnds(_));
-    let ends = flat_ends(&mut v, 0, (p.ends, threads, takes_ends), &body);
-    for (acc, buf) in &ends {
-        v.inside(acc, buf);
-    }
-    let elements = p.rows as u128 * p.cols as u128 + p.ends.head as u128 + p.ends.tail as u128;
-    if elements != shape.0 as u128 * shape.1 as u128 {
-        v.add(format!(
-            "the launch covers {elements} elements of {shape:?}"
-        ));
-    }
-    let accesses: Vec<Access> = body.iter().chain(&ends).map(|(a, _)| *a).collect();
+    let dims = (p.rows, p.cols, p.walk.per_row, p.ends);
+    let accesses = gated_launch_with_ends(&mut v, l, dims, &body, (vector, takes_ends), shape);
     v.aliasing(
         &accesses,
         &[("da", "a"), ("da", "dy"), ("db", "b"), ("db", "dy")],

@@ -14,11 +14,11 @@
 //!   per step with all four loads issued first, its row and column advanced by the host's
 //!   [`GridWalk`] step as in the plain kernel; over a flat range (dense operands off the grid,
 //!   as one row) the grid's last threads then take its ragged head and tail as there
-//!   (`gated_fp8_flat_{dtype}_v16_ends`; [`crate::gated`], "Flat ranges"). Per group on `v16`: a group of 128 (or 64)
-//!   columns is 8-32 consecutive accesses (16 for bf16 / f16, 32 for f32 at 128 columns), held
-//!   by half as many consecutive lanes, two accesses each half a group apart (so both loads of
-//!   a lane are coalesced with its neighbours'); the walk counts these pairs, thread `g` taking
-//!   pairs `g, g + G, ...`. On `scalar`, warps walk steps of `32 * batch` accesses (lane `l`
+//!   (`gated_fp8_flat_{dtype}_v16_ends`; [`crate::gated`], "Flat ranges"). Per group on
+//!   `v16`: a group of 128 (or 64) columns is 8-32 consecutive accesses (16 for bf16 / f16,
+//!   32 for f32 at 128 columns), held by half as many consecutive lanes, two accesses each half
+//!   a group apart (so both loads of a lane are coalesced with its neighbours'); the walk
+//!   counts these pairs, thread `g` taking pairs `g, g + G, ...`. On `scalar`, warps walk steps of `32 * batch` accesses (lane `l`
 //!   takes `l + 32k`, `k < batch`: coalesced for every `k`), rows and columns from the host's
 //!   multiply-high ([`GridWalk::row_of`]): no division; a group is one whole step (`batch` =
 //!   group / 32). `G` is a multiple of 32, so a group's lanes are in one warp. The group's
