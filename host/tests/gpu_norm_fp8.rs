@@ -654,6 +654,77 @@ fn norm_fp8_split_rows() {
     }
 }
 
+/// The looped FP8 forward with each tile's loads issued ahead (rows of more than 16384
+/// elements, at most a row per two multiprocessors, where the split does not run: here with
+/// the split turned off): against the references (as every case), and bit for bit against
+/// the looped kernel without loads ahead on the same rows: bytes, scales, `h`, `rstd`; on the
+/// vector path and, with every operand one element in, the scalar one.
+#[test]
+fn norm_fp8_loop_ahead_rows() {
+    let Some((k, s)) = gpu("norm_fp8_loop_ahead_rows") else {
+        return;
+    };
+    let shapes: &[(usize, usize)] = if quick() {
+        &[(2, 18432)]
+    } else {
+        &[(1, 16512), (5, 32768), (3, 65544)]
+    };
+    k.set_cluster_split(false);
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        for &(rows, cols) in shapes {
+            for (ci, scaling) in schemes(cols).into_iter().enumerate() {
+                for (at, mode) in [(ALIGNED, VecMode::V16), (SCALAR, VecMode::Scalar)] {
+                    let place = PLACES[ci % PLACES.len()];
+                    let kernel = planned_kernel_at(&k, dtype, (rows, cols), scaling, at);
+                    let ahead = KernelId::RmsNormFp8LoopAhead(dtype, mode, kernel_scheme(scaling));
+                    assert_eq!(kernel, ahead);
+                    let body = std::panic::AssertUnwindSafe(|| {
+                        typed!(
+                            dtype,
+                            loop_ahead_case::<T>(
+                                &k,
+                                &s,
+                                &mut rng,
+                                (place, at, scaling),
+                                (rows, cols),
+                                ci
+                            )
+                        )
+                    });
+                    let result = std::panic::catch_unwind(body);
+                    k.set_loop_ahead(true);
+                    if let Err(p) = result {
+                        k.set_cluster_split(true);
+                        eprintln!("norm_fp8_loop_ahead_rows: failed with seed {seed:#x}");
+                        std::panic::resume_unwind(p);
+                    }
+                }
+            }
+        }
+    }
+    k.set_cluster_split(true);
+}
+
+/// A case of [`norm_fp8_loop_ahead_rows`]: the references, then the bits of the looped
+/// kernel without loads ahead.
+fn loop_ahead_case<T: Element>(
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut StdRng,
+    (place, at, scaling): (Place, At, Fp8Scaling),
+    shape: (usize, usize),
+    variant: usize,
+) {
+    case::<T>(k, s, rng, place, at, scaling, shape, variant);
+    same_bits_when_off::<T>(
+        (k, s, Kernels::set_loop_ahead),
+        rng,
+        (place, at, scaling),
+        shape,
+    );
+}
+
 /// A case of [`norm_fp8_split_rows`]: the references, then the looped kernel's bits.
 fn split_case<T: Element>(
     k: &Kernels,

@@ -224,7 +224,9 @@ fn streams_rows_of_32_per_thread_past_one_wave() {
 fn plans_looped_rows_past_16384() {
     // Rows longer than the register geometries: the looped geometry and its ring, one row of
     // 512 threads per block, on the vector path or (off the grid) the scalar one; never the
-    // realigned or streamed entries.
+    // realigned or streamed entries. Up to a row per two multiprocessors the loads-ahead form,
+    // unless the limits turn it off.
+    let no_ahead = limits().with_loop_ahead(false);
     for (d, hidden) in [
         (DType::BF16, 16512),
         (DType::F16, 20480),
@@ -234,24 +236,34 @@ fn plans_looped_rows_past_16384() {
         assert_eq!(variant, NormFwdVariant::Loop);
         let group = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
         for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
-            let t = descs(d, 3, hidden, s.scale_shape(3, hidden).unwrap());
-            let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &limits()).unwrap();
-            assert!(matches!(
-                l.kernel,
-                KernelId::RmsNormFp8(k, VecMode::V16, NormFwdVariant::Loop, _) if k == d
-            ));
-            assert_eq!(
-                (l.grid, l.block, l.shared_mem_bytes),
-                (3, g.block_threads(), RMSNORM_LOOP_SMEM_BYTES)
-            );
-            assert_eq!(l.params.norm.threads_per_row, 512);
+            for (rows, limits, ahead) in [
+                (3, &limits(), true),
+                (66, &limits(), true),
+                (67, &limits(), false),
+                (3, &no_ahead, false),
+            ] {
+                let t = descs(d, rows, hidden, s.scale_shape(rows, hidden).unwrap());
+                let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, limits).unwrap();
+                let scheme = l.params.scheme;
+                let want = if ahead {
+                    KernelId::RmsNormFp8LoopAhead(d, VecMode::V16, scheme)
+                } else {
+                    KernelId::RmsNormFp8(d, VecMode::V16, NormFwdVariant::Loop, scheme)
+                };
+                assert_eq!(l.kernel, want, "{rows} rows");
+                assert_eq!(
+                    (l.grid, l.block, l.shared_mem_bytes),
+                    (rows as u32, g.block_threads(), RMSNORM_LOOP_SMEM_BYTES)
+                );
+                assert_eq!(l.params.norm.threads_per_row, 512);
+            }
         }
         let t = descs(d, 3, hidden + 1, (3, 1));
         let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
-        assert!(matches!(
+        assert_eq!(
             l.kernel,
-            KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::Loop, FP8_PER_TOKEN)
-        ));
+            KernelId::RmsNormFp8LoopAhead(d, VecMode::Scalar, FP8_PER_TOKEN)
+        );
     }
 }
 
@@ -263,15 +275,16 @@ fn splits_few_looped_rows_over_a_cluster() {
         plan_rmsnorm_forward_fp8(&t, &opts(), s, limits).unwrap()
     };
     let group = Fp8Scaling::per_group(128, ScaleLayout::ColMajor);
-    // Looped rows of up to 8 tiles (of 8192 elements) at up to a row per two multiprocessors:
-    // a cluster of a block per tile, on the vector path or (off the grid) the scalar one.
-    for (d, hidden, tiles) in [
-        (DType::BF16, 16512, 3),
-        (DType::F16, 32768, 4),
-        (DType::F32, 65536, 8),
+    // Looped rows of up to 8 tiles (of 8192 elements): a cluster of a block per tile, on the
+    // vector path or (off the grid) the scalar one, at up to three eighths as many rows as
+    // multiprocessors (49 of 132), rows of 8 tiles up to half as many (66).
+    for (d, hidden, tiles, most) in [
+        (DType::BF16, 16512, 3, 49),
+        (DType::F16, 32768, 4, 49),
+        (DType::F32, 65536, 8, 66),
     ] {
         for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
-            for rows in [1, 7, 66] {
+            for rows in [1, 7, most] {
                 let l = plan(d, rows, hidden, s, &clusters);
                 let scheme = l.params.scheme;
                 assert_eq!(l.kernel, KernelId::RmsNormFp8Split(d, VecMode::V16, scheme));
@@ -281,12 +294,14 @@ fn splits_few_looped_rows_over_a_cluster() {
                 );
                 assert_eq!(l.params.norm.threads_per_row, 512);
             }
-            // More rows than half the multiprocessors, or no clusters: one block per row.
-            for (rows, limits) in [(67, &clusters), (7, &limits())] {
+            // More rows, or no clusters: one block per row (with its loads ahead up to a row
+            // per two multiprocessors).
+            for (rows, limits) in [(most + 1, &clusters), (67, &clusters), (7, &limits())] {
                 let l = plan(d, rows, hidden, s, limits);
                 assert!(matches!(
                     l.kernel,
                     KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::Loop, _)
+                        | KernelId::RmsNormFp8LoopAhead(_, VecMode::V16, _)
                 ));
                 assert_eq!(l.grid, rows as u32);
             }
@@ -301,7 +316,7 @@ fn splits_few_looped_rows_over_a_cluster() {
     let l = plan(DType::BF16, 7, 65544, Fp8Scaling::Static, &clusters);
     assert!(matches!(
         l.kernel,
-        KernelId::RmsNormFp8(_, _, NormFwdVariant::Loop, _)
+        KernelId::RmsNormFp8LoopAhead(_, _, FP8_STATIC)
     ));
     let l = plan(DType::BF16, 7, 16384, Fp8Scaling::Static, &clusters);
     assert!(matches!(
@@ -360,6 +375,16 @@ fn every_fp8_norm_kernel_is_in_the_table() {
                 let spilled = (d, m, s) == (DType::F32, VecMode::V16, FP8_PER_GROUP);
                 let blocks = if spilled { 1 } else { 2 };
                 assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                assert_eq!(k.dynamic_smem_opt_in(), None);
+            }
+        }
+    }
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            for m in [VecMode::V16, VecMode::Scalar] {
+                let k = KernelId::RmsNormFp8LoopAhead(d, m, s);
+                assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+                assert_eq!(k.launch_bounds(), Some((512, 1)));
                 assert_eq!(k.dynamic_smem_opt_in(), None);
             }
         }

@@ -261,6 +261,7 @@ struct Limits {
     clusters: bool,
     wide_clusters: bool,
     narrow_split: bool,
+    loop_ahead: bool,
     streamed_rows: bool,
 }
 
@@ -270,6 +271,7 @@ impl Limits {
             .with_clusters(self.clusters)
             .with_wide_clusters(self.wide_clusters)
             .with_narrow_split(self.narrow_split)
+            .with_loop_ahead(self.loop_ahead)
             .with_streamed_rows(self.streamed_rows)
     }
 }
@@ -296,6 +298,7 @@ fn limits(rng: &mut StdRng) -> Limits {
         clusters: rng.random_bool(0.5),
         wide_clusters: rng.random_bool(0.5),
         narrow_split: rng.random_bool(0.3),
+        loop_ahead: rng.random_bool(0.7),
         streamed_rows: rng.random_bool(0.5),
     }
 }
@@ -2263,14 +2266,35 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
             check_streamed_norm(&mut v, &c.limits, shape, sizes, n, dtype);
             true
         }
+        KernelId::RmsNormFp8LoopAhead(d, mode, s) if d == dtype && s == p.scheme => {
+            // Looped rows with the looped ring, at most a row per two multiprocessors.
+            let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            if want != NormFwdVariant::Loop
+                || !c.limits.loop_ahead
+                || rows * 2 > c.limits.sm_count as usize
+                || l.shared_mem_bytes != RMSNORM_LOOP_SMEM_BYTES
+            {
+                v.add(format!(
+                    "{:?} with {} bytes of shared memory for {rows} rows of {hidden}",
+                    l.kernel, l.shared_mem_bytes
+                ));
+            }
+            mode == VecMode::V16
+        }
         KernelId::RmsNormFp8Split(d, mode, s) if d == dtype && s == p.scheme => {
             // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
-            // device with clusters, at most a row per two multiprocessors.
+            // device with clusters, at most a row per two multiprocessors (three eighths of
+            // one for clusters of fewer than the most blocks).
             let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
             let cluster = p.cluster_blocks(l.kernel);
+            let per_sm = if cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER {
+                (1, 2)
+            } else {
+                (3, 8)
+            };
             if want != NormFwdVariant::Loop
                 || !c.limits.clusters
-                || rows * 2 > c.limits.sm_count as usize
+                || rows * per_sm.1 > c.limits.sm_count as usize * per_sm.0
                 || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
                 || l.grid as u64 != rows as u64 * cluster as u64
                 || l.block != n.threads_per_row

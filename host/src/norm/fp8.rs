@@ -15,18 +15,23 @@
 //! geometry, whose `y` is the looped storage-dtype forward's (normalised from `h` as stored,
 //! see [`super`]); per token they read `h` back twice (once for the row's maximum). On sm_90,
 //! rows of up to 8 tiles at few rows are split over a thread-block cluster instead, a block
-//! per tile, with the looped kernel's bits (`split_clusters`).
+//! per tile, with the looped kernel's bits (`split_clusters`); up to a row per two
+//! multiprocessors the looped kernel issues each tile's loads while it works on the one
+//! before (`loop_ahead`, the same bits).
 
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DType, KernelId, NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params, VecMode,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
-    rmsnorm_split_geometry,
+    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
+    RmsNormFp8Params, VecMode, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
 };
 
-use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut, streamed_forward};
+use super::{
+    ForwardOperands, LOOP_AHEAD_SMS_PER_ROW, RmsNormOptions, grid_u32, optional_desc_mut,
+    streamed_forward,
+};
 use crate::error::Result;
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
 use crate::runtime::{GridLimits, Kernels, Launch};
@@ -137,6 +142,11 @@ pub fn plan_rmsnorm_forward_fp8(
                 grid,
                 rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32),
             ),
+            None if looped && loop_ahead(rows, limits) => (
+                KernelId::RmsNormFp8LoopAhead(dtype, mode, scheme),
+                grid,
+                RMSNORM_LOOP_SMEM_BYTES,
+            ),
             None => (
                 KernelId::RmsNormFp8(dtype, mode, variant, scheme),
                 grid,
@@ -170,22 +180,34 @@ pub fn plan_rmsnorm_forward_fp8(
 
 /// The cluster size of the split FP8 forward, where it applies: looped rows of at most
 /// [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER) tiles (one per
-/// block, portable cluster sizes) on a device with clusters, at most one row per two
-/// multiprocessors. There one block per row leaves most of the GPU idle and reads `h` back
-/// (twice per token): on an H100 the split was 1.1-4.1x faster at 1-64 rows of 18432-65536
-/// bf16 elements (except per token at 64 rows of 32768, 0.83x in graph replay), level at 64
-/// rows off the grid, and 1.2-1.6x slower at 96-128 rows, where one block per row fills the
-/// GPU (`bench/TUNING.md`, "The FP8 norm's long rows split over a cluster"). It computes the
+/// block, portable cluster sizes) on a device with clusters, as the storage-dtype forward
+/// splits them: at most three eighths as many rows as multiprocessors, half as many for rows
+/// of [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles. There one block per row leaves most of the GPU idle
+/// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
+/// 18432-65536 bf16 elements, `bench/TUNING.md`, "The FP8 norm's long rows split over a
+/// cluster"); beyond, the loads-ahead looped kernel ([`loop_ahead`]) was faster up to a row per
+/// two multiprocessors ("The FP8 norm's looped rows with their loads ahead"). It computes the
 /// looped kernel's bits, so the choice by `rows` keeps batch invariance.
 fn split_clusters(dtype: DType, hidden: usize, rows: usize, limits: &GridLimits) -> Option<u32> {
+    let sms = limits.sm_count as u64;
     match rmsnorm_split_geometry(dtype, hidden as u64, false) {
-        Some((NormFwdVariant::E16, cluster))
-            if limits.clusters && rows > 0 && rows * 2 <= limits.sm_count as usize =>
-        {
-            Some(cluster)
+        Some((NormFwdVariant::E16, cluster)) if limits.clusters && rows > 0 => {
+            let takes = if cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER {
+                rows as u64 * 2 <= sms
+            } else {
+                rows as u64 * 8 <= sms * 3
+            };
+            takes.then_some(cluster)
         }
         _ => None,
     }
+}
+
+/// Whether looped rows the split does not take run the loads-ahead kernel: in calls of at most
+/// one row per [`LOOP_AHEAD_SMS_PER_ROW`] multiprocessors, as the storage-dtype forward's
+/// looped rows (the same bits as the looped kernel).
+fn loop_ahead(rows: usize, limits: &GridLimits) -> bool {
+    limits.loop_ahead && rows as u64 * LOOP_AHEAD_SMS_PER_ROW <= limits.sm_count as u64
 }
 
 /// Where the FP8 forward reads its inputs and writes `h` (all `[rows, H]` of the storage

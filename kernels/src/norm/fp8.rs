@@ -45,7 +45,9 @@
 //! then its second pass with the FP8 tail above applied tile by tile (static and per group;
 //! a group's chunks are consecutive lanes of one tile). Per token the second pass runs twice:
 //! once for the row's maximum, then again for the stores, the same `y` recomputed (read back
-//! from `h` as stored, which the looped storage-dtype forward normalises too).
+//! from `h` as stored, which the looped storage-dtype forward normalises too). In calls of few
+//! rows the `loop_ahead` entries issue each tile's loads while the tile before it is worked
+//! on, as the storage-dtype forward's (one row per SM, the same bits).
 //!
 //! At few rows (sm_90) such a row of up to 8 tiles is split over a thread-block cluster, a
 //! block per tile ([`fwd_fp8_split`]), as the storage-dtype forward splits it (`split`): the
@@ -70,8 +72,8 @@ use super::realign::{self, Shifted, Stage, stage_row, staged_weight, weight_vect
 use super::split::cluster_row_sum;
 use super::{
     MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_chunk_if, load_w,
-    load_w_if, loop_normalized, loop_sum_sq, normalize, prefetch_first, round_to, rstd_of,
-    store_chunk,
+    load_w_if, loop_normalized, loop_sum_sq, loop_tiles, normalize, prefetch_first, round_to,
+    rstd_of, store_chunk,
 };
 use crate::cluster;
 use crate::gated_fp8::{
@@ -409,15 +411,18 @@ pub(super) unsafe fn store_fp8<E: Elem, const M: Path, const S: u32>(
     });
 }
 
-/// The forward with FP8 output for rows too long for registers (scheme `S`, no loads ahead);
-/// see the module docs.
+/// The forward with FP8 output for rows too long for registers (scheme `S`; `AHEAD`: each
+/// tile's loads issued while the tile before it is worked on, for calls of few rows, as the
+/// storage-dtype forward's loads-ahead form); see the module docs.
 ///
 /// # Safety
 /// The host's plan: params checked as for [`fwd_fp8`], the looped geometry (one row of
 /// `RMSNORM_MAX_THREADS_PER_ROW` threads per block) and `RMSNORM_LOOP_SMEM_BYTES` of shared
 /// memory.
 #[inline(always)]
-unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
+unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32, const AHEAD: bool>(
+    p: &RmsNormFp8Params,
+) {
     let n = &p.norm;
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(n.threads_per_row as u64) else {
@@ -427,6 +432,9 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
     let row = grid::block_x() * n.rows_per_block as u64 + me.r_local;
     let live = row < n.rows;
     let nchunks = n.hidden.div_ceil(E::LANES as u64);
+    // Before the wait (a 64-bit division, and a branch on its width), so that the first tile's
+    // loads issue together right after it.
+    let tiles = loop_tiles::<E>(n.hidden, me.tpr);
     prefetch_first(n.x);
     grid_dependency_sync();
     // The static scale, read once, after the wait (the previous kernel may write it).
@@ -442,7 +450,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
         Row::of(n.h, n.h_stride, row),
     ];
     // SAFETY: the caller's contract; every thread of the block gets here.
-    let sum_sq = unsafe { loop_sum_sq::<E, M>(n, &me, live, rows) };
+    let sum_sq = unsafe { loop_sum_sq::<E, M, AHEAD>(n, &me, live, rows, tiles) };
     let rstd = rstd_of(sum_sq, n.hidden, n.eps);
     // The block is one row: the whole block leaves, or none of it.
     if !live {
@@ -456,7 +464,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
         let mut amax = 0.0f32;
         // SAFETY: after pass 1, for a live row.
         unsafe {
-            loop_normalized::<E, M>(n, &me, row, rstd, |_, y| {
+            loop_normalized::<E, M, AHEAD>(n, &me, row, rstd, tiles, |_, y| {
                 unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&y[j])); });
             })
         };
@@ -473,7 +481,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
     // SAFETY: after pass 1, for a live row; `y` and the scales as the host checked them.
     // Neither tail below runs a barrier (static: none; per group: warp shuffles only).
     unsafe {
-        loop_normalized::<E, M>(n, &me, row, rstd, |first, y| {
+        loop_normalized::<E, M, AHEAD>(n, &me, row, rstd, tiles, |first, y| {
             let chunk = |j: usize| {
                 let c = first + j as u64 * me.tpr;
                 (c, c < nchunks)
@@ -692,7 +700,22 @@ macro_rules! fp8_loop_entries {
         /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFp8Params) {
-            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s>(&p) }
+            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s, false>(&p) }
+        }
+    )*};
+}
+
+macro_rules! fp8_loop_ahead_entries {
+    ($($s:ident, $e:ty, $m:ident => $name:ident;)*) => {$(
+        /// Add + RMSNorm forward with FP8 output, rows of more than 16384 elements (looped),
+        /// each tile's loads issued while the tile before it is worked on: for calls of few
+        /// rows; see [`fwd_fp8_loop`].
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFp8Params) {
+            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s, true>(&p) }
         }
     )*};
 }
@@ -770,6 +793,28 @@ fp8_loop_entries! {
     FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_loop;
     FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_loop;
     FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_loop;
+}
+
+// As above.
+fp8_loop_ahead_entries! {
+    FP8_STATIC, F32, V16 => rmsnorm_fp8_static_f32_v16_loop_ahead;
+    FP8_STATIC, F32, Scalar => rmsnorm_fp8_static_f32_scalar_loop_ahead;
+    FP8_STATIC, F16, V16 => rmsnorm_fp8_static_f16_v16_loop_ahead;
+    FP8_STATIC, F16, Scalar => rmsnorm_fp8_static_f16_scalar_loop_ahead;
+    FP8_STATIC, Bf16, V16 => rmsnorm_fp8_static_bf16_v16_loop_ahead;
+    FP8_STATIC, Bf16, Scalar => rmsnorm_fp8_static_bf16_scalar_loop_ahead;
+    FP8_PER_TOKEN, F32, V16 => rmsnorm_fp8_token_f32_v16_loop_ahead;
+    FP8_PER_TOKEN, F32, Scalar => rmsnorm_fp8_token_f32_scalar_loop_ahead;
+    FP8_PER_TOKEN, F16, V16 => rmsnorm_fp8_token_f16_v16_loop_ahead;
+    FP8_PER_TOKEN, F16, Scalar => rmsnorm_fp8_token_f16_scalar_loop_ahead;
+    FP8_PER_TOKEN, Bf16, V16 => rmsnorm_fp8_token_bf16_v16_loop_ahead;
+    FP8_PER_TOKEN, Bf16, Scalar => rmsnorm_fp8_token_bf16_scalar_loop_ahead;
+    FP8_PER_GROUP, F32, V16 => rmsnorm_fp8_group_f32_v16_loop_ahead;
+    FP8_PER_GROUP, F32, Scalar => rmsnorm_fp8_group_f32_scalar_loop_ahead;
+    FP8_PER_GROUP, F16, V16 => rmsnorm_fp8_group_f16_v16_loop_ahead;
+    FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_loop_ahead;
+    FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_loop_ahead;
+    FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_loop_ahead;
 }
 
 macro_rules! fp8_split_entries {
