@@ -185,9 +185,11 @@ pub fn plan_rmsnorm_forward_fp8(
 /// of [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles. There one block per row leaves most of the GPU idle
 /// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
 /// 18432-65536 bf16 elements, `bench/TUNING.md`, "The FP8 norm's long rows split over a
-/// cluster"); beyond, the loads-ahead looped kernel ([`loop_ahead`]) was faster up to a row per
-/// two multiprocessors ("The FP8 norm's looped rows with their loads ahead"). It computes the
-/// looped kernel's bits, so the choice by `rows` keeps batch invariance.
+/// cluster"); beyond, the loads-ahead looped kernel ([`loop_ahead`]) takes them up to a row per
+/// two multiprocessors, as it does for the storage-dtype forward, where at 64 rows of 3-6
+/// tiles one block per row was up to 27% ahead of the split in graph replay ("The FP8 norm's
+/// looped rows with their loads ahead"). It computes the looped kernel's bits, so the choice by
+/// `rows` keeps batch invariance.
 fn split_clusters(dtype: DType, hidden: usize, rows: usize, limits: &GridLimits) -> Option<u32> {
     let sms = limits.sm_count as u64;
     match rmsnorm_split_geometry(dtype, hidden as u64, false) {
