@@ -620,72 +620,93 @@ fn norm_fp8_split_rows() {
     } else {
         &[(1, 18432), (5, 18432), (3, 65536)]
     };
-    for dtype in DType::ALL {
-        let (mut rng, seed) = rng();
-        for &(rows, cols) in shapes {
-            for (ci, scaling) in schemes(cols).into_iter().enumerate() {
-                for (at, mode) in [(ALIGNED, VecMode::V16), (SCALAR, VecMode::Scalar)] {
-                    let place = PLACES[ci % PLACES.len()];
-                    let kernel = planned_kernel_at(&k, dtype, (rows, cols), scaling, at);
-                    let split = KernelId::RmsNormFp8Split(dtype, mode, kernel_scheme(scaling));
-                    assert_eq!(kernel, split);
-                    let body = std::panic::AssertUnwindSafe(|| {
-                        typed!(
-                            dtype,
-                            split_case::<T>(
-                                &k,
-                                &s,
-                                &mut rng,
-                                (place, at, scaling),
-                                (rows, cols),
-                                ci
-                            )
-                        )
-                    });
-                    let result = std::panic::catch_unwind(body);
-                    k.set_cluster_split(true);
-                    if let Err(p) = result {
-                        eprintln!("norm_fp8_split_rows: failed with seed {seed:#x}");
-                        std::panic::resume_unwind(p);
-                    }
-                }
-            }
-        }
-    }
+    looped_form_cases("norm_fp8_split_rows", &k, &s, shapes, LoopedForm::Split);
 }
 
 /// The looped FP8 forward with each tile's loads issued ahead (rows of more than 16384
-/// elements, at most a row per two multiprocessors, where the split does not run: here with
-/// the split turned off): against the references (as every case), and bit for bit against
-/// the looped kernel without loads ahead on the same rows: bytes, scales, `h`, `rstd`; on the
-/// vector path and, with every operand one element in, the scalar one.
+/// elements, at most a row per two multiprocessors, here past the split's three eighths of
+/// them): against the references (as every case), and bit for bit against the looped kernel
+/// without loads ahead on the same rows: bytes, scales, `h`, `rstd`; on the vector path and,
+/// with every operand one element in, the scalar one.
 #[test]
 fn norm_fp8_loop_ahead_rows() {
     let Some((k, s)) = gpu("norm_fp8_loop_ahead_rows") else {
         return;
     };
-    let shapes: &[(usize, usize)] = if quick() {
-        &[(2, 18432)]
+    // Tiles (every dtype): 18432 -> 3, 32768 -> 4, 65544 -> 9 (never split).
+    let cols: &[usize] = if quick() {
+        &[18432]
     } else {
-        &[(1, 16512), (5, 32768), (3, 65544)]
+        &[18432, 32768, 65544]
     };
-    k.set_cluster_split(false);
+    let sm = k.sm_count() as usize;
+    let shapes: Vec<_> = cols
+        .iter()
+        .zip([sm * 3 / 8 + 1, sm / 2].into_iter().cycle())
+        .map(|(&c, r)| (r, c))
+        .collect();
+    looped_form_cases(
+        "norm_fp8_loop_ahead_rows",
+        &k,
+        &s,
+        &shapes,
+        LoopedForm::Ahead,
+    );
+}
+
+/// A form of the looped FP8 forward that a switch of [`Kernels`] turns off, the looped kernel
+/// then computing the same bits.
+#[derive(Clone, Copy)]
+enum LoopedForm {
+    /// The cluster split (`Kernels::set_cluster_split`).
+    Split,
+    /// The loads ahead (`Kernels::set_loop_ahead`).
+    Ahead,
+}
+
+impl LoopedForm {
+    fn kernel(self, dtype: DType, mode: VecMode, scaling: Fp8Scaling) -> KernelId {
+        let scheme = kernel_scheme(scaling);
+        match self {
+            LoopedForm::Split => KernelId::RmsNormFp8Split(dtype, mode, scheme),
+            LoopedForm::Ahead => KernelId::RmsNormFp8LoopAhead(dtype, mode, scheme),
+        }
+    }
+
+    fn switch(self) -> fn(&Kernels, bool) {
+        match self {
+            LoopedForm::Split => Kernels::set_cluster_split,
+            LoopedForm::Ahead => Kernels::set_loop_ahead,
+        }
+    }
+}
+
+/// Every dtype, shape and scheme, on the vector path and (every operand one element in) the
+/// scalar one: `k` must plan `form`'s kernel, which must match the references and write the
+/// bits of the same call with `form` turned off.
+fn looped_form_cases(
+    test: &str,
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    shapes: &[(usize, usize)],
+    form: LoopedForm,
+) {
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
         for &(rows, cols) in shapes {
             for (ci, scaling) in schemes(cols).into_iter().enumerate() {
                 for (at, mode) in [(ALIGNED, VecMode::V16), (SCALAR, VecMode::Scalar)] {
                     let place = PLACES[ci % PLACES.len()];
-                    let kernel = planned_kernel_at(&k, dtype, (rows, cols), scaling, at);
-                    let ahead = KernelId::RmsNormFp8LoopAhead(dtype, mode, kernel_scheme(scaling));
-                    assert_eq!(kernel, ahead);
+                    let kernel = planned_kernel_at(k, dtype, (rows, cols), scaling, at);
+                    assert_eq!(kernel, form.kernel(dtype, mode, scaling));
                     let body = std::panic::AssertUnwindSafe(|| {
                         typed!(
                             dtype,
-                            loop_ahead_case::<T>(
-                                &k,
-                                &s,
+                            looped_form_case::<T>(
+                                k,
+                                s,
                                 &mut rng,
+                                form,
                                 (place, at, scaling),
                                 (rows, cols),
                                 ci
@@ -693,54 +714,29 @@ fn norm_fp8_loop_ahead_rows() {
                         )
                     });
                     let result = std::panic::catch_unwind(body);
-                    k.set_loop_ahead(true);
+                    form.switch()(k, true);
                     if let Err(p) = result {
-                        k.set_cluster_split(true);
-                        eprintln!("norm_fp8_loop_ahead_rows: failed with seed {seed:#x}");
+                        eprintln!("{test}: failed with seed {seed:#x}");
                         std::panic::resume_unwind(p);
                     }
                 }
             }
         }
     }
-    k.set_cluster_split(true);
 }
 
-/// A case of [`norm_fp8_loop_ahead_rows`]: the references, then the bits of the looped
-/// kernel without loads ahead.
-fn loop_ahead_case<T: Element>(
+/// A case of [`looped_form_cases`]: the references, then the bits with `form` turned off.
+fn looped_form_case<T: Element>(
     k: &Kernels,
     s: &Arc<CudaStream>,
     rng: &mut StdRng,
+    form: LoopedForm,
     (place, at, scaling): (Place, At, Fp8Scaling),
     shape: (usize, usize),
     variant: usize,
 ) {
     case::<T>(k, s, rng, place, at, scaling, shape, variant);
-    same_bits_when_off::<T>(
-        (k, s, Kernels::set_loop_ahead),
-        rng,
-        (place, at, scaling),
-        shape,
-    );
-}
-
-/// A case of [`norm_fp8_split_rows`]: the references, then the looped kernel's bits.
-fn split_case<T: Element>(
-    k: &Kernels,
-    s: &Arc<CudaStream>,
-    rng: &mut StdRng,
-    (place, at, scaling): (Place, At, Fp8Scaling),
-    shape: (usize, usize),
-    variant: usize,
-) {
-    case::<T>(k, s, rng, place, at, scaling, shape, variant);
-    same_bits_when_off::<T>(
-        (k, s, Kernels::set_cluster_split),
-        rng,
-        (place, at, scaling),
-        shape,
-    );
+    same_bits_when_off::<T>((k, s, form.switch()), rng, (place, at, scaling), shape);
 }
 
 /// The scheme constant of the entries that run `scaling`.
