@@ -45,9 +45,9 @@ use ferrofuse_common::{
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
-    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2281,10 +2281,12 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
             }
             mode == VecMode::V16
         }
-        KernelId::RmsNormFp8Split(d, mode, s) if d == dtype && s == p.scheme => {
+        KernelId::RmsNormFp8Split(d, path, s) if d == dtype && s == p.scheme => {
             // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
-            // device with clusters, at most a row per two multiprocessors (three eighths of
-            // one for clusters of fewer than the most blocks).
+            // device with clusters; on the vector and scalar paths at most a row per two
+            // multiprocessors (three eighths of one for clusters of fewer than the most
+            // blocks), on the realigned path (16-bit rows, its staging after the split's
+            // slots) at any number of rows.
             let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
             let cluster = p.cluster_blocks(l.kernel);
             let per_sm = if cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER {
@@ -2292,13 +2294,16 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
             } else {
                 (3, 8)
             };
+            let realigned_path = path == NormPath::Realigned;
+            let smem = rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16);
             if want != NormFwdVariant::Loop
                 || !c.limits.clusters
-                || rows * per_sm.1 > c.limits.sm_count as usize * per_sm.0
+                || (!realigned_path && rows * per_sm.1 > c.limits.sm_count as usize * per_sm.0)
+                || (realigned_path && dtype.size_bytes() != 2)
                 || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
                 || l.grid as u64 != rows as u64 * cluster as u64
                 || l.block != n.threads_per_row
-                || l.shared_mem_bytes != RMSNORM_SPLIT_SMEM_BYTES
+                || Some(l.shared_mem_bytes) != smem
             {
                 v.add(format!(
                     "{:?}: a grid of {} in clusters of {cluster}, {} bytes of shared memory, \
@@ -2306,7 +2311,8 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
                     l.kernel, l.grid, l.shared_mem_bytes
                 ));
             }
-            mode == VecMode::V16
+            realigned = realigned_path;
+            path == NormPath::V16
         }
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));

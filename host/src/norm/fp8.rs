@@ -14,18 +14,18 @@
 //! lanes that hold it). Rows of any length: longer rows than 16384 elements take the looped
 //! geometry, whose `y` is the looped storage-dtype forward's (normalised from `h` as stored,
 //! see [`super`]); per token they read `h` back twice (once for the row's maximum). On sm_90,
-//! rows of up to 8 tiles at few rows are split over a thread-block cluster instead, a block
-//! per tile, with the looped kernel's bits (`split_clusters`); up to a row per two
-//! multiprocessors the looped kernel issues each tile's loads while it works on the one
-//! before (`loop_ahead`, the same bits).
+//! rows of up to 8 tiles at few rows (off the 16-byte grid at any number of rows, realigned)
+//! are split over a thread-block cluster instead, a block per tile, with the looped kernel's
+//! bits (`split_clusters`); up to a row per two multiprocessors the looped kernel issues each
+//! tile's loads while it works on the one before (`loop_ahead`, the same bits).
 
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    DType, KernelId, NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    DType, KernelId, NormFwdVariant, NormPath, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
     RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
     RmsNormFp8Params, VecMode, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
-    rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 
 use super::{
@@ -128,12 +128,12 @@ pub fn plan_rmsnorm_forward_fp8(
         && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
         && w.addr % 16 == 0;
     let stream = KernelId::RmsNormFp8Stream(dtype, scheme);
-    let split = split_clusters(dtype, hidden, rows, limits);
+    let split = split_clusters(dtype, mode, w.addr % 16 == 0, hidden, rows, limits);
     let (kernel, grid, shared_mem_bytes) = match split {
-        Some(cluster) => (
-            KernelId::RmsNormFp8Split(dtype, mode, scheme),
+        Some((cluster, path, smem)) => (
+            KernelId::RmsNormFp8Split(dtype, path, scheme),
             grid_u32("rows", rows as u64 * cluster as u64)?,
-            RMSNORM_SPLIT_SMEM_BYTES,
+            smem,
         ),
         None => match streamed_forward(stream, mode, variant, rows, limits) {
             Some(blocks) => (stream, blocks, RMSNORM_STREAM_SMEM_BYTES),
@@ -178,31 +178,49 @@ pub fn plan_rmsnorm_forward_fp8(
     })
 }
 
-/// The cluster size of the split FP8 forward, where it applies: looped rows of at most
-/// [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER) tiles (one per
-/// block, portable cluster sizes) on a device with clusters, as the storage-dtype forward
-/// splits them: at most three eighths as many rows as multiprocessors, half as many for rows
-/// of [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles. There one block per row leaves most of the GPU idle
-/// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
-/// 18432-65536 bf16 elements, `bench/TUNING.md`, "The FP8 norm's long rows split over a
-/// cluster"); beyond, the loads-ahead looped kernel ([`loop_ahead`]) takes them up to a row per
-/// two multiprocessors, as it does for the storage-dtype forward, where at 64 rows of 3-6
-/// tiles one block per row was up to 27% ahead of the split in graph replay ("The FP8 norm's
-/// looped rows with their loads ahead"). It computes the looped kernel's bits, so the choice by
-/// `rows` keeps batch invariance.
-fn split_clusters(dtype: DType, hidden: usize, rows: usize, limits: &GridLimits) -> Option<u32> {
+/// The split FP8 forward's cluster size, memory path and shared memory, where it applies:
+/// looped rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)
+/// tiles (one per block, portable cluster sizes) on a device with clusters, as the
+/// storage-dtype forward splits them. On the vector and scalar paths at most three eighths as
+/// many rows as multiprocessors, half as many for rows of [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles:
+/// there one block per row leaves most of the GPU idle (on an H100 the split was 1.1-4.1x
+/// faster than the looped kernel at 1-64 rows of 18432-65536 bf16 elements, `bench/TUNING.md`,
+/// "The FP8 norm's long rows split over a cluster"); beyond, the loads-ahead looped kernel
+/// ([`loop_ahead`]) takes them up to a row per two multiprocessors, as it does for the
+/// storage-dtype forward, where at 64 rows of 3-6 tiles one block per row was up to 27% ahead
+/// of the split in graph replay ("The FP8 norm's looped rows with their loads ahead"). Off the
+/// 16-byte grid, 16-bit rows with a 16-byte aligned weight take the realigned path at any
+/// number of rows, as the storage-dtype forward's rows without a looped realigned kernel do:
+/// the alternative is the looped kernel's scalar path, element by element. The split computes
+/// the looped kernel's bits, so the choice by `rows` keeps batch invariance.
+fn split_clusters(
+    dtype: DType,
+    mode: VecMode,
+    w_aligned: bool,
+    hidden: usize,
+    rows: usize,
+    limits: &GridLimits,
+) -> Option<(u32, NormPath, u32)> {
     let sms = limits.sm_count as u64;
-    match rmsnorm_split_geometry(dtype, hidden as u64, false) {
-        Some((NormFwdVariant::E16, cluster)) if limits.clusters && rows > 0 => {
+    let Some((NormFwdVariant::E16, cluster)) = rmsnorm_split_geometry(dtype, hidden as u64, false)
+    else {
+        return None;
+    };
+    let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, NormFwdVariant::E16)
+        .filter(|_| mode == VecMode::Scalar && dtype.size_bytes() == 2 && w_aligned);
+    let (path, smem, takes) = match (mode, realigned) {
+        (VecMode::Scalar, Some(bytes)) => (NormPath::Realigned, bytes, true),
+        _ => {
+            let path = NormPath::of(mode);
             let takes = if cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER {
                 rows as u64 * 2 <= sms
             } else {
                 rows as u64 * 8 <= sms * 3
             };
-            takes.then_some(cluster)
+            (path, RMSNORM_SPLIT_SMEM_BYTES, takes)
         }
-        _ => None,
-    }
+    };
+    (limits.clusters && rows > 0 && takes).then_some((cluster, path, smem))
 }
 
 /// Whether looped rows the split does not take run the loads-ahead kernel: in calls of at most

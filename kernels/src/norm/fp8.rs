@@ -36,8 +36,9 @@
 //! ([`realign::stage_row`]) and reads each thread's chunks back from there, so the chunks, the
 //! sums and the bits are the scalar path's; `h` is stored as that forward stores a chunk held
 //! in registers ([`realign::store_chunk`]) and `y` by aligned `L`-byte word
-//! ([`store_chunk_q_realigned`]). The scalar path (f32 rows, a weight off the grid, looped
-//! rows) loads and stores element by element.
+//! ([`store_chunk_q_realigned`]). The cluster-split rows below do the same with the split
+//! storage-dtype forward's staging of the block's slice. The scalar path (f32 rows, a weight
+//! off the grid, looped rows) loads and stores element by element.
 //!
 //! # Rows of more than 16384 elements
 //! The looped norm's geometry (one row of 512 threads per block, tiles of 16 elements per
@@ -52,7 +53,9 @@
 //! At few rows (sm_90) such a row of up to 8 tiles is split over a thread-block cluster, a
 //! block per tile ([`fwd_fp8_split`]), as the storage-dtype forward splits it (`split`): the
 //! row is read once and held in registers, and its sum of squares has the looped kernel's
-//! shape, so its bits are the looped kernel's.
+//! shape, so its bits are the looped kernel's. Off the 16-byte grid (16-bit dtypes, a 16-byte
+//! aligned weight) the split takes the realigned path, as the storage-dtype split does by
+//! chunk.
 //!
 //! # Aliasing
 //! As the norm forward: `h` may be `x` or `residual` (each chunk loaded before it is stored,
@@ -496,16 +499,18 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32, const AHEAD: bool>(
 }
 
 /// The forward with FP8 output of a looped row split over the blocks of a thread-block
-/// cluster (scheme `S`, one tile per block, memory path `M`: v16 or scalar), for calls of few
-/// rows: the split storage-dtype forward's loads, `h`, sum of squares and `y` (so the looped
-/// kernel's bits, see `split`), then the FP8 tail on the `y` each thread holds. Per token, the
+/// cluster (scheme `S`, one tile per block, memory path `M`), for calls of few rows: the split
+/// storage-dtype forward's loads, `h`, sum of squares and `y` (so the looped kernel's bits, see
+/// `split`; on the realigned path its form by chunk: the slice staged, `h` stored by
+/// [`realign::store_chunk`], `y` by [`store_chunk_q_realigned`]), then the FP8 tail on the `y`
+/// each thread holds. Per token, the
 /// row's maximum is each block's (the fixed-order block reduction) then the cluster's, through
 /// distributed shared memory (`max` is exact, so any order gives the looped kernel's bits).
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward_fp8` decides for it: `rows * n` blocks of 512 threads in
-/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, portable sizes),
-/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked for path `M`.
+/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, portable sizes), dynamic
+/// shared memory of `rmsnorm_split_smem_bytes` for path `M`, parameters it checked for it.
 #[inline(always)]
 unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
     let n = &p.norm;
@@ -549,16 +554,34 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     // row stay 0 and add nothing.
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(j < k => {
-        let (c, inside) = chunk(j);
-        // SAFETY: when inside, row < rows and c < nchunks: inside every operand (host-checked).
-        unsafe {
-            h[j] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
-            r[j] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
-        }
-    });
-    // The weight: on the vector path with the inputs, on the scalar path (a load per element)
-    // once the sums are gathered, as the split storage-dtype forward loads it.
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    if M == Path::Realigned {
+        // SAFETY: row < rows: a row of each operand (host-checked); the host sized the shared
+        // memory for the block's staging, after the split's own slots.
+        (h, r) = unsafe {
+            realign::load_pair::<E, true>(
+                (shifted(n.x, n.x_stride), true),
+                (shifted(n.residual, n.residual_stride), has_res),
+                (me.t as u32, me.tpr as u32, k),
+                Stage::of_split(me.tpr, k),
+                hidden as u32,
+                (rank * per_tile) as u32,
+            )
+        };
+    } else {
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            // SAFETY: when inside, row < rows and c < nchunks: inside every operand
+            // (host-checked).
+            unsafe {
+                h[j] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
+                r[j] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
+            }
+        });
+    }
+    // The weight: on the vector path with the inputs; on the realigned path once `h` is
+    // stored, in flight through the reductions; on the scalar path (a load per element) once
+    // the sums are gathered: as the split storage-dtype forward loads it.
     let load_weight = || {
         let (c0, _) = chunk(0);
         // SAFETY: the host checked the weight; chunks past the row are not read.
@@ -571,9 +594,23 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     unroll!(j < k => { h[j] = add_residual::<E>(&h[j], &r[j], has_res, hf); });
     unroll!(j < k => {
         let (c, inside) = chunk(j);
-        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above.
-        unsafe { store_chunk::<E, M>(h_row, c, hidden, inside && has_res, &h[j]) };
+        let ok = inside && has_res;
+        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above (on
+        // the realigned path each thread stores only elements of its own chunks, after the
+        // staging barrier that follows every load of the block; other blocks' loads of this
+        // block's elements are discarded: see `realign`).
+        unsafe {
+            if M == Path::Realigned {
+                let at = shifted(n.h, n.h_stride);
+                realign::store_chunk::<E>(at, c as u32, hidden as u32, ok, me.lane, &h[j]);
+            } else {
+                store_chunk::<E, M>(h_row, c, hidden, ok, &h[j]);
+            }
+        }
     });
+    if M == Path::Realigned {
+        w = load_weight();
+    }
     let acc = |_: usize| {
         let mut acc = 0.0f32;
         unroll!(j < k => {
@@ -851,4 +888,10 @@ fp8_split_entries! {
     FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_split;
     FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_split;
     FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_split;
+    FP8_STATIC, F16, Realigned => rmsnorm_fp8_static_f16_realigned_split;
+    FP8_STATIC, Bf16, Realigned => rmsnorm_fp8_static_bf16_realigned_split;
+    FP8_PER_TOKEN, F16, Realigned => rmsnorm_fp8_token_f16_realigned_split;
+    FP8_PER_TOKEN, Bf16, Realigned => rmsnorm_fp8_token_bf16_realigned_split;
+    FP8_PER_GROUP, F16, Realigned => rmsnorm_fp8_group_f16_realigned_split;
+    FP8_PER_GROUP, Bf16, Realigned => rmsnorm_fp8_group_bf16_realigned_split;
 }
