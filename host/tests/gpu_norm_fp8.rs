@@ -681,7 +681,7 @@ impl LoopedForm {
     /// where the dtype is 16-bit and the weight aligned; else the scalar one.
     fn path(self, dtype: DType, cols: usize, at: At) -> NormPath {
         let size = dtype.size_bytes();
-        if at.data == 0 && at.weight == 0 && cols * size % 16 == 0 {
+        if at.data == 0 && at.weight == 0 && (cols * size).is_multiple_of(16) {
             NormPath::V16
         } else if self == LoopedForm::Split && size == 2 && at.weight == 0 {
             NormPath::Realigned
