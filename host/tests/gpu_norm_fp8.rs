@@ -626,27 +626,28 @@ fn norm_fp8_split_rows() {
 }
 
 /// The looped FP8 forward with each tile's loads issued ahead (rows of more than 16384
-/// elements, at most a row per two multiprocessors, here past the split's three eighths of
-/// them): against the references (as every case), and bit for bit against the looped kernel
-/// without loads ahead on the same rows: bytes, scales, `h`, `rstd`; on the vector path and,
-/// with every operand one element in, the scalar one.
+/// elements, at most a row per two multiprocessors, here one row past the split's three blocks
+/// per two multiprocessors, and rows of 9 tiles, which are never split): against the references
+/// (as every case), and bit for bit against the looped kernel without loads ahead on the same
+/// rows: bytes, scales, `h`, `rstd`; on the vector path and, with every operand one element
+/// in, the scalar one.
 #[test]
 fn norm_fp8_loop_ahead_rows() {
     let Some((k, s)) = gpu("norm_fp8_loop_ahead_rows") else {
         return;
     };
-    // Tiles (every dtype): 18432 -> 3, 32768 -> 4, 65544 -> 9 (never split).
-    let cols: &[usize] = if quick() {
-        &[18432]
-    } else {
-        &[18432, 32768, 65544]
-    };
     let sm = k.sm_count() as usize;
-    let shapes: Vec<_> = cols
-        .iter()
-        .zip([sm * 3 / 8 + 1, sm / 2].into_iter().cycle())
-        .map(|(&c, r)| (r, c))
-        .collect();
+    // Tiles of 8192 elements (every dtype): 32768 -> 4, 57344 -> 7, 65544 -> 9.
+    let past_split = |tiles: usize| sm * 3 / (2 * tiles) + 1;
+    let shapes: Vec<(usize, usize)> = if quick() {
+        vec![(past_split(4), 32768)]
+    } else {
+        vec![
+            (past_split(4), 32768),
+            (past_split(7), 57344),
+            (sm / 2, 65544),
+        ]
+    };
     looped_form_cases(
         "norm_fp8_loop_ahead_rows",
         &k,

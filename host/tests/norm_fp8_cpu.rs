@@ -277,11 +277,12 @@ fn splits_few_looped_rows_over_a_cluster() {
     };
     let group = Fp8Scaling::per_group(128, ScaleLayout::ColMajor);
     // Looped rows of up to 8 tiles (of 8192 elements): a cluster of a block per tile, on the
-    // vector path at up to three eighths as many rows as multiprocessors (49 of 132), rows of
-    // 8 tiles up to half as many (66); off the grid below.
+    // vector path at up to half as many rows as multiprocessors (66 of 132) and, for rows of
+    // fewer than 8 tiles, three blocks per two multiprocessors (198); off the grid below.
     for (d, hidden, tiles, most) in [
-        (DType::BF16, 16512, 3, 49),
+        (DType::BF16, 16512, 3, 66),
         (DType::F16, 32768, 4, 49),
+        (DType::F16, 57344, 7, 28),
         (DType::F32, 65536, 8, 66),
     ] {
         for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {

@@ -2284,21 +2284,20 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
         KernelId::RmsNormFp8Split(d, path, s) if d == dtype && s == p.scheme => {
             // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
             // device with clusters; on the vector and scalar paths at most a row per two
-            // multiprocessors (three eighths of one for clusters of fewer than the most
-            // blocks), on the realigned path (16-bit rows, its staging after the split's
+            // multiprocessors and, for clusters of fewer than the most blocks, three blocks
+            // per two; on the realigned path (16-bit rows, its staging after the split's
             // slots) at any number of rows.
             let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
             let cluster = p.cluster_blocks(l.kernel);
-            let per_sm = if cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER {
-                (1, 2)
-            } else {
-                (3, 8)
-            };
+            let sms = c.limits.sm_count as usize;
+            let too_many = rows * 2 > sms
+                || (cluster as u64) < RMSNORM_SPLIT_MAX_CLUSTER
+                    && rows * cluster as usize * 2 > sms * 3;
             let realigned_path = path == NormPath::Realigned;
             let smem = rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16);
             if want != NormFwdVariant::Loop
                 || !c.limits.clusters
-                || (!realigned_path && rows * per_sm.1 > c.limits.sm_count as usize * per_sm.0)
+                || (!realigned_path && too_many)
                 || (realigned_path && dtype.size_bytes() != 2)
                 || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
                 || l.grid as u64 != rows as u64 * cluster as u64

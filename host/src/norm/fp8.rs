@@ -181,18 +181,19 @@ pub fn plan_rmsnorm_forward_fp8(
 /// The split FP8 forward's cluster size, memory path and shared memory, where it applies:
 /// looped rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)
 /// tiles (one per block, portable cluster sizes) on a device with clusters, as the
-/// storage-dtype forward splits them. On the vector and scalar paths at most three eighths as
-/// many rows as multiprocessors, half as many for rows of [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles:
-/// there one block per row leaves most of the GPU idle (on an H100 the split was 1.1-4.1x
-/// faster than the looped kernel at 1-64 rows of 18432-65536 bf16 elements, `bench/TUNING.md`,
-/// "The FP8 norm's long rows split over a cluster"); beyond, the loads-ahead looped kernel
-/// ([`loop_ahead`]) takes them up to a row per two multiprocessors, as it does for the
-/// storage-dtype forward, where at 64 rows of 3-6 tiles one block per row was up to 27% ahead
-/// of the split in graph replay ("The FP8 norm's looped rows with their loads ahead"). Off the
-/// 16-byte grid, 16-bit rows with a 16-byte aligned weight take the realigned path at any
-/// number of rows, as the storage-dtype forward's rows without a looped realigned kernel do:
-/// the alternative is the looped kernel's scalar path, element by element. The split computes
-/// the looped kernel's bits, so the choice by `rows` keeps batch invariance.
+/// storage-dtype forward splits them. On the vector and scalar paths at most a row per two
+/// multiprocessors, and for rows of fewer than [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles at most
+/// three blocks per two multiprocessors: below, one block per row leaves most of the GPU idle
+/// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
+/// 18432-65536 bf16 elements, `bench/TUNING.md`, "The FP8 norm's long rows split over a
+/// cluster"); above, the clusters no longer all fit at once and the loads-ahead looped kernel
+/// ([`loop_ahead`]) is faster (on an H100 at 64 rows of 4 tiles, 256 blocks, 1.15-1.36x in
+/// graph replay, while at 64 rows of 3 tiles, 192 blocks, and 48 of 4 the split stayed 5-15%
+/// ahead: "The FP8 norm's looped rows with their loads ahead"). Off the 16-byte grid, 16-bit
+/// rows with a 16-byte aligned weight take the realigned path at any number of rows, as the
+/// storage-dtype forward's rows without a looped realigned kernel do: the alternative is the
+/// looped kernel's scalar path, element by element. The split computes the looped kernel's
+/// bits, so the choice by `rows` keeps batch invariance.
 fn split_clusters(
     dtype: DType,
     mode: VecMode,
@@ -212,11 +213,9 @@ fn split_clusters(
         (VecMode::Scalar, Some(bytes)) => (NormPath::Realigned, bytes, true),
         _ => {
             let path = NormPath::of(mode);
-            let takes = if cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER {
-                rows as u64 * 2 <= sms
-            } else {
-                rows as u64 * 8 <= sms * 3
-            };
+            let blocks = rows as u64 * cluster as u64;
+            let takes = rows as u64 * 2 <= sms
+                && (cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER || blocks * 2 <= sms * 3);
             (path, RMSNORM_SPLIT_SMEM_BYTES, takes)
         }
     };
