@@ -125,9 +125,9 @@ struct Args {
     /// (sm_90+; the same bits).
     #[arg(long)]
     no_narrow_split: bool,
-    /// Run the add + RMSNorm forward's looped rows on the kernel built for two rows per
-    /// multiprocessor in every call, also where a call has at most one row per two
-    /// multiprocessors and the loads-ahead form would run (the same bits).
+    /// Run the add + RMSNorm forward's looped rows (storage-dtype and FP8 outputs) on the
+    /// kernel built for two rows per multiprocessor in every call, also where a call has at most
+    /// one row per two multiprocessors and the loads-ahead form would run (the same bits).
     #[arg(long)]
     no_loop_ahead: bool,
     /// Run the device's own module compiled from its PTX by the driver instead of the prebuilt

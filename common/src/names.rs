@@ -196,8 +196,16 @@ pub enum KernelId {
     /// [`KernelId::RmsNormFp8`] for a looped row split over the blocks of a thread-block
     /// cluster, one tile per block, as [`KernelId::RmsNormFwdSplit`] splits it, sm_90 (the
     /// sm_80 module has the entries but never runs them): the looped kernel's bits, for calls
-    /// of few rows (`rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_split`).
-    RmsNormFp8Split(DType, VecMode, u32),
+    /// of few rows (`rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar|realigned}_split`,
+    /// the realigned path for 16-bit dtypes only).
+    RmsNormFp8Split(DType, NormPath, u32),
+    /// The looped [`KernelId::RmsNormFp8`] (rows of more than 16384 elements) issuing each
+    /// tile's loads while the tile before it is worked on, as
+    /// [`KernelId::RmsNormFwdLoopAhead`]: for calls of at most one row per two
+    /// multiprocessors that the split does not take, planned where `GridLimits::loop_ahead`
+    /// is set (`rmsnorm_fp8_{static|token|group}_{dtype}_{v16|scalar}_loop_ahead`). The same
+    /// bits as the looped kernel.
+    RmsNormFp8LoopAhead(DType, VecMode, u32),
     /// An entry that does nothing, launched by the benchmark to measure the launch floor.
     Empty,
 }
@@ -500,24 +508,54 @@ kernel_table! {
     rmsnorm_fp8_group_f32_v16_stream = RmsNormFp8Stream(F32, FP8_PER_GROUP),
     rmsnorm_fp8_group_f16_v16_stream = RmsNormFp8Stream(F16, FP8_PER_GROUP),
     rmsnorm_fp8_group_bf16_v16_stream = RmsNormFp8Stream(BF16, FP8_PER_GROUP),
-    rmsnorm_fp8_static_f32_v16_split = RmsNormFp8Split(F32, V16, FP8_STATIC),
-    rmsnorm_fp8_static_f32_scalar_split = RmsNormFp8Split(F32, Scalar, FP8_STATIC),
-    rmsnorm_fp8_static_f16_v16_split = RmsNormFp8Split(F16, V16, FP8_STATIC),
-    rmsnorm_fp8_static_f16_scalar_split = RmsNormFp8Split(F16, Scalar, FP8_STATIC),
-    rmsnorm_fp8_static_bf16_v16_split = RmsNormFp8Split(BF16, V16, FP8_STATIC),
-    rmsnorm_fp8_static_bf16_scalar_split = RmsNormFp8Split(BF16, Scalar, FP8_STATIC),
-    rmsnorm_fp8_token_f32_v16_split = RmsNormFp8Split(F32, V16, FP8_PER_TOKEN),
-    rmsnorm_fp8_token_f32_scalar_split = RmsNormFp8Split(F32, Scalar, FP8_PER_TOKEN),
-    rmsnorm_fp8_token_f16_v16_split = RmsNormFp8Split(F16, V16, FP8_PER_TOKEN),
-    rmsnorm_fp8_token_f16_scalar_split = RmsNormFp8Split(F16, Scalar, FP8_PER_TOKEN),
-    rmsnorm_fp8_token_bf16_v16_split = RmsNormFp8Split(BF16, V16, FP8_PER_TOKEN),
-    rmsnorm_fp8_token_bf16_scalar_split = RmsNormFp8Split(BF16, Scalar, FP8_PER_TOKEN),
-    rmsnorm_fp8_group_f32_v16_split = RmsNormFp8Split(F32, V16, FP8_PER_GROUP),
-    rmsnorm_fp8_group_f32_scalar_split = RmsNormFp8Split(F32, Scalar, FP8_PER_GROUP),
-    rmsnorm_fp8_group_f16_v16_split = RmsNormFp8Split(F16, V16, FP8_PER_GROUP),
-    rmsnorm_fp8_group_f16_scalar_split = RmsNormFp8Split(F16, Scalar, FP8_PER_GROUP),
-    rmsnorm_fp8_group_bf16_v16_split = RmsNormFp8Split(BF16, V16, FP8_PER_GROUP),
-    rmsnorm_fp8_group_bf16_scalar_split = RmsNormFp8Split(BF16, Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f32_v16_split = RmsNormFp8Split(F32, NormPath::V16, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_split = RmsNormFp8Split(F32, NormPath::Scalar, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_split = RmsNormFp8Split(F16, NormPath::V16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_split = RmsNormFp8Split(F16, NormPath::Scalar, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_split = RmsNormFp8Split(BF16, NormPath::V16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_split = RmsNormFp8Split(BF16, NormPath::Scalar, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_split = RmsNormFp8Split(F32, NormPath::V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_split = RmsNormFp8Split(F32, NormPath::Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_split = RmsNormFp8Split(F16, NormPath::V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_split = RmsNormFp8Split(F16, NormPath::Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_split = RmsNormFp8Split(BF16, NormPath::V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_split = RmsNormFp8Split(BF16, NormPath::Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_split = RmsNormFp8Split(F32, NormPath::V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_split = RmsNormFp8Split(F32, NormPath::Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_split = RmsNormFp8Split(F16, NormPath::V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_split = RmsNormFp8Split(F16, NormPath::Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_split = RmsNormFp8Split(BF16, NormPath::V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_split = RmsNormFp8Split(BF16, NormPath::Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f16_realigned_split =
+        RmsNormFp8Split(F16, NormPath::Realigned, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_realigned_split =
+        RmsNormFp8Split(BF16, NormPath::Realigned, FP8_STATIC),
+    rmsnorm_fp8_token_f16_realigned_split =
+        RmsNormFp8Split(F16, NormPath::Realigned, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_realigned_split =
+        RmsNormFp8Split(BF16, NormPath::Realigned, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f16_realigned_split =
+        RmsNormFp8Split(F16, NormPath::Realigned, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_realigned_split =
+        RmsNormFp8Split(BF16, NormPath::Realigned, FP8_PER_GROUP),
+    rmsnorm_fp8_static_f32_v16_loop_ahead = RmsNormFp8LoopAhead(F32, V16, FP8_STATIC),
+    rmsnorm_fp8_static_f32_scalar_loop_ahead = RmsNormFp8LoopAhead(F32, Scalar, FP8_STATIC),
+    rmsnorm_fp8_static_f16_v16_loop_ahead = RmsNormFp8LoopAhead(F16, V16, FP8_STATIC),
+    rmsnorm_fp8_static_f16_scalar_loop_ahead = RmsNormFp8LoopAhead(F16, Scalar, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_v16_loop_ahead = RmsNormFp8LoopAhead(BF16, V16, FP8_STATIC),
+    rmsnorm_fp8_static_bf16_scalar_loop_ahead = RmsNormFp8LoopAhead(BF16, Scalar, FP8_STATIC),
+    rmsnorm_fp8_token_f32_v16_loop_ahead = RmsNormFp8LoopAhead(F32, V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f32_scalar_loop_ahead = RmsNormFp8LoopAhead(F32, Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_v16_loop_ahead = RmsNormFp8LoopAhead(F16, V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_f16_scalar_loop_ahead = RmsNormFp8LoopAhead(F16, Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_v16_loop_ahead = RmsNormFp8LoopAhead(BF16, V16, FP8_PER_TOKEN),
+    rmsnorm_fp8_token_bf16_scalar_loop_ahead = RmsNormFp8LoopAhead(BF16, Scalar, FP8_PER_TOKEN),
+    rmsnorm_fp8_group_f32_v16_loop_ahead = RmsNormFp8LoopAhead(F32, V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f32_scalar_loop_ahead = RmsNormFp8LoopAhead(F32, Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_v16_loop_ahead = RmsNormFp8LoopAhead(F16, V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_f16_scalar_loop_ahead = RmsNormFp8LoopAhead(F16, Scalar, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_v16_loop_ahead = RmsNormFp8LoopAhead(BF16, V16, FP8_PER_GROUP),
+    rmsnorm_fp8_group_bf16_scalar_loop_ahead = RmsNormFp8LoopAhead(BF16, Scalar, FP8_PER_GROUP),
     gated_fp8_group_f32_v16 = GatedFp8Group(F32, V16),
     gated_fp8_group_f32_scalar = GatedFp8Group(F32, Scalar),
     gated_fp8_group_f16_v16 = GatedFp8Group(F16, V16),
@@ -591,6 +629,7 @@ impl KernelId {
                 | KernelId::RmsNormFp8Realigned(..)
                 | KernelId::RmsNormFp8Stream(..)
                 | KernelId::RmsNormFp8Split(..)
+                | KernelId::RmsNormFp8LoopAhead(..)
                 | KernelId::RmsNormFwd(..)
                 | KernelId::RmsNormFwdStream(..)
                 | KernelId::RmsNormFwdRealigned(..)
@@ -641,7 +680,8 @@ impl KernelId {
             | KernelId::RmsNormFp8(..)
             | KernelId::RmsNormFp8Realigned(..)
             | KernelId::RmsNormFp8Stream(..)
-            | KernelId::RmsNormFp8Split(..) => RMSNORM_MAX_THREADS_PER_ROW,
+            | KernelId::RmsNormFp8Split(..)
+            | KernelId::RmsNormFp8LoopAhead(..) => RMSNORM_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwd(d, _, NormBwdVariant::E16) | KernelId::RmsNormBwdFused(d, _) => {
                 rmsnorm_bwd_max_threads_per_row(d)
             }
@@ -780,10 +820,14 @@ impl KernelId {
             KernelId::RmsNormFwdSplitNarrow(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 3)),
             // As the one-tile storage-dtype split: two blocks per SM (64 registers); f32 per
             // group on the vector path spilled there (24 bytes), so one.
-            KernelId::RmsNormFp8Split(DType::F32, VecMode::V16, FP8_PER_GROUP) => {
+            KernelId::RmsNormFp8Split(DType::F32, NormPath::V16, FP8_PER_GROUP) => {
                 Some((RMSNORM_MAX_THREADS_PER_ROW, 1))
             }
             KernelId::RmsNormFp8Split(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 2)),
+            // Two tiles of loads in flight: one 512-thread row per SM (128 registers), as the
+            // storage-dtype loads-ahead form takes (it has no bound, and ptxas gives it more
+            // than 64).
+            KernelId::RmsNormFp8LoopAhead(..) => Some((RMSNORM_MAX_THREADS_PER_ROW, 1)),
             _ => None,
         }
     }
@@ -819,7 +863,8 @@ impl KernelId {
             KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFp8Realigned(..)
             | KernelId::RmsNormFwdSplit(_, NormPath::Realigned, _)
-            | KernelId::RmsNormFwdSplitNarrow(_, NormPath::Realigned) => {
+            | KernelId::RmsNormFwdSplitNarrow(_, NormPath::Realigned)
+            | KernelId::RmsNormFp8Split(_, NormPath::Realigned, _) => {
                 Some(RMSNORM_REALIGNED_MAX_SMEM_BYTES)
             }
             KernelId::RmsNormBwd(d, mode, variant)

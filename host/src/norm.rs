@@ -263,7 +263,7 @@ fn grid_u32(what: &'static str, blocks: u64) -> Result<u32> {
 /// and at 100 rows, whose next launch's early blocks (programmatic dependent launch) then find
 /// few idle multiprocessors, it lost in graph replay (`bench/TUNING.md`, "The looped forward's
 /// next tile loaded ahead").
-const LOOP_AHEAD_SMS_PER_ROW: u64 = 2;
+pub(crate) const LOOP_AHEAD_SMS_PER_ROW: u64 = 2;
 
 /// The forward kernel for a grid of `blocks`: the w-first form (the weight loaded with the
 /// inputs, one L2 round trip less per row) when the 16-per-thread vector kernel runs and the

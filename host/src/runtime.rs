@@ -328,10 +328,10 @@ pub struct GridLimits {
     /// eighths): on a device with clusters unless [`Kernels::set_narrow_split`] turns it off.
     /// The same bits either way.
     pub narrow_split: bool,
-    /// Whether the looped norm forward takes its loads-ahead form
-    /// (`KernelId::RmsNormFwdLoopAhead`) in calls of at most one row per two multiprocessors:
-    /// on by default, off while [`Kernels::set_loop_ahead`] turns it off. The same bits
-    /// either way.
+    /// Whether the looped norm forward (storage-dtype and FP8 outputs) takes its loads-ahead
+    /// form (`KernelId::RmsNormFwdLoopAhead`, `KernelId::RmsNormFp8LoopAhead`) in calls of at
+    /// most one row per two multiprocessors: on by default, off while
+    /// [`Kernels::set_loop_ahead`] turns it off. The same bits either way.
     pub loop_ahead: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
@@ -736,10 +736,10 @@ impl Kernels {
     }
 
     /// Turns the looped norm forward's loads-ahead form (rows longer than the register
-    /// kernels hold, in calls of at most one row per two multiprocessors) off or back on (on
-    /// by default); off, those calls take the looped kernel built for two rows per
-    /// multiprocessor ([`GridLimits::loop_ahead`]). The same bits either way; for measuring
-    /// and for tests that compare them.
+    /// kernels hold, in calls of at most one row per two multiprocessors; storage-dtype and
+    /// FP8 outputs) off or back on (on by default); off, those calls take the looped kernel
+    /// built for two rows per multiprocessor ([`GridLimits::loop_ahead`]). The same bits
+    /// either way; for measuring and for tests that compare them.
     pub fn set_loop_ahead(&self, on: bool) {
         self.loop_ahead.store(on, Ordering::Relaxed);
     }

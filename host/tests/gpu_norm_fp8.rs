@@ -36,7 +36,7 @@ use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::reference::{RmsNormRef, rmsnorm_forward_row, rmsnorm_y_f32};
 use ferrofuse::{
     DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc, MatMut,
-    NormNumerics, RmsNormOptions, ScaleLayout, VecMode,
+    NormNumerics, NormPath, RmsNormOptions, ScaleLayout, VecMode,
 };
 use rand::rngs::StdRng;
 
@@ -604,8 +604,10 @@ fn norm_fp8_streamed_rows() {
 
 /// The cluster-split FP8 forward (looped rows at few rows, sm_90): against the references
 /// (as every case), and bit for bit against the looped one-block kernel on the same rows (the
-/// split turned off): bytes, scales, `h`, `rstd`; on the vector path and, with every operand
-/// one element in, the scalar one; clusters of 3 and 8 blocks.
+/// split turned off): bytes, scales, `h`, `rstd`; on the vector path, the realigned one (16-bit
+/// rows off the grid: the data one element in, or rows of odd length whose every row starts
+/// at another offset) and, with every operand one element in, the scalar one; clusters of 3
+/// and 8 blocks.
 #[test]
 fn norm_fp8_split_rows() {
     let Some((k, s)) = gpu("norm_fp8_split_rows") else {
@@ -616,26 +618,129 @@ fn norm_fp8_split_rows() {
         return;
     }
     let shapes: &[(usize, usize)] = if quick() {
-        &[(2, 18432)]
+        &[(2, 18432), (3, 18431)]
     } else {
-        &[(1, 18432), (5, 18432), (3, 65536)]
+        &[(1, 18432), (5, 18432), (3, 65536), (5, 18431), (3, 65535)]
     };
+    looped_form_cases("norm_fp8_split_rows", &k, &s, shapes, LoopedForm::Split);
+}
+
+/// The looped FP8 forward with each tile's loads issued ahead (rows of more than 16384
+/// elements, at most a row per two multiprocessors, here one row past the split's three blocks
+/// per two multiprocessors, and rows of 9 tiles, which are never split): against the references
+/// (as every case), and bit for bit against the looped kernel without loads ahead on the same
+/// rows: bytes, scales, `h`, `rstd`; on the vector path and, with every operand one element
+/// in, the scalar one.
+#[test]
+fn norm_fp8_loop_ahead_rows() {
+    let Some((k, s)) = gpu("norm_fp8_loop_ahead_rows") else {
+        return;
+    };
+    let sm = k.sm_count() as usize;
+    // Tiles of 8192 elements (every dtype): 32768 -> 4, 57344 -> 7, 65544 -> 9.
+    let past_split = |tiles: usize| sm * 3 / (2 * tiles) + 1;
+    let shapes: Vec<(usize, usize)> = if quick() {
+        vec![(past_split(4), 32768)]
+    } else {
+        vec![
+            (past_split(4), 32768),
+            (past_split(7), 57344),
+            (sm / 2, 65544),
+        ]
+    };
+    looped_form_cases(
+        "norm_fp8_loop_ahead_rows",
+        &k,
+        &s,
+        &shapes,
+        LoopedForm::Ahead,
+    );
+}
+
+/// A form of the looped FP8 forward that a switch of [`Kernels`] turns off, the looped kernel
+/// then computing the same bits.
+#[derive(Clone, Copy, PartialEq)]
+enum LoopedForm {
+    /// The cluster split (`Kernels::set_cluster_split`).
+    Split,
+    /// The loads ahead (`Kernels::set_loop_ahead`).
+    Ahead,
+}
+
+impl LoopedForm {
+    /// The placements its cases take: the realigned one only for the split (the loads-ahead
+    /// kernel has no realigned path; such rows are split).
+    fn placements(self) -> &'static [At] {
+        match self {
+            LoopedForm::Split => &[ALIGNED, REALIGNED, SCALAR],
+            LoopedForm::Ahead => &[ALIGNED, SCALAR],
+        }
+    }
+
+    /// The memory path of its kernel for `cols`-element rows of `dtype` placed `at`: vectors
+    /// where every operand is on the 16-byte grid; off it, for the split, the realigned path
+    /// where the dtype is 16-bit and the weight aligned; else the scalar one.
+    fn path(self, dtype: DType, cols: usize, at: At) -> NormPath {
+        let size = dtype.size_bytes();
+        if at.data == 0 && at.weight == 0 && (cols * size).is_multiple_of(16) {
+            NormPath::V16
+        } else if self == LoopedForm::Split && size == 2 && at.weight == 0 {
+            NormPath::Realigned
+        } else {
+            NormPath::Scalar
+        }
+    }
+
+    fn kernel(self, dtype: DType, path: NormPath, scaling: Fp8Scaling) -> KernelId {
+        let scheme = kernel_scheme(scaling);
+        match (self, path) {
+            (LoopedForm::Split, _) => KernelId::RmsNormFp8Split(dtype, path, scheme),
+            (LoopedForm::Ahead, NormPath::V16) => {
+                KernelId::RmsNormFp8LoopAhead(dtype, VecMode::V16, scheme)
+            }
+            (LoopedForm::Ahead, _) => KernelId::RmsNormFp8LoopAhead(dtype, VecMode::Scalar, scheme),
+        }
+    }
+
+    fn switch(self) -> fn(&Kernels, bool) {
+        match self {
+            LoopedForm::Split => Kernels::set_cluster_split,
+            LoopedForm::Ahead => Kernels::set_loop_ahead,
+        }
+    }
+}
+
+/// Every dtype, shape and scheme, at each of `form`'s placements ([`LoopedForm::placements`]):
+/// `k` must plan `form`'s kernel on the path [`LoopedForm::path`] names, which must match the
+/// references and write the bits of the same call with `form` turned off.
+fn looped_form_cases(
+    test: &str,
+    k: &Kernels,
+    s: &Arc<CudaStream>,
+    shapes: &[(usize, usize)],
+    form: LoopedForm,
+) {
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
         for &(rows, cols) in shapes {
             for (ci, scaling) in schemes(cols).into_iter().enumerate() {
-                for (at, mode) in [(ALIGNED, VecMode::V16), (SCALAR, VecMode::Scalar)] {
+                for &at in form.placements() {
+                    if at == REALIGNED && dtype == DType::F32 {
+                        // The scalar path, as with every operand one element in.
+                        continue;
+                    }
                     let place = PLACES[ci % PLACES.len()];
-                    let kernel = planned_kernel_at(&k, dtype, (rows, cols), scaling, at);
-                    let split = KernelId::RmsNormFp8Split(dtype, mode, kernel_scheme(scaling));
-                    assert_eq!(kernel, split);
+                    let kernel = planned_kernel_at(k, dtype, (rows, cols), scaling, at);
+                    let path = form.path(dtype, cols, at);
+                    assert_eq!(kernel, form.kernel(dtype, path, scaling), "{rows} x {cols}");
                     let body = std::panic::AssertUnwindSafe(|| {
                         typed!(
                             dtype,
-                            split_case::<T>(
-                                &k,
-                                &s,
+                            looped_form_case::<T>(
+                                k,
+                                s,
                                 &mut rng,
+                                form,
                                 (place, at, scaling),
                                 (rows, cols),
                                 ci
@@ -643,9 +748,9 @@ fn norm_fp8_split_rows() {
                         )
                     });
                     let result = std::panic::catch_unwind(body);
-                    k.set_cluster_split(true);
+                    form.switch()(k, true);
                     if let Err(p) = result {
-                        eprintln!("norm_fp8_split_rows: failed with seed {seed:#x}");
+                        eprintln!("{test}: failed with seed {seed:#x}");
                         std::panic::resume_unwind(p);
                     }
                 }
@@ -654,22 +759,18 @@ fn norm_fp8_split_rows() {
     }
 }
 
-/// A case of [`norm_fp8_split_rows`]: the references, then the looped kernel's bits.
-fn split_case<T: Element>(
+/// A case of [`looped_form_cases`]: the references, then the bits with `form` turned off.
+fn looped_form_case<T: Element>(
     k: &Kernels,
     s: &Arc<CudaStream>,
     rng: &mut StdRng,
+    form: LoopedForm,
     (place, at, scaling): (Place, At, Fp8Scaling),
     shape: (usize, usize),
     variant: usize,
 ) {
     case::<T>(k, s, rng, place, at, scaling, shape, variant);
-    same_bits_when_off::<T>(
-        (k, s, Kernels::set_cluster_split),
-        rng,
-        (place, at, scaling),
-        shape,
-    );
+    same_bits_when_off::<T>((k, s, form.switch()), rng, (place, at, scaling), shape);
 }
 
 /// The scheme constant of the entries that run `scaling`.

@@ -17,8 +17,9 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_SMEM_BYTES,
-    RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
+    NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_REALIGNED_MAX_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -224,7 +225,9 @@ fn streams_rows_of_32_per_thread_past_one_wave() {
 fn plans_looped_rows_past_16384() {
     // Rows longer than the register geometries: the looped geometry and its ring, one row of
     // 512 threads per block, on the vector path or (off the grid) the scalar one; never the
-    // realigned or streamed entries.
+    // realigned or streamed entries. Up to a row per two multiprocessors the loads-ahead form,
+    // unless the limits turn it off.
+    let no_ahead = limits().with_loop_ahead(false);
     for (d, hidden) in [
         (DType::BF16, 16512),
         (DType::F16, 20480),
@@ -234,24 +237,34 @@ fn plans_looped_rows_past_16384() {
         assert_eq!(variant, NormFwdVariant::Loop);
         let group = Fp8Scaling::per_group(128, ScaleLayout::RowMajor);
         for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
-            let t = descs(d, 3, hidden, s.scale_shape(3, hidden).unwrap());
-            let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &limits()).unwrap();
-            assert!(matches!(
-                l.kernel,
-                KernelId::RmsNormFp8(k, VecMode::V16, NormFwdVariant::Loop, _) if k == d
-            ));
-            assert_eq!(
-                (l.grid, l.block, l.shared_mem_bytes),
-                (3, g.block_threads(), RMSNORM_LOOP_SMEM_BYTES)
-            );
-            assert_eq!(l.params.norm.threads_per_row, 512);
+            for (rows, limits, ahead) in [
+                (3, &limits(), true),
+                (66, &limits(), true),
+                (67, &limits(), false),
+                (3, &no_ahead, false),
+            ] {
+                let t = descs(d, rows, hidden, s.scale_shape(rows, hidden).unwrap());
+                let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, limits).unwrap();
+                let scheme = l.params.scheme;
+                let want = if ahead {
+                    KernelId::RmsNormFp8LoopAhead(d, VecMode::V16, scheme)
+                } else {
+                    KernelId::RmsNormFp8(d, VecMode::V16, NormFwdVariant::Loop, scheme)
+                };
+                assert_eq!(l.kernel, want, "{rows} rows");
+                assert_eq!(
+                    (l.grid, l.block, l.shared_mem_bytes),
+                    (rows as u32, g.block_threads(), RMSNORM_LOOP_SMEM_BYTES)
+                );
+                assert_eq!(l.params.norm.threads_per_row, 512);
+            }
         }
         let t = descs(d, 3, hidden + 1, (3, 1));
         let l = plan_rmsnorm_forward_fp8(&t, &opts(), Fp8Scaling::per_token(), &limits()).unwrap();
-        assert!(matches!(
+        assert_eq!(
             l.kernel,
-            KernelId::RmsNormFp8(_, VecMode::Scalar, NormFwdVariant::Loop, FP8_PER_TOKEN)
-        ));
+            KernelId::RmsNormFp8LoopAhead(d, VecMode::Scalar, FP8_PER_TOKEN)
+        );
     }
 }
 
@@ -263,45 +276,93 @@ fn splits_few_looped_rows_over_a_cluster() {
         plan_rmsnorm_forward_fp8(&t, &opts(), s, limits).unwrap()
     };
     let group = Fp8Scaling::per_group(128, ScaleLayout::ColMajor);
-    // Looped rows of up to 8 tiles (of 8192 elements) at up to a row per two multiprocessors:
-    // a cluster of a block per tile, on the vector path or (off the grid) the scalar one.
-    for (d, hidden, tiles) in [
-        (DType::BF16, 16512, 3),
-        (DType::F16, 32768, 4),
-        (DType::F32, 65536, 8),
+    // Looped rows of up to 8 tiles (of 8192 elements): a cluster of a block per tile, on the
+    // vector path at up to half as many rows as multiprocessors (66 of 132) and, for rows of
+    // fewer than 8 tiles, three blocks per two multiprocessors (198); off the grid below.
+    for (d, hidden, tiles, most) in [
+        (DType::BF16, 16512, 3, 66),
+        (DType::F16, 32768, 4, 49),
+        (DType::F16, 57344, 7, 28),
+        (DType::F32, 65536, 8, 66),
     ] {
         for s in [Fp8Scaling::Static, Fp8Scaling::per_token(), group] {
-            for rows in [1, 7, 66] {
+            for rows in [1, 7, most] {
                 let l = plan(d, rows, hidden, s, &clusters);
                 let scheme = l.params.scheme;
-                assert_eq!(l.kernel, KernelId::RmsNormFp8Split(d, VecMode::V16, scheme));
+                assert_eq!(
+                    l.kernel,
+                    KernelId::RmsNormFp8Split(d, NormPath::V16, scheme)
+                );
                 assert_eq!(
                     (l.grid, l.block, l.shared_mem_bytes),
                     (rows as u32 * tiles, 512, RMSNORM_SPLIT_SMEM_BYTES)
                 );
                 assert_eq!(l.params.norm.threads_per_row, 512);
             }
-            // More rows than half the multiprocessors, or no clusters: one block per row.
-            for (rows, limits) in [(67, &clusters), (7, &limits())] {
+            // More rows, or no clusters: one block per row (with its loads ahead up to a row
+            // per two multiprocessors).
+            for (rows, limits) in [(most + 1, &clusters), (67, &clusters), (7, &limits())] {
                 let l = plan(d, rows, hidden, s, limits);
                 assert!(matches!(
                     l.kernel,
                     KernelId::RmsNormFp8(_, VecMode::V16, NormFwdVariant::Loop, _)
+                        | KernelId::RmsNormFp8LoopAhead(_, VecMode::V16, _)
                 ));
                 assert_eq!(l.grid, rows as u32);
             }
         }
-        let l = plan(d, 7, hidden - 1, Fp8Scaling::per_token(), &clusters);
-        assert_eq!(
-            l.kernel,
-            KernelId::RmsNormFp8Split(d, VecMode::Scalar, FP8_PER_TOKEN)
-        );
+        // Off the grid: 16-bit rows with a 16-byte aligned weight on the realigned path (its
+        // staging after the split's slots) at any number of rows; f32 rows, and rows whose
+        // weight is off the grid, on the scalar path by the rule above.
+        for rows in [7, most + 1, 4096] {
+            let s = Fp8Scaling::per_token();
+            let l = plan(d, rows, hidden - 1, s, &clusters);
+            let (path, smem) = if d == DType::F32 {
+                (NormPath::Scalar, RMSNORM_SPLIT_SMEM_BYTES)
+            } else {
+                let smem = rmsnorm_split_smem_bytes(d, NormPath::Realigned, NormFwdVariant::E16);
+                (NormPath::Realigned, smem.unwrap())
+            };
+            if rows == 7 || path == NormPath::Realigned {
+                assert_eq!(l.kernel, KernelId::RmsNormFp8Split(d, path, FP8_PER_TOKEN));
+                assert_eq!((l.grid, l.shared_mem_bytes), (rows as u32 * tiles, smem));
+            } else {
+                assert_matches!(
+                    l.kernel,
+                    KernelId::RmsNormFp8(_, VecMode::Scalar, _, _)
+                        | KernelId::RmsNormFp8LoopAhead(_, VecMode::Scalar, _)
+                );
+            }
+            let mut t = descs(
+                d,
+                rows,
+                hidden - 1,
+                s.scale_shape(rows, hidden - 1).unwrap(),
+            );
+            t.weight = mat(t.weight.addr + d.size_bytes() as u64, d, 1, hidden - 1);
+            let l = plan_rmsnorm_forward_fp8(&t, &opts(), s, &clusters).unwrap();
+            if rows == 7 {
+                assert_eq!(
+                    (l.kernel, l.shared_mem_bytes),
+                    (
+                        KernelId::RmsNormFp8Split(d, NormPath::Scalar, FP8_PER_TOKEN),
+                        RMSNORM_SPLIT_SMEM_BYTES
+                    )
+                );
+            } else {
+                assert_matches!(
+                    l.kernel,
+                    KernelId::RmsNormFp8(_, VecMode::Scalar, _, _)
+                        | KernelId::RmsNormFp8LoopAhead(_, VecMode::Scalar, _)
+                );
+            }
+        }
     }
     // Rows of more than 8 tiles, and rows held in registers: never split.
     let l = plan(DType::BF16, 7, 65544, Fp8Scaling::Static, &clusters);
     assert!(matches!(
         l.kernel,
-        KernelId::RmsNormFp8(_, _, NormFwdVariant::Loop, _)
+        KernelId::RmsNormFp8LoopAhead(_, _, FP8_STATIC)
     ));
     let l = plan(DType::BF16, 7, 16384, Fp8Scaling::Static, &clusters);
     assert!(matches!(
@@ -353,13 +414,30 @@ fn every_fp8_norm_kernel_is_in_the_table() {
     }
     for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
         for d in DType::ALL {
-            for m in [VecMode::V16, VecMode::Scalar] {
+            for m in [NormPath::V16, NormPath::Scalar, NormPath::Realigned] {
                 let k = KernelId::RmsNormFp8Split(d, m, s);
+                // The realigned path for 16-bit dtypes only (f32 rows take the scalar path).
+                let realigned = m == NormPath::Realigned;
+                if realigned && d == DType::F32 {
+                    assert!(!k.exists(), "{k:?}");
+                    continue;
+                }
                 assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
                 // f32 per group on the vector path spilled at two blocks per SM.
-                let spilled = (d, m, s) == (DType::F32, VecMode::V16, FP8_PER_GROUP);
+                let spilled = (d, m, s) == (DType::F32, NormPath::V16, FP8_PER_GROUP);
                 let blocks = if spilled { 1 } else { 2 };
                 assert_eq!(k.launch_bounds(), Some((512, blocks)));
+                let opt_in = realigned.then_some(RMSNORM_REALIGNED_MAX_SMEM_BYTES);
+                assert_eq!(k.dynamic_smem_opt_in(), opt_in);
+            }
+        }
+    }
+    for s in [FP8_STATIC, FP8_PER_TOKEN, FP8_PER_GROUP] {
+        for d in DType::ALL {
+            for m in [VecMode::V16, VecMode::Scalar] {
+                let k = KernelId::RmsNormFp8LoopAhead(d, m, s);
+                assert!(k.exists() && k.syncs_grid_dependency(), "{k:?}");
+                assert_eq!(k.launch_bounds(), Some((512, 1)));
                 assert_eq!(k.dynamic_smem_opt_in(), None);
             }
         }
@@ -367,7 +445,6 @@ fn every_fp8_norm_kernel_is_in_the_table() {
     // Looped rows off the grid take the scalar entries: no realigned looped FP8 entry.
     let loop_form = KernelId::RmsNormFp8Realigned(DType::BF16, NormFwdVariant::Loop, FP8_STATIC);
     assert!(!loop_form.exists());
-    let _ = NormPath::V16;
 }
 
 #[test]

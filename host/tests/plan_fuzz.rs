@@ -45,9 +45,9 @@ use ferrofuse_common::{
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
     RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
-    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -261,6 +261,7 @@ struct Limits {
     clusters: bool,
     wide_clusters: bool,
     narrow_split: bool,
+    loop_ahead: bool,
     streamed_rows: bool,
 }
 
@@ -270,6 +271,7 @@ impl Limits {
             .with_clusters(self.clusters)
             .with_wide_clusters(self.wide_clusters)
             .with_narrow_split(self.narrow_split)
+            .with_loop_ahead(self.loop_ahead)
             .with_streamed_rows(self.streamed_rows)
     }
 }
@@ -296,6 +298,7 @@ fn limits(rng: &mut StdRng) -> Limits {
         clusters: rng.random_bool(0.5),
         wide_clusters: rng.random_bool(0.5),
         narrow_split: rng.random_bool(0.3),
+        loop_ahead: rng.random_bool(0.7),
         streamed_rows: rng.random_bool(0.5),
     }
 }
@@ -2263,18 +2266,43 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
             check_streamed_norm(&mut v, &c.limits, shape, sizes, n, dtype);
             true
         }
-        KernelId::RmsNormFp8Split(d, mode, s) if d == dtype && s == p.scheme => {
+        KernelId::RmsNormFp8LoopAhead(d, mode, s) if d == dtype && s == p.scheme => {
+            // Looped rows with the looped ring, at most a row per two multiprocessors.
+            let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
+            if want != NormFwdVariant::Loop
+                || !c.limits.loop_ahead
+                || rows * 2 > c.limits.sm_count as usize
+                || l.shared_mem_bytes != RMSNORM_LOOP_SMEM_BYTES
+            {
+                v.add(format!(
+                    "{:?} with {} bytes of shared memory for {rows} rows of {hidden}",
+                    l.kernel, l.shared_mem_bytes
+                ));
+            }
+            mode == VecMode::V16
+        }
+        KernelId::RmsNormFp8Split(d, path, s) if d == dtype && s == p.scheme => {
             // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
-            // device with clusters, at most a row per two multiprocessors.
+            // device with clusters; on the vector and scalar paths at most a row per two
+            // multiprocessors and, for clusters of fewer than the most blocks, three blocks
+            // per two; on the realigned path (16-bit rows, its staging after the split's
+            // slots) at any number of rows.
             let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
             let cluster = p.cluster_blocks(l.kernel);
+            let sms = c.limits.sm_count as usize;
+            let too_many = rows * 2 > sms
+                || (cluster as u64) < RMSNORM_SPLIT_MAX_CLUSTER
+                    && rows * cluster as usize * 2 > sms * 3;
+            let realigned_path = path == NormPath::Realigned;
+            let smem = rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16);
             if want != NormFwdVariant::Loop
                 || !c.limits.clusters
-                || rows * 2 > c.limits.sm_count as usize
+                || (!realigned_path && too_many)
+                || (realigned_path && dtype.size_bytes() != 2)
                 || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
                 || l.grid as u64 != rows as u64 * cluster as u64
                 || l.block != n.threads_per_row
-                || l.shared_mem_bytes != RMSNORM_SPLIT_SMEM_BYTES
+                || Some(l.shared_mem_bytes) != smem
             {
                 v.add(format!(
                     "{:?}: a grid of {} in clusters of {cluster}, {} bytes of shared memory, \
@@ -2282,7 +2310,8 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
                     l.kernel, l.grid, l.shared_mem_bytes
                 ));
             }
-            mode == VecMode::V16
+            realigned = realigned_path;
+            path == NormPath::V16
         }
         k => {
             v.add(format!("kernel {k:?} for {dtype:?}"));

@@ -223,9 +223,9 @@ fn check_load_batching(ptx: &str) -> Result<(), String> {
             KernelId::RmsNormFwd(d, VecMode::V16, v) | KernelId::RmsNormFwdRealigned(d, v) => {
                 (d, 2, if v == NormFwdVariant::E32 { 32 } else { 16 })
             }
-            KernelId::RmsNormFwdWFirst(d) | KernelId::RmsNormFwdLoopAhead(d, VecMode::V16) => {
-                (d, 2, 16)
-            }
+            KernelId::RmsNormFwdWFirst(d)
+            | KernelId::RmsNormFwdLoopAhead(d, VecMode::V16)
+            | KernelId::RmsNormFp8LoopAhead(d, VecMode::V16, _) => (d, 2, 16),
             KernelId::RmsNormBwd(d, VecMode::V16, v) => {
                 (d, if v == NormBwdVariant::E16 { 3 } else { 2 }, 16)
             }

@@ -14,19 +14,24 @@
 //! lanes that hold it). Rows of any length: longer rows than 16384 elements take the looped
 //! geometry, whose `y` is the looped storage-dtype forward's (normalised from `h` as stored,
 //! see [`super`]); per token they read `h` back twice (once for the row's maximum). On sm_90,
-//! rows of up to 8 tiles at few rows are split over a thread-block cluster instead, a block
-//! per tile, with the looped kernel's bits (`split_clusters`).
+//! rows of up to 8 tiles at few rows (off the 16-byte grid at any number of rows, realigned)
+//! are split over a thread-block cluster instead, a block per tile, with the looped kernel's
+//! bits (`split_clusters`); up to a row per two multiprocessors the looped kernel issues each
+//! tile's loads while it works on the one before (`loop_ahead`, the same bits).
 
 use cudarc::driver::CudaStream;
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    DType, KernelId, NormFwdVariant, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RmsNormFp8Params, VecMode,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
-    rmsnorm_split_geometry,
+    DType, KernelId, NormFwdVariant, NormPath, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
+    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES,
+    RmsNormFp8Params, VecMode, rmsnorm_fwd_geometry, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 
-use super::{ForwardOperands, RmsNormOptions, grid_u32, optional_desc_mut, streamed_forward};
+use super::{
+    ForwardOperands, LOOP_AHEAD_SMS_PER_ROW, RmsNormOptions, grid_u32, optional_desc_mut,
+    streamed_forward,
+};
 use crate::error::Result;
 use crate::fp8::{F8E4M3, Fp8Scales, Fp8Scaling, ScaleLayout, check_fp8_output};
 use crate::runtime::{GridLimits, Kernels, Launch};
@@ -123,12 +128,12 @@ pub fn plan_rmsnorm_forward_fp8(
         && rmsnorm_realigned_fits(dtype, hidden as u64, w_f32)
         && w.addr % 16 == 0;
     let stream = KernelId::RmsNormFp8Stream(dtype, scheme);
-    let split = split_clusters(dtype, hidden, rows, limits);
+    let split = split_clusters(dtype, mode, w.addr % 16 == 0, hidden, rows, limits);
     let (kernel, grid, shared_mem_bytes) = match split {
-        Some(cluster) => (
-            KernelId::RmsNormFp8Split(dtype, mode, scheme),
+        Some((cluster, path, smem)) => (
+            KernelId::RmsNormFp8Split(dtype, path, scheme),
             grid_u32("rows", rows as u64 * cluster as u64)?,
-            RMSNORM_SPLIT_SMEM_BYTES,
+            smem,
         ),
         None => match streamed_forward(stream, mode, variant, rows, limits) {
             Some(blocks) => (stream, blocks, RMSNORM_STREAM_SMEM_BYTES),
@@ -136,6 +141,11 @@ pub fn plan_rmsnorm_forward_fp8(
                 KernelId::RmsNormFp8Realigned(dtype, variant, scheme),
                 grid,
                 rmsnorm_realigned_smem_bytes(&geometry, dtype, w_f32),
+            ),
+            None if looped && loop_ahead(rows, limits) => (
+                KernelId::RmsNormFp8LoopAhead(dtype, mode, scheme),
+                grid,
+                RMSNORM_LOOP_SMEM_BYTES,
             ),
             None => (
                 KernelId::RmsNormFp8(dtype, mode, variant, scheme),
@@ -168,24 +178,55 @@ pub fn plan_rmsnorm_forward_fp8(
     })
 }
 
-/// The cluster size of the split FP8 forward, where it applies: looped rows of at most
-/// [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER) tiles (one per
-/// block, portable cluster sizes) on a device with clusters, at most one row per two
-/// multiprocessors. There one block per row leaves most of the GPU idle and reads `h` back
-/// (twice per token): on an H100 the split was 1.1-4.1x faster at 1-64 rows of 18432-65536
-/// bf16 elements (except per token at 64 rows of 32768, 0.83x in graph replay), level at 64
-/// rows off the grid, and 1.2-1.6x slower at 96-128 rows, where one block per row fills the
-/// GPU (`bench/TUNING.md`, "The FP8 norm's long rows split over a cluster"). It computes the
-/// looped kernel's bits, so the choice by `rows` keeps batch invariance.
-fn split_clusters(dtype: DType, hidden: usize, rows: usize, limits: &GridLimits) -> Option<u32> {
-    match rmsnorm_split_geometry(dtype, hidden as u64, false) {
-        Some((NormFwdVariant::E16, cluster))
-            if limits.clusters && rows > 0 && rows * 2 <= limits.sm_count as usize =>
-        {
-            Some(cluster)
+/// The split FP8 forward's cluster size, memory path and shared memory, where it applies:
+/// looped rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)
+/// tiles (one per block, portable cluster sizes) on a device with clusters, as the
+/// storage-dtype forward splits them. On the vector and scalar paths at most a row per two
+/// multiprocessors, and for rows of fewer than [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles at most
+/// three blocks per two multiprocessors: below, one block per row leaves most of the GPU idle
+/// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
+/// 18432-65536 bf16 elements, `bench/TUNING.md`, "The FP8 norm's long rows split over a
+/// cluster"); above, the clusters no longer all fit at once and the loads-ahead looped kernel
+/// ([`loop_ahead`]) is faster (on an H100 at 64 rows of 4 tiles, 256 blocks, 1.15-1.36x in
+/// graph replay, while at 64 rows of 3 tiles, 192 blocks, and 48 of 4 the split stayed 5-15%
+/// ahead: "The FP8 norm's looped rows with their loads ahead"). Off the 16-byte grid, 16-bit
+/// rows with a 16-byte aligned weight take the realigned path at any number of rows, as the
+/// storage-dtype forward's rows without a looped realigned kernel do: the alternative is the
+/// looped kernel's scalar path, element by element. The split computes the looped kernel's
+/// bits, so the choice by `rows` keeps batch invariance.
+fn split_clusters(
+    dtype: DType,
+    mode: VecMode,
+    w_aligned: bool,
+    hidden: usize,
+    rows: usize,
+    limits: &GridLimits,
+) -> Option<(u32, NormPath, u32)> {
+    let sms = limits.sm_count as u64;
+    let Some((NormFwdVariant::E16, cluster)) = rmsnorm_split_geometry(dtype, hidden as u64, false)
+    else {
+        return None;
+    };
+    let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, NormFwdVariant::E16)
+        .filter(|_| mode == VecMode::Scalar && dtype.size_bytes() == 2 && w_aligned);
+    let (path, smem, takes) = match (mode, realigned) {
+        (VecMode::Scalar, Some(bytes)) => (NormPath::Realigned, bytes, true),
+        _ => {
+            let path = NormPath::of(mode);
+            let blocks = rows as u64 * cluster as u64;
+            let takes = rows as u64 * 2 <= sms
+                && (cluster as u64 >= RMSNORM_SPLIT_MAX_CLUSTER || blocks * 2 <= sms * 3);
+            (path, RMSNORM_SPLIT_SMEM_BYTES, takes)
         }
-        _ => None,
-    }
+    };
+    (limits.clusters && rows > 0 && takes).then_some((cluster, path, smem))
+}
+
+/// Whether looped rows the split does not take run the loads-ahead kernel: in calls of at most
+/// one row per [`LOOP_AHEAD_SMS_PER_ROW`] multiprocessors, as the storage-dtype forward's
+/// looped rows (the same bits as the looped kernel).
+fn loop_ahead(rows: usize, limits: &GridLimits) -> bool {
+    limits.loop_ahead && rows as u64 * LOOP_AHEAD_SMS_PER_ROW <= limits.sm_count as u64
 }
 
 /// Where the FP8 forward reads its inputs and writes `h` (all `[rows, H]` of the storage

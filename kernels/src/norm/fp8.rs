@@ -36,8 +36,9 @@
 //! ([`realign::stage_row`]) and reads each thread's chunks back from there, so the chunks, the
 //! sums and the bits are the scalar path's; `h` is stored as that forward stores a chunk held
 //! in registers ([`realign::store_chunk`]) and `y` by aligned `L`-byte word
-//! ([`store_chunk_q_realigned`]). The scalar path (f32 rows, a weight off the grid, looped
-//! rows) loads and stores element by element.
+//! ([`store_chunk_q_realigned`]). The cluster-split rows below do the same with the split
+//! storage-dtype forward's staging of the block's slice. The scalar path (f32 rows, a weight
+//! off the grid, looped rows) loads and stores element by element.
 //!
 //! # Rows of more than 16384 elements
 //! The looped norm's geometry (one row of 512 threads per block, tiles of 16 elements per
@@ -45,12 +46,16 @@
 //! then its second pass with the FP8 tail above applied tile by tile (static and per group;
 //! a group's chunks are consecutive lanes of one tile). Per token the second pass runs twice:
 //! once for the row's maximum, then again for the stores, the same `y` recomputed (read back
-//! from `h` as stored, which the looped storage-dtype forward normalises too).
+//! from `h` as stored, which the looped storage-dtype forward normalises too). In calls of few
+//! rows the `loop_ahead` entries issue each tile's loads while the tile before it is worked
+//! on, as the storage-dtype forward's (one row per SM, the same bits).
 //!
 //! At few rows (sm_90) such a row of up to 8 tiles is split over a thread-block cluster, a
 //! block per tile ([`fwd_fp8_split`]), as the storage-dtype forward splits it (`split`): the
 //! row is read once and held in registers, and its sum of squares has the looped kernel's
-//! shape, so its bits are the looped kernel's.
+//! shape, so its bits are the looped kernel's. Off the 16-byte grid (16-bit dtypes, a 16-byte
+//! aligned weight) the split takes the realigned path, as the storage-dtype split does by
+//! chunk.
 //!
 //! # Aliasing
 //! As the norm forward: `h` may be `x` or `residual` (each chunk loaded before it is stored,
@@ -70,8 +75,8 @@ use super::realign::{self, Shifted, Stage, stage_row, staged_weight, weight_vect
 use super::split::cluster_row_sum;
 use super::{
     MAX_CHUNKS, Me, Row, add_residual, load_chunk, load_chunk_bits, load_chunk_if, load_w,
-    load_w_if, loop_normalized, loop_sum_sq, normalize, prefetch_first, round_to, rstd_of,
-    store_chunk,
+    load_w_if, loop_normalized, loop_sum_sq, loop_tiles, normalize, prefetch_first, round_to,
+    rstd_of, store_chunk,
 };
 use crate::cluster;
 use crate::gated_fp8::{
@@ -409,15 +414,18 @@ pub(super) unsafe fn store_fp8<E: Elem, const M: Path, const S: u32>(
     });
 }
 
-/// The forward with FP8 output for rows too long for registers (scheme `S`, no loads ahead);
-/// see the module docs.
+/// The forward with FP8 output for rows too long for registers (scheme `S`; `AHEAD`: each
+/// tile's loads issued while the tile before it is worked on, for calls of few rows, as the
+/// storage-dtype forward's loads-ahead form); see the module docs.
 ///
 /// # Safety
 /// The host's plan: params checked as for [`fwd_fp8`], the looped geometry (one row of
 /// `RMSNORM_MAX_THREADS_PER_ROW` threads per block) and `RMSNORM_LOOP_SMEM_BYTES` of shared
 /// memory.
 #[inline(always)]
-unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
+unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32, const AHEAD: bool>(
+    p: &RmsNormFp8Params,
+) {
     let n = &p.norm;
     let k = 16 / E::LANES;
     let Some(tpr) = NonZeroU64::new(n.threads_per_row as u64) else {
@@ -427,6 +435,9 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
     let row = grid::block_x() * n.rows_per_block as u64 + me.r_local;
     let live = row < n.rows;
     let nchunks = n.hidden.div_ceil(E::LANES as u64);
+    // Before the wait (a 64-bit division, and a branch on its width), so that the first tile's
+    // loads issue together right after it.
+    let tiles = loop_tiles::<E>(n.hidden, me.tpr);
     prefetch_first(n.x);
     grid_dependency_sync();
     // The static scale, read once, after the wait (the previous kernel may write it).
@@ -442,7 +453,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
         Row::of(n.h, n.h_stride, row),
     ];
     // SAFETY: the caller's contract; every thread of the block gets here.
-    let sum_sq = unsafe { loop_sum_sq::<E, M>(n, &me, live, rows) };
+    let sum_sq = unsafe { loop_sum_sq::<E, M, AHEAD>(n, &me, live, rows, tiles) };
     let rstd = rstd_of(sum_sq, n.hidden, n.eps);
     // The block is one row: the whole block leaves, or none of it.
     if !live {
@@ -456,7 +467,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
         let mut amax = 0.0f32;
         // SAFETY: after pass 1, for a live row.
         unsafe {
-            loop_normalized::<E, M>(n, &me, row, rstd, |_, y| {
+            loop_normalized::<E, M, AHEAD>(n, &me, row, rstd, tiles, |_, y| {
                 unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&y[j])); });
             })
         };
@@ -473,7 +484,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
     // SAFETY: after pass 1, for a live row; `y` and the scales as the host checked them.
     // Neither tail below runs a barrier (static: none; per group: warp shuffles only).
     unsafe {
-        loop_normalized::<E, M>(n, &me, row, rstd, |first, y| {
+        loop_normalized::<E, M, AHEAD>(n, &me, row, rstd, tiles, |first, y| {
             let chunk = |j: usize| {
                 let c = first + j as u64 * me.tpr;
                 (c, c < nchunks)
@@ -488,16 +499,18 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Param
 }
 
 /// The forward with FP8 output of a looped row split over the blocks of a thread-block
-/// cluster (scheme `S`, one tile per block, memory path `M`: v16 or scalar), for calls of few
-/// rows: the split storage-dtype forward's loads, `h`, sum of squares and `y` (so the looped
-/// kernel's bits, see `split`), then the FP8 tail on the `y` each thread holds. Per token, the
+/// cluster (scheme `S`, one tile per block, memory path `M`), for calls of few rows: the split
+/// storage-dtype forward's loads, `h`, sum of squares and `y` (so the looped kernel's bits, see
+/// `split`; on the realigned path its form by chunk: the slice staged, `h` stored by
+/// [`realign::store_chunk`], `y` by [`store_chunk_q_realigned`]), then the FP8 tail on the `y`
+/// each thread holds. Per token, the
 /// row's maximum is each block's (the fixed-order block reduction) then the cluster's, through
 /// distributed shared memory (`max` is exact, so any order gives the looped kernel's bits).
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward_fp8` decides for it: `rows * n` blocks of 512 threads in
-/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, portable sizes),
-/// `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory, parameters it checked for path `M`.
+/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, portable sizes), dynamic
+/// shared memory of `rmsnorm_split_smem_bytes` for path `M`, parameters it checked for it.
 #[inline(always)]
 unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
     let n = &p.norm;
@@ -541,16 +554,34 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     // row stay 0 and add nothing.
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     let mut r = [[0.0f32; 8]; MAX_CHUNKS];
-    unroll!(j < k => {
-        let (c, inside) = chunk(j);
-        // SAFETY: when inside, row < rows and c < nchunks: inside every operand (host-checked).
-        unsafe {
-            h[j] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
-            r[j] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
-        }
-    });
-    // The weight: on the vector path with the inputs, on the scalar path (a load per element)
-    // once the sums are gathered, as the split storage-dtype forward loads it.
+    let shifted = |base, stride| Shifted::of::<E>(base, stride, row);
+    if M == Path::Realigned {
+        // SAFETY: row < rows: a row of each operand (host-checked); the host sized the shared
+        // memory for the block's staging, after the split's own slots.
+        (h, r) = unsafe {
+            realign::load_pair::<E, true>(
+                (shifted(n.x, n.x_stride), true),
+                (shifted(n.residual, n.residual_stride), has_res),
+                (me.t as u32, me.tpr as u32, k),
+                Stage::of_split(me.tpr, k),
+                hidden as u32,
+                (rank * per_tile) as u32,
+            )
+        };
+    } else {
+        unroll!(j < k => {
+            let (c, inside) = chunk(j);
+            // SAFETY: when inside, row < rows and c < nchunks: inside every operand
+            // (host-checked).
+            unsafe {
+                h[j] = load_chunk_if::<E, M>(x_row, c, hidden, inside);
+                r[j] = load_chunk_if::<E, M>(res_row, c, hidden, inside && has_res);
+            }
+        });
+    }
+    // The weight: on the vector path with the inputs; on the realigned path once `h` is
+    // stored, in flight through the reductions; on the scalar path (a load per element) once
+    // the sums are gathered: as the split storage-dtype forward loads it.
     let load_weight = || {
         let (c0, _) = chunk(0);
         // SAFETY: the host checked the weight; chunks past the row are not read.
@@ -563,9 +594,23 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     unroll!(j < k => { h[j] = add_residual::<E>(&h[j], &r[j], has_res, hf); });
     unroll!(j < k => {
         let (c, inside) = chunk(j);
-        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above.
-        unsafe { store_chunk::<E, M>(h_row, c, hidden, inside && has_res, &h[j]) };
+        let ok = inside && has_res;
+        // SAFETY: as above; h may be x or residual, whose chunk this thread loaded above (on
+        // the realigned path each thread stores only elements of its own chunks, after the
+        // staging barrier that follows every load of the block; other blocks' loads of this
+        // block's elements are discarded: see `realign`).
+        unsafe {
+            if M == Path::Realigned {
+                let at = shifted(n.h, n.h_stride);
+                realign::store_chunk::<E>(at, c as u32, hidden as u32, ok, me.lane, &h[j]);
+            } else {
+                store_chunk::<E, M>(h_row, c, hidden, ok, &h[j]);
+            }
+        }
     });
+    if M == Path::Realigned {
+        w = load_weight();
+    }
     let acc = |_: usize| {
         let mut acc = 0.0f32;
         unroll!(j < k => {
@@ -692,7 +737,22 @@ macro_rules! fp8_loop_entries {
         /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFp8Params) {
-            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s>(&p) }
+            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s, false>(&p) }
+        }
+    )*};
+}
+
+macro_rules! fp8_loop_ahead_entries {
+    ($($s:ident, $e:ty, $m:ident => $name:ident;)*) => {$(
+        /// Add + RMSNorm forward with FP8 output, rows of more than 16384 elements (looped),
+        /// each tile's loads issued while the tile before it is worked on: for calls of few
+        /// rows; see [`fwd_fp8_loop`].
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_forward_fp8` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: RmsNormFp8Params) {
+            unsafe { fwd_fp8_loop::<$e, { Path::$m }, $s, true>(&p) }
         }
     )*};
 }
@@ -772,6 +832,28 @@ fp8_loop_entries! {
     FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_loop;
 }
 
+// As above.
+fp8_loop_ahead_entries! {
+    FP8_STATIC, F32, V16 => rmsnorm_fp8_static_f32_v16_loop_ahead;
+    FP8_STATIC, F32, Scalar => rmsnorm_fp8_static_f32_scalar_loop_ahead;
+    FP8_STATIC, F16, V16 => rmsnorm_fp8_static_f16_v16_loop_ahead;
+    FP8_STATIC, F16, Scalar => rmsnorm_fp8_static_f16_scalar_loop_ahead;
+    FP8_STATIC, Bf16, V16 => rmsnorm_fp8_static_bf16_v16_loop_ahead;
+    FP8_STATIC, Bf16, Scalar => rmsnorm_fp8_static_bf16_scalar_loop_ahead;
+    FP8_PER_TOKEN, F32, V16 => rmsnorm_fp8_token_f32_v16_loop_ahead;
+    FP8_PER_TOKEN, F32, Scalar => rmsnorm_fp8_token_f32_scalar_loop_ahead;
+    FP8_PER_TOKEN, F16, V16 => rmsnorm_fp8_token_f16_v16_loop_ahead;
+    FP8_PER_TOKEN, F16, Scalar => rmsnorm_fp8_token_f16_scalar_loop_ahead;
+    FP8_PER_TOKEN, Bf16, V16 => rmsnorm_fp8_token_bf16_v16_loop_ahead;
+    FP8_PER_TOKEN, Bf16, Scalar => rmsnorm_fp8_token_bf16_scalar_loop_ahead;
+    FP8_PER_GROUP, F32, V16 => rmsnorm_fp8_group_f32_v16_loop_ahead;
+    FP8_PER_GROUP, F32, Scalar => rmsnorm_fp8_group_f32_scalar_loop_ahead;
+    FP8_PER_GROUP, F16, V16 => rmsnorm_fp8_group_f16_v16_loop_ahead;
+    FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_loop_ahead;
+    FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_loop_ahead;
+    FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_loop_ahead;
+}
+
 macro_rules! fp8_split_entries {
     ($($s:ident, $e:ty, $m:ident => $name:ident;)*) => {$(
         /// Add + RMSNorm forward with FP8 output of a looped row, one tile per block of a
@@ -806,4 +888,10 @@ fp8_split_entries! {
     FP8_PER_GROUP, F16, Scalar => rmsnorm_fp8_group_f16_scalar_split;
     FP8_PER_GROUP, Bf16, V16 => rmsnorm_fp8_group_bf16_v16_split;
     FP8_PER_GROUP, Bf16, Scalar => rmsnorm_fp8_group_bf16_scalar_split;
+    FP8_STATIC, F16, Realigned => rmsnorm_fp8_static_f16_realigned_split;
+    FP8_STATIC, Bf16, Realigned => rmsnorm_fp8_static_bf16_realigned_split;
+    FP8_PER_TOKEN, F16, Realigned => rmsnorm_fp8_token_f16_realigned_split;
+    FP8_PER_TOKEN, Bf16, Realigned => rmsnorm_fp8_token_bf16_realigned_split;
+    FP8_PER_GROUP, F16, Realigned => rmsnorm_fp8_group_f16_realigned_split;
+    FP8_PER_GROUP, Bf16, Realigned => rmsnorm_fp8_group_bf16_realigned_split;
 }

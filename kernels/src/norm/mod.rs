@@ -985,46 +985,70 @@ unsafe fn fwd_loop<E: Elem, const M: Path, const AHEAD: bool>(p: &RmsNormFwdPara
     }
 }
 
-/// Pass 1 of the looped forward as [`fwd_loop`] runs it without loads ahead, over the row's
-/// `x`, `residual` and `h`, for the FP8 output: `h = x + residual` stored tile by tile, and the
-/// row's sum of squares, per tile (chunk, lane) and the tiles' sums added in order. The same
-/// bits as `fwd_loop`'s pass 1 (whose registers are tuned with its loads-ahead form, so it
-/// keeps its own copy). Returns the sum.
+/// Pass 1 of the looped forward as [`fwd_loop`] runs it, over the row's `x`, `residual` and
+/// `h`, for the FP8 output: `h = x + residual` stored tile by tile, and the row's sum of
+/// squares, per tile (chunk, lane) and the tiles' sums added in order. `AHEAD`: each tile's
+/// loads issued while the tile before it is worked on, as `fwd_loop`'s loads-ahead form. The
+/// same bits as `fwd_loop`'s pass 1 (whose registers are tuned with its two forms, so it keeps
+/// its own copy). Returns the sum.
 ///
 /// # Safety
-/// As for [`fwd_loop`], after its grid dependency wait; every thread of the block calls it.
+/// As for [`fwd_loop`], after its grid dependency wait; every thread of the block calls it;
+/// `tiles` is the row's ([`loop_tiles`]).
 #[inline(always)]
-unsafe fn loop_sum_sq<E: Elem, const M: Path>(
+unsafe fn loop_sum_sq<E: Elem, const M: Path, const AHEAD: bool>(
     p: &RmsNormFwdParams,
     me: &Me,
     live: bool,
     [x_row, res_row, h_row]: [Row; 3],
+    tiles: u64,
 ) -> f32 {
     let k = 16 / E::LANES;
     let hidden = p.hidden;
     let nchunks = hidden.div_ceil(E::LANES as u64);
     let per_tile = me.tpr * k as u64;
-    let tiles = nchunks.div_ceil(per_tile);
     let has_res = p.residual != 0;
     let hf = p.flags & RMSNORM_HF != 0;
     let mut sum_sq = 0.0f32;
     let mut tile = 0u64;
+    // SAFETY (the loads ahead): as in `fwd_loop`: a thread loads only chunks it owns, the next
+    // tile's chunks are not this tile's, and past the last tile they are predicated off.
+    let load_x =
+        |first: u64| unsafe { load_tile_bits::<E, M>(x_row, first, me, k, nchunks, hidden, live) };
+    let load_res = |first: u64| unsafe {
+        load_tile_bits::<E, M>(res_row, first, me, k, nchunks, hidden, live && has_res)
+    };
+    let (mut x_next, mut r_next) = if AHEAD {
+        (load_x(me.t), load_res(me.t))
+    } else {
+        Default::default()
+    };
     while tile < tiles {
         let first = tile * per_tile + me.t;
         let mut h = [[0.0f32; 8]; MAX_CHUNKS];
-        unroll!(j < k => {
-            let c = first + j as u64 * me.tpr;
-            let ok = live && c < nchunks;
-            // SAFETY: when ok, row < rows and c < nchunks (host-checked extents); h may be x or
-            // residual, and each chunk is loaded before the same thread stores it.
-            let (x, r) = unsafe {
-                (
-                    load_chunk_if::<E, M>(x_row, c, hidden, ok),
-                    load_chunk_if::<E, M>(res_row, c, hidden, ok && has_res),
-                )
-            };
-            h[j] = add_residual::<E>(&x, &r, has_res, hf);
-        });
+        if AHEAD {
+            let (x_bits, r_bits) = (x_next, r_next);
+            (x_next, r_next) = (load_x(first + per_tile), load_res(first + per_tile));
+            unroll!(j < k => {
+                let x = widen_chunk::<E, M>(&x_bits[j]);
+                let r = widen_chunk::<E, M>(&r_bits[j]);
+                h[j] = add_residual::<E>(&x, &r, has_res, hf);
+            });
+        } else {
+            unroll!(j < k => {
+                let c = first + j as u64 * me.tpr;
+                let ok = live && c < nchunks;
+                // SAFETY: when ok, row < rows and c < nchunks (host-checked extents); h may be
+                // x or residual, and each chunk is loaded before the same thread stores it.
+                let (x, r) = unsafe {
+                    (
+                        load_chunk_if::<E, M>(x_row, c, hidden, ok),
+                        load_chunk_if::<E, M>(res_row, c, hidden, ok && has_res),
+                    )
+                };
+                h[j] = add_residual::<E>(&x, &r, has_res, hf);
+            });
+        }
         unroll!(j < k => {
             let c = first + j as u64 * me.tpr;
             // SAFETY: as for the loads.
@@ -1042,28 +1066,28 @@ unsafe fn loop_sum_sq<E: Elem, const M: Path>(
     sum_sq
 }
 
-/// Pass 2 of the looped forward as its form without loads ahead runs it, for the FP8 output:
-/// each tile's `y` (`h` as stored, or `x` without a residual, normalised with `rstd` and the
-/// weight) handed to `out` with the tile's first chunk of this thread (its chunk `j` is
-/// `first + j * tpr`; chunks and columns past the row hold zeros). The same values as
-/// [`fwd_loop`] stores.
+/// Pass 2 of the looped forward as [`fwd_loop`] runs it (`AHEAD` as there), for the FP8
+/// output: each tile's `y` (`h` as stored, or `x` without a residual, normalised with `rstd`
+/// and the weight) handed to `out` with the tile's first chunk of this thread (its chunk `j`
+/// is `first + j * tpr`; chunks and columns past the row hold zeros). The same values as
+/// `fwd_loop` stores.
 ///
 /// # Safety
 /// As for [`loop_sum_sq`], after it: every chunk read here was written in pass 1 by this same
-/// thread.
+/// thread; `tiles` as there.
 #[inline(always)]
-unsafe fn loop_normalized<E: Elem, const M: Path>(
+unsafe fn loop_normalized<E: Elem, const M: Path, const AHEAD: bool>(
     p: &RmsNormFwdParams,
     me: &Me,
     row: u64,
     rstd: f32,
+    tiles: u64,
     mut out: impl FnMut(u64, &[[f32; 8]; MAX_CHUNKS]),
 ) {
     let k = 16 / E::LANES;
     let hidden = p.hidden;
     let nchunks = hidden.div_ceil(E::LANES as u64);
     let per_tile = me.tpr * k as u64;
-    let tiles = nchunks.div_ceil(per_tile);
     let hf = p.flags & RMSNORM_HF != 0;
     let gemma = p.flags & RMSNORM_GEMMA != 0;
     let w_f32 = p.flags & RMSNORM_W_F32 != 0;
@@ -1073,20 +1097,49 @@ unsafe fn loop_normalized<E: Elem, const M: Path>(
         Row::of(p.x, p.x_stride, row)
     };
     let mut tile = 0u64;
+    // SAFETY (the loads ahead): row < rows, chunks past the row are not loaded (the caller's
+    // contract); the host checked the weight.
+    let load_h = |first: u64| unsafe {
+        load_tile_bits::<E, M>(src_row, first, me, k, nchunks, hidden, true)
+    };
+    let load_w = |first: u64| unsafe {
+        load_w_bits_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32)
+    };
+    let (mut h_next, mut w_next) = if AHEAD {
+        (load_h(me.t), load_w(me.t))
+    } else {
+        Default::default()
+    };
     while tile < tiles {
         let first = tile * per_tile + me.t;
         let mut y = [[0.0f32; 8]; MAX_CHUNKS];
-        unroll!(j < k => {
-            let c = first + j as u64 * me.tpr;
-            // SAFETY: row < rows and c < nchunks when the load is taken (the caller's contract).
-            y[j] = unsafe { load_chunk_if::<E, M>(src_row, c, hidden, c < nchunks) };
-        });
-        // SAFETY: the host checked the weight.
-        let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+        let w = if AHEAD {
+            let (h_bits, w_bits) = (h_next, w_next);
+            (h_next, w_next) = (load_h(first + per_tile), load_w(first + per_tile));
+            unroll!(j < k => { y[j] = widen_chunk::<E, M>(&h_bits[j]); });
+            widen_w::<E, M>(&w_bits, k, w_f32, gemma)
+        } else {
+            unroll!(j < k => {
+                let c = first + j as u64 * me.tpr;
+                // SAFETY: row < rows and c < nchunks when the load is taken (the caller's
+                // contract).
+                y[j] = unsafe { load_chunk_if::<E, M>(src_row, c, hidden, c < nchunks) };
+            });
+            // SAFETY: the host checked the weight.
+            unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) }
+        };
         unroll!(j < k => { y[j] = normalize::<E>(&y[j], rstd, &w[j], hf); });
         out(first, &y);
         tile += 1;
     }
+}
+
+/// Tiles of a looped row of `hidden` elements of `E` walked by `tpr` threads, 16 bytes per
+/// chunk and 16 elements per thread each.
+#[inline(always)]
+fn loop_tiles<E: Elem>(hidden: u64, tpr: u64) -> u64 {
+    let k = 16 / E::LANES;
+    hidden.div_ceil(E::LANES as u64).div_ceil(tpr * k as u64)
 }
 
 /// The raw bits of a thread's `k` chunks `first + j * tpr` (`j < k`) of the row `at`, each
