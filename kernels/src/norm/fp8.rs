@@ -503,9 +503,9 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32, const AHEAD: bool>(
 /// storage-dtype forward's loads, `h`, sum of squares and `y` (so the looped kernel's bits, see
 /// `split`; on the realigned path its form by chunk: the slice staged, `h` stored by
 /// [`realign::store_chunk`], `y` by [`store_chunk_q_realigned`]), then the FP8 tail on the `y`
-/// each thread holds. Per token, the
-/// row's maximum is each block's (the fixed-order block reduction) then the cluster's, through
-/// distributed shared memory (`max` is exact, so any order gives the looped kernel's bits).
+/// each thread holds. Per token, the row's maximum is each block's (the fixed-order block
+/// reduction) then the cluster's, through distributed shared memory (`max` is exact, so any
+/// order gives the looped kernel's bits).
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward_fp8` decides for it: `rows * n` blocks of 512 threads in
