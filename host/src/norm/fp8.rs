@@ -209,9 +209,9 @@ fn split_clusters(
     };
     let realigned = rmsnorm_split_smem_bytes(dtype, NormPath::Realigned, NormFwdVariant::E16)
         .filter(|_| mode == VecMode::Scalar && dtype.size_bytes() == 2 && w_aligned);
-    let (path, smem, takes) = match (mode, realigned) {
-        (VecMode::Scalar, Some(bytes)) => (NormPath::Realigned, bytes, true),
-        _ => {
+    let (path, smem, takes) = match realigned {
+        Some(bytes) => (NormPath::Realigned, bytes, true),
+        None => {
             let path = NormPath::of(mode);
             let blocks = rows as u64 * cluster as u64;
             let takes = rows as u64 * 2 <= sms
