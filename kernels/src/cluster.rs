@@ -1,7 +1,7 @@
 //! Thread-block clusters (sm_90): the block's rank and the cluster's size, the cluster
-//! barrier, reads of another block's shared memory. On older archs the entries that use them
-//! exist but trap at the barrier: the host plans cluster launches only for modules with
-//! clusters.
+//! barrier, reads and writes of another block's shared memory. On older archs the entries
+//! that use them exist but trap at the barrier: the host plans cluster launches only for
+//! modules with clusters.
 
 #[cfg(not(ferrofuse_pdl))]
 pub use none::*;
@@ -72,6 +72,19 @@ mod sm90 {
         // that block's shared memory.
         unsafe { *mapa(local, rank) }
     }
+
+    /// Writes `v` to the f32 at `local`'s offset in the shared memory of the block of rank
+    /// `rank`; the write is visible to that block's threads after their next cluster wait
+    /// that follows this thread's next arrive.
+    ///
+    /// # Safety
+    /// As for [`read_remote`], and no thread of that block reads or writes that f32 between
+    /// the barrier before this write and the one after it.
+    #[inline(always)]
+    pub unsafe fn write_remote(local: *mut f32, rank: u32, v: f32) {
+        // SAFETY: caller's contract; as in `read_remote`.
+        unsafe { *mapa(local.cast_const(), rank).cast_mut() = v }
+    }
 }
 
 /// Archs without clusters: the cluster entries are never launched there (the host plans them
@@ -110,5 +123,13 @@ mod none {
     pub unsafe fn read_remote(local: *const f32, _rank: u32) -> f32 {
         // SAFETY: caller's contract.
         unsafe { *local }
+    }
+
+    /// # Safety
+    /// `local` is in this block's shared memory.
+    #[inline(always)]
+    pub unsafe fn write_remote(local: *mut f32, _rank: u32, v: f32) {
+        // SAFETY: caller's contract.
+        unsafe { *local = v }
     }
 }

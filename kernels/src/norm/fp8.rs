@@ -79,11 +79,9 @@ use super::{
     rstd_of, store_chunk,
 };
 use crate::cluster;
-use crate::gated_fp8::{
-    WarpMax, cluster_max, load_f32, quantize, row_max, run_max, store_f32_if, store_q,
-};
+use crate::gated_fp8::{WarpMax, load_f32, quantize, row_max, run_max, store_f32_if, store_q};
 use crate::mem::{Bf16, Elem, F16, F32, grid, grid_dependency_sync, shfl_up_1};
-use crate::reduce::row_sum;
+use crate::reduce::{row_sum, smem_f32};
 
 /// Stores the FP8 bytes `q` (packed little-endian, as `quantize` returns them) of chunk `c` of
 /// row `row` of the FP8 matrix at `base` (row stride `stride` bytes) when `ok`: one access
@@ -504,8 +502,10 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32, const AHEAD: bool>(
 /// `split`; on the realigned path its form by chunk: the slice staged, `h` stored by
 /// [`realign::store_chunk`], `y` by [`store_chunk_q_realigned`]), then the FP8 tail on the `y`
 /// each thread holds. Per token, the row's maximum is each block's (the fixed-order block
-/// reduction) then the cluster's, through distributed shared memory (`max` is exact, so any
-/// order gives the looped kernel's bits).
+/// reduction) then the cluster's: each block writes its maximum into every block's shared
+/// memory and only then makes its second arrival of the split's protocol; after that
+/// barrier's wait, its last, each block takes the maximum of its slots
+/// ([`cluster_max_pushed`]; `max` is exact, so any order gives the looped kernel's bits).
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward_fp8` decides for it: `rows * n` blocks of 512 threads in
@@ -618,13 +618,19 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
         });
         acc
     };
+    let between = || {
+        if M == Path::Scalar {
+            w = load_weight();
+        }
+    };
     // SAFETY: every thread of every block of the cluster gets here once; the launch contract.
+    // Per token the block's second arrival comes with its maximum (below).
     let sum_sq = unsafe {
-        cluster_row_sum::<1>(&me, tiles, acc, || {
-            if M == Path::Scalar {
-                w = load_weight();
-            }
-        })
+        if S == FP8_PER_TOKEN {
+            cluster_row_sum::<1, false>(&me, tiles, acc, between)
+        } else {
+            cluster_row_sum::<1, true>(&me, tiles, acc, between)
+        }
     };
     let rstd = rstd_of(sum_sq, hidden, n.eps);
     if rank == 0 && me.t == 0 && n.rstd != 0 {
@@ -638,31 +644,75 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     // shuffles only); per token the block reduction and the cluster exchange below, which
     // every thread reaches.
     unsafe {
-        if S == FP8_PER_GROUP {
-            store_fp8::<E, M, FP8_PER_GROUP>(p, &me, row, true, k, chunk, &h, 1.0);
+        if S == FP8_PER_TOKEN {
+            let mut amax = 0.0f32;
+            unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&h[j])); });
+            // Buffer 1's slots are the block's warps, inside the allocation; its last reads (a
+            // tile sum's) were before the cluster barriers.
+            let amax = row_max(WarpMax::Redux, amax, me.lane, me.warp, me.warps, me.slot(1));
+            let amax = cluster_max_pushed(amax, me.t, rank, cluster_size);
+            let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
+            // The row's scale, inside the scale vector (row < rows).
+            store_f32_if(p.scale + row * p.scale_row * 4, s, rank == 0 && me.t == 0);
+            store_fp8::<E, M, FP8_STATIC>(p, &me, row, true, k, chunk, &h, s);
         } else {
-            let scale = if S == FP8_PER_TOKEN {
-                let mut amax = 0.0f32;
-                unroll!(j < k => { amax = amax.max(chunk_amax::<E>(&h[j])); });
-                // Buffer 1's slots are the block's warps, inside the allocation; its last
-                // reads (a tile sum's) were before the cluster barriers.
-                let amax = row_max(WarpMax::Redux, amax, me.lane, me.warp, me.warps, me.slot(1));
-                // The wait of the sums' second arrival (every block has read this block's
-                // sums), then the cluster's maximum, whose second arrival the last wait ends.
-                cluster::wait();
-                let amax = cluster_max(amax, me.t, RMSNORM_SPLIT_AMAX_SLOT);
-                let s = dynamic_scale(amax, p.min_scale, p.scale_ub);
-                // The row's scale, inside the scale vector (row < rows).
-                store_f32_if(p.scale + row * p.scale_row * 4, s, rank == 0 && me.t == 0);
-                s
+            if S == FP8_PER_GROUP {
+                store_fp8::<E, M, FP8_PER_GROUP>(p, &me, row, true, k, chunk, &h, 1.0);
             } else {
-                fixed
-            };
-            store_fp8::<E, M, FP8_STATIC>(p, &me, row, true, k, chunk, &h, scale);
+                store_fp8::<E, M, FP8_STATIC>(p, &me, row, true, k, chunk, &h, fixed);
+            }
+            // No block exits while another of its cluster may still read its shared memory
+            // (the per-token exchange's last wait ends every such read).
+            cluster::wait();
         }
-        // No block exits while another of its cluster may still read its shared memory.
+    }
+}
+
+/// The cluster's maximum of the blocks' `block_max` (the value every thread of this block
+/// holds), for the per-token split: thread `r` of each block writes the block's maximum into
+/// slot [`RMSNORM_SPLIT_AMAX_SLOT`]` + rank` of the block of rank `r`; the block's second
+/// arrival of [`cluster_row_sum`] (held back for this) publishes the writes, the wait after it
+/// ends every access to another block's shared memory (the sums' reads done, the maxima
+/// written), and each block takes the maximum of its own slots. `max` ignores NaN and the
+/// values are `|y|`, so the order of the slots does not change the result: the bits of
+/// [`cluster_max`](crate::gated_fp8::cluster_max), which reads the other blocks' maxima, with
+/// one cluster barrier and the remote reads' round trip fewer.
+///
+/// # Safety
+/// Every thread of every block of the cluster calls it once, right after
+/// `cluster_row_sum::<_, false>` (whose second arrival this is), with this block's rank and
+/// the cluster's size (at most
+/// [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)); the split's
+/// shared memory.
+#[inline(always)]
+unsafe fn cluster_max_pushed(
+    block_max: f32,
+    t_row: u64,
+    rank: u64,
+    cluster_size: NonZeroU64,
+) -> f32 {
+    let slots = smem_f32().wrapping_add(RMSNORM_SPLIT_AMAX_SLOT as usize);
+    if t_row < cluster_size.get() {
+        // SAFETY: block `t_row` is in the cluster and past the first barrier (every block has
+        // started); its slot `rank` < RMSNORM_SPLIT_MAX_CLUSTER is inside the allocation and
+        // written only by this block, read only after the wait below.
+        unsafe {
+            cluster::write_remote(slots.wrapping_add(rank as usize), t_row as u32, block_max)
+        };
+    }
+    // SAFETY: every thread of the cluster arrives and waits (caller's contract).
+    unsafe {
+        cluster::arrive();
         cluster::wait();
     }
+    let mut m = 0.0f32;
+    let mut r = 0u64;
+    while r < cluster_size.get() {
+        // SAFETY: slot r < RMSNORM_SPLIT_MAX_CLUSTER, written by block r before the barrier.
+        m = m.max(unsafe { *slots.wrapping_add(r as usize) });
+        r += 1;
+    }
+    m
 }
 
 /// [`fwd_fp8`] with the block shape as a constant, picked once per launch.

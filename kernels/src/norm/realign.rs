@@ -1442,7 +1442,7 @@ unsafe fn fwd_split_by_vector<E: Elem, const TPC: usize, const NARROW: bool>(
         }
     };
     // SAFETY: every thread of every block of the cluster gets here once (the split's launch).
-    let sum_sq = unsafe { split::cluster_row_sum::<TPC>(me, tiles, acc, || ()) };
+    let sum_sq = unsafe { split::cluster_row_sum::<TPC, true>(me, tiles, acc, || ()) };
     let rstd = rstd_of(sum_sq, p.hidden, p.eps);
     if rank == 0 && t == 0 && p.rstd != 0 {
         // SAFETY: row < rows; the host checked the rstd vector.

@@ -68,7 +68,9 @@ pub(super) fn fold_tiles(sum: f32, tile_sum: f32) -> f32 {
 /// (`rank * TPC ..`; `acc(j)`: each thread's `fma` chain over its chunks of the block's tile
 /// `j`): [`tile_sum`] of each, then the cluster protocol (module docs) up to the block's
 /// second arrival, then `between` (work to overlap the last block barrier), then the gathered
-/// sums folded in tile order. The caller's last instruction must be `cluster::wait()`.
+/// sums folded in tile order. The caller's last instruction must be `cluster::wait()`. With
+/// `ARRIVE = false` the block's second arrival is left to the caller, who makes it after more
+/// work of its own and then waits (the FP8 per-token split sends its maximum with it).
 ///
 /// # Safety
 /// Every thread of every block of the cluster calls it once, with the same `tiles` (the row's);
@@ -76,7 +78,7 @@ pub(super) fn fold_tiles(sum: f32, tile_sum: f32) -> f32 {
 /// cluster of `ceil(tiles / TPC)` blocks, `RMSNORM_SPLIT_SMEM_BYTES` of dynamic shared memory
 /// at least).
 #[inline(always)]
-pub(super) unsafe fn cluster_row_sum<const TPC: usize>(
+pub(super) unsafe fn cluster_row_sum<const TPC: usize, const ARRIVE: bool>(
     me: &Me,
     tiles: u64,
     acc: impl Fn(usize) -> f32,
@@ -108,8 +110,10 @@ pub(super) unsafe fn cluster_row_sum<const TPC: usize>(
             *smem.add(RMSNORM_SPLIT_GATHER_SLOT as usize + me.t as usize) = v;
         }
     }
-    // SAFETY: as above.
-    unsafe { cluster::arrive() };
+    if ARRIVE {
+        // SAFETY: as above.
+        unsafe { cluster::arrive() };
+    }
     between();
     sync_block();
     let mut sum_sq = 0.0f32;
@@ -347,7 +351,7 @@ unsafe fn fwd_split<E: Elem, const M: Path, const TPC: usize, const NARROW: bool
     };
     // SAFETY: every thread of every block of the cluster gets here once; the launch contract.
     let sum_sq = unsafe {
-        cluster_row_sum::<TPC>(&me, tiles, acc, || {
+        cluster_row_sum::<TPC, true>(&me, tiles, acc, || {
             if M == Path::Scalar || NARROW {
                 w = load_weight();
             }
