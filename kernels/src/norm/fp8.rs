@@ -640,9 +640,9 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
     // `y` from `h` rounded to the storage dtype, as the looped kernel reads it back.
     unroll!(j < k => { h[j] = normalize::<E>(&round_to::<E>(&h[j]), rstd, &w[j], hf); });
     // SAFETY (the tails): every thread of every block of the cluster gets here; `y` and the
-    // scales as the host checked them. Static and per group run no barrier (per group: warp
-    // shuffles only); per token the block reduction and the cluster exchange below, which
-    // every thread reaches.
+    // scales as the host checked them. Per token the block reduction and the cluster exchange
+    // below, which every thread reaches; static and per group no barrier before their stores
+    // (per group: warp shuffles only), then the wait that pairs the sums' second arrival.
     unsafe {
         if S == FP8_PER_TOKEN {
             let mut amax = 0.0f32;
@@ -661,8 +661,7 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
             } else {
                 store_fp8::<E, M, FP8_STATIC>(p, &me, row, true, k, chunk, &h, fixed);
             }
-            // No block exits while another of its cluster may still read its shared memory
-            // (the per-token exchange's last wait ends every such read).
+            // No block exits while another of its cluster may still read its shared memory.
             cluster::wait();
         }
     }
