@@ -179,9 +179,11 @@ pub fn plan_rmsnorm_forward_fp8(
 }
 
 /// The split FP8 forward's cluster size, memory path and shared memory, where it applies:
-/// looped rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)
-/// tiles (one per block, portable cluster sizes) on a device with clusters, as the
-/// storage-dtype forward splits them. On the vector and scalar paths at most a row per two
+/// looped rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles, or
+/// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_WIDE_CLUSTER) where
+/// the device runs clusters of that size (`limits.wide_clusters`), one tile per block, on a
+/// device with clusters, as the storage-dtype forward splits them (which also splits up to 16
+/// tiles two per block without the wide clusters). On the vector and scalar paths at most a row per two
 /// multiprocessors, and for rows of fewer than [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles at most
 /// three blocks per two multiprocessors: below, one block per row leaves most of the GPU idle
 /// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
@@ -203,7 +205,8 @@ fn split_clusters(
     limits: &GridLimits,
 ) -> Option<(u32, NormPath, u32)> {
     let sms = limits.sm_count as u64;
-    let Some((NormFwdVariant::E16, cluster)) = rmsnorm_split_geometry(dtype, hidden as u64, false)
+    let Some((NormFwdVariant::E16, cluster)) =
+        rmsnorm_split_geometry(dtype, hidden as u64, limits.wide_clusters)
     else {
         return None;
     };
