@@ -125,6 +125,11 @@ struct Args {
     /// (sm_90+; the same bits).
     #[arg(long)]
     no_narrow_split: bool,
+    /// Run the add + RMSNorm forward's rows of 9-16 tiles without clusters of 16 blocks: two
+    /// tiles per block in clusters of at most 8 (storage dtype), the looped kernels (FP8
+    /// outputs) (sm_90+; the same bits).
+    #[arg(long)]
+    no_wide_clusters: bool,
     /// Run the add + RMSNorm forward's looped rows (storage-dtype and FP8 outputs) on the
     /// kernel built for two rows per multiprocessor in every call, also where a call has at most
     /// one row per two multiprocessors and the loads-ahead form would run (the same bits).
@@ -357,6 +362,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     if args.no_narrow_split {
         h.kernels.set_narrow_split(false);
+    }
+    if args.no_wide_clusters {
+        h.kernels.set_wide_clusters(false);
     }
     if args.no_loop_ahead {
         h.kernels.set_loop_ahead(false);

@@ -614,14 +614,14 @@ pub const RMSNORM_SPLIT_MAX_TILES_PER_BLOCK: u64 = 2;
 /// slot [`RMSNORM_SPLIT_PARTIALS_SLOT`] the block's tile sums, from
 /// [`RMSNORM_SPLIT_GATHER_SLOT`] the whole row's, gathered from the cluster, and from
 /// [`RMSNORM_SPLIT_AMAX_SLOT`] the cluster's blocks' maxima (FP8 per token).
-pub const RMSNORM_SPLIT_SMEM_BYTES: u32 = RMSNORM_SMEM_BYTES + 32 * 4;
+pub const RMSNORM_SPLIT_SMEM_BYTES: u32 = RMSNORM_SMEM_BYTES + 40 * 4;
 /// First f32 slot of a split block's own tile sums.
 pub const RMSNORM_SPLIT_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;
 /// First f32 slot of the row's tile sums gathered from the cluster's blocks.
 pub const RMSNORM_SPLIT_GATHER_SLOT: u32 = RMSNORM_SPLIT_PARTIALS_SLOT + 8;
-/// The first of [`RMSNORM_SPLIT_MAX_CLUSTER`] f32 slots (after the gathered tile sums) where
-/// the FP8 per-token split entries gather the maximum of `|y|` of each block of the cluster,
-/// one slot per rank.
+/// The first of [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] f32 slots (after the gathered tile sums)
+/// where the FP8 per-token split entries gather the maximum of `|y|` of each block of the
+/// cluster, one slot per rank.
 pub const RMSNORM_SPLIT_AMAX_SLOT: u32 = RMSNORM_SPLIT_GATHER_SLOT
     + (RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK) as u32;
 
@@ -630,8 +630,9 @@ const _: () = assert!(
         + RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK)
         * 4
         <= RMSNORM_SPLIT_SMEM_BYTES as u64
-        && (RMSNORM_SPLIT_AMAX_SLOT as u64 + RMSNORM_SPLIT_MAX_CLUSTER) * 4
+        && (RMSNORM_SPLIT_AMAX_SLOT as u64 + RMSNORM_SPLIT_MAX_WIDE_CLUSTER) * 4
             <= RMSNORM_SPLIT_SMEM_BYTES as u64
+        && RMSNORM_SPLIT_SMEM_BYTES.is_multiple_of(16)
         && RMSNORM_SPLIT_MAX_WIDE_CLUSTER
             <= RMSNORM_SPLIT_MAX_CLUSTER * RMSNORM_SPLIT_MAX_TILES_PER_BLOCK
 );

@@ -317,9 +317,9 @@ pub struct GridLimits {
     /// Whether the module and device run thread-block clusters (sm_90+), so a plan may
     /// choose a kernel launched in clusters.
     pub clusters: bool,
-    /// Whether the device also runs the split forward's one-tile kernels in clusters of
-    /// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks (a non-portable size; see
-    /// `ferrofuse_common::rmsnorm_split_geometry`).
+    /// Whether the device also runs the split forward's one-tile kernels (storage-dtype and
+    /// FP8 outputs) in clusters of [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks (a non-portable
+    /// size; see `ferrofuse_common::rmsnorm_split_geometry`).
     pub wide_clusters: bool,
     /// Whether the split forward's one-tile rows take the entries compiled for three blocks
     /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`) in calls of 8 rows or more (16
@@ -404,7 +404,8 @@ impl GridLimits {
 fn wide_clusters_run(functions: &[CudaFunction]) -> bool {
     KernelId::ALL.iter().zip(functions).all(|(k, f)| {
         let (KernelId::RmsNormFwdSplit(dtype, path, NormFwdVariant::E16)
-        | KernelId::RmsNormFwdSplitNarrow(dtype, path)) = *k
+        | KernelId::RmsNormFwdSplitNarrow(dtype, path)
+        | KernelId::RmsNormFp8Split(dtype, path, _)) = *k
         else {
             return true;
         };
@@ -720,8 +721,9 @@ impl Kernels {
 
     /// Turns the split forward's clusters of 16 blocks (one tile per block for rows of 9-16
     /// tiles, where the device runs such clusters) off or back on (on by default); off, those
-    /// rows take two tiles per block in clusters of at most 8. Every form computes the same
-    /// bits; for measuring and for tests that compare them.
+    /// rows take two tiles per block in clusters of at most 8, and with FP8 outputs the looped
+    /// kernels. Every form computes the same bits; for measuring and for tests that compare
+    /// them.
     pub fn set_wide_clusters(&self, on: bool) {
         self.wide_clusters.store(on, Ordering::Relaxed);
     }

@@ -607,7 +607,7 @@ fn norm_fp8_streamed_rows() {
 /// split turned off): bytes, scales, `h`, `rstd`; on the vector path, the realigned one (16-bit
 /// rows off the grid: the data one element in, or rows of odd length whose every row starts
 /// at another offset) and, with every operand one element in, the scalar one; clusters of 3
-/// and 8 blocks.
+/// and 8 blocks, and where the device runs them clusters of 9, 13 and 16.
 #[test]
 fn norm_fp8_split_rows() {
     let Some((k, s)) = gpu("norm_fp8_split_rows") else {
@@ -617,17 +617,25 @@ fn norm_fp8_split_rows() {
         eprintln!("skipping norm_fp8_split_rows: no clusters");
         return;
     }
-    let shapes: &[(usize, usize)] = if quick() {
-        &[(2, 18432), (3, 18431)]
+    let mut shapes = if quick() {
+        vec![(2, 18432), (3, 18431)]
     } else {
-        &[(1, 18432), (5, 18432), (3, 65536), (5, 18431), (3, 65535)]
+        vec![(1, 18432), (5, 18432), (3, 65536), (5, 18431), (3, 65535)]
     };
-    looped_form_cases("norm_fp8_split_rows", &k, &s, shapes, LoopedForm::Split);
+    if k.limits().wide_clusters {
+        // Tiles of 8192 elements: 73728 -> 9, 100003 -> 13, 131072 -> 16.
+        shapes.extend(if quick() {
+            &[(1, 73728)][..]
+        } else {
+            &[(2, 73728), (3, 100003), (2, 131072)][..]
+        });
+    }
+    looped_form_cases("norm_fp8_split_rows", &k, &s, &shapes, LoopedForm::Split);
 }
 
 /// The looped FP8 forward with each tile's loads issued ahead (rows of more than 16384
 /// elements, at most a row per two multiprocessors, here one row past the split's three blocks
-/// per two multiprocessors, and rows of 9 tiles, which are never split): against the references
+/// per two multiprocessors, and rows of 17 tiles, which are never split): against the references
 /// (as every case), and bit for bit against the looped kernel without loads ahead on the same
 /// rows: bytes, scales, `h`, `rstd`; on the vector path and, with every operand one element
 /// in, the scalar one.
@@ -637,7 +645,7 @@ fn norm_fp8_loop_ahead_rows() {
         return;
     };
     let sm = k.sm_count() as usize;
-    // Tiles of 8192 elements (every dtype): 32768 -> 4, 57344 -> 7, 65544 -> 9.
+    // Tiles of 8192 elements (every dtype): 32768 -> 4, 57344 -> 7, 131080 -> 17.
     let past_split = |tiles: usize| sm * 3 / (2 * tiles) + 1;
     let shapes: Vec<(usize, usize)> = if quick() {
         vec![(past_split(4), 32768)]
@@ -645,7 +653,7 @@ fn norm_fp8_loop_ahead_rows() {
         vec![
             (past_split(4), 32768),
             (past_split(7), 57344),
-            (sm / 2, 65544),
+            ((sm / 2).min(16), 131080),
         ]
     };
     looped_form_cases(

@@ -2282,7 +2282,8 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
             mode == VecMode::V16
         }
         KernelId::RmsNormFp8Split(d, path, s) if d == dtype && s == p.scheme => {
-            // Looped rows, one cluster of a block per tile (portable sizes) per row, on a
+            // Looped rows, one cluster of a block per tile (portable sizes, or up to 16 where
+            // the limits have wide clusters) per row, on a
             // device with clusters; on the vector and scalar paths at most a row per two
             // multiprocessors and, for clusters of fewer than the most blocks, three blocks
             // per two; on the realigned path (16-bit rows, its staging after the split's
@@ -2295,11 +2296,16 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
                     && rows * cluster as usize * 2 > sms * 3;
             let realigned_path = path == NormPath::Realigned;
             let smem = rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16);
+            let most_blocks = if c.limits.wide_clusters {
+                RMSNORM_SPLIT_MAX_WIDE_CLUSTER
+            } else {
+                RMSNORM_SPLIT_MAX_CLUSTER
+            };
             if want != NormFwdVariant::Loop
                 || !c.limits.clusters
                 || (!realigned_path && too_many)
                 || (realigned_path && dtype.size_bytes() != 2)
-                || cluster as u64 > RMSNORM_SPLIT_MAX_CLUSTER
+                || cluster as u64 > most_blocks
                 || l.grid as u64 != rows as u64 * cluster as u64
                 || l.block != n.threads_per_row
                 || Some(l.shared_mem_bytes) != smem

@@ -178,22 +178,25 @@ pub fn plan_rmsnorm_forward_fp8(
     })
 }
 
-/// The split FP8 forward's cluster size, memory path and shared memory, where it applies:
-/// looped rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)
-/// tiles (one per block, portable cluster sizes) on a device with clusters, as the
-/// storage-dtype forward splits them. On the vector and scalar paths at most a row per two
-/// multiprocessors, and for rows of fewer than [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles at most
-/// three blocks per two multiprocessors: below, one block per row leaves most of the GPU idle
-/// (on an H100 the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of
-/// 18432-65536 bf16 elements, `bench/TUNING.md`, "The FP8 norm's long rows split over a
-/// cluster"); above, the clusters no longer all fit at once and the loads-ahead looped kernel
-/// ([`loop_ahead`]) is faster (on an H100 at 64 rows of 4 tiles, 256 blocks, 1.15-1.36x in
-/// graph replay, while at 64 rows of 3 tiles, 192 blocks, and 48 of 4 the split stayed 5-15%
-/// ahead: "The FP8 norm's looped rows with their loads ahead"). Off the 16-byte grid, 16-bit
-/// rows with a 16-byte aligned weight take the realigned path at any number of rows, as the
-/// storage-dtype forward's rows without a looped realigned kernel do: the alternative is the
-/// looped kernel's scalar path, element by element. The split computes the looped kernel's
-/// bits, so the choice by `rows` keeps batch invariance.
+/// The split FP8 forward's cluster size, memory path and shared memory, where it applies: looped
+/// rows of at most [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles, or
+/// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_WIDE_CLUSTER) where the
+/// device runs clusters of that size (`limits.wide_clusters`), one tile per block, on a device with
+/// clusters, as the storage-dtype forward splits them (which also splits up to 16 tiles two per
+/// block without the wide clusters). On the vector and scalar paths at most a row per two
+/// multiprocessors, and for rows of fewer than [`RMSNORM_SPLIT_MAX_CLUSTER`] tiles at most three
+/// blocks per two multiprocessors: below, one block per row leaves most of the GPU idle (on an H100
+/// the split was 1.1-4.1x faster than the looped kernel at 1-64 rows of 18432-65536 bf16 elements,
+/// `bench/TUNING.md`, "The FP8 norm's long rows split over a cluster", and 1.07-5.8x at 1-66 rows
+/// of 9-16 tiles but for 0.92x static at 64 rows of 13, "The FP8 norm's rows of 9-16 tiles in
+/// clusters of 16"); above, the clusters no longer all fit at once and the loads-ahead looped
+/// kernel ([`loop_ahead`]) is faster (on an H100 at 64 rows of 4 tiles, 256 blocks, 1.15-1.36x in
+/// graph replay, while at 64 rows of 3 tiles, 192 blocks, and 48 of 4 the split stayed 5-15% ahead:
+/// "The FP8 norm's looped rows with their loads ahead"). Off the 16-byte grid, 16-bit rows with a
+/// 16-byte aligned weight take the realigned path at any number of rows, as the storage-dtype
+/// forward's rows without a looped realigned kernel do: the alternative is the looped kernel's
+/// scalar path, element by element. The split computes the looped kernel's bits, so the choice by
+/// `rows` keeps batch invariance.
 fn split_clusters(
     dtype: DType,
     mode: VecMode,
@@ -203,7 +206,8 @@ fn split_clusters(
     limits: &GridLimits,
 ) -> Option<(u32, NormPath, u32)> {
     let sms = limits.sm_count as u64;
-    let Some((NormFwdVariant::E16, cluster)) = rmsnorm_split_geometry(dtype, hidden as u64, false)
+    let Some((NormFwdVariant::E16, cluster)) =
+        rmsnorm_split_geometry(dtype, hidden as u64, limits.wide_clusters)
     else {
         return None;
     };

@@ -50,12 +50,12 @@
 //! rows the `loop_ahead` entries issue each tile's loads while the tile before it is worked
 //! on, as the storage-dtype forward's (one row per SM, the same bits).
 //!
-//! At few rows (sm_90) such a row of up to 8 tiles is split over a thread-block cluster, a
-//! block per tile ([`fwd_fp8_split`]), as the storage-dtype forward splits it (`split`): the
-//! row is read once and held in registers, and its sum of squares has the looped kernel's
-//! shape, so its bits are the looped kernel's. Off the 16-byte grid (16-bit dtypes, a 16-byte
-//! aligned weight) the split takes the realigned path, as the storage-dtype split does by
-//! chunk.
+//! At few rows (sm_90) such a row of up to 8 tiles, or 16 where the device runs clusters of 16
+//! blocks, is split over a thread-block cluster, a block per tile ([`fwd_fp8_split`]), as the
+//! storage-dtype forward splits it (`split`): the row is read once and held in registers, and its
+//! sum of squares has the looped kernel's shape, so its bits are the looped kernel's. Off the
+//! 16-byte grid (16-bit dtypes, a 16-byte aligned weight) the split takes the realigned path, as
+//! the storage-dtype split does by chunk.
 //!
 //! # Aliasing
 //! As the norm forward: `h` may be `x` or `residual` (each chunk loaded before it is stored,
@@ -509,7 +509,7 @@ unsafe fn fwd_fp8_loop<E: Elem, const M: Path, const S: u32, const AHEAD: bool>(
 ///
 /// # Safety
 /// Launched as `plan_rmsnorm_forward_fp8` decides for it: `rows * n` blocks of 512 threads in
-/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, portable sizes), dynamic
+/// clusters of `n` = the row's tiles (`rmsnorm_split_geometry`, one tile per block), dynamic
 /// shared memory of `rmsnorm_split_smem_bytes` for path `M`, parameters it checked for it.
 #[inline(always)]
 unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Params) {
@@ -681,8 +681,8 @@ unsafe fn fwd_fp8_split<E: Elem, const M: Path, const S: u32>(p: &RmsNormFp8Para
 /// Every thread of every block of the cluster calls it once, right after
 /// `cluster_row_sum::<_, false>` (whose second arrival this is), with this block's rank and
 /// the cluster's size (at most
-/// [`RMSNORM_SPLIT_MAX_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_CLUSTER)); the split's
-/// shared memory.
+/// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`](ferrofuse_common::RMSNORM_SPLIT_MAX_WIDE_CLUSTER)); the
+/// split's shared memory.
 #[inline(always)]
 unsafe fn cluster_max_pushed(
     block_max: f32,
@@ -693,8 +693,8 @@ unsafe fn cluster_max_pushed(
     let slots = smem_f32().wrapping_add(RMSNORM_SPLIT_AMAX_SLOT as usize);
     if t_row < cluster_size.get() {
         // SAFETY: block `t_row` is in the cluster and past the first barrier (every block has
-        // started); its slot `rank` < RMSNORM_SPLIT_MAX_CLUSTER is inside the allocation and
-        // written only by this block, read only after the wait below.
+        // started); its slot `rank` < RMSNORM_SPLIT_MAX_WIDE_CLUSTER is inside the allocation
+        // and written only by this block, read only after the wait below.
         unsafe {
             cluster::write_remote(slots.wrapping_add(rank as usize), t_row as u32, block_max)
         };
@@ -707,7 +707,8 @@ unsafe fn cluster_max_pushed(
     let mut m = 0.0f32;
     let mut r = 0u64;
     while r < cluster_size.get() {
-        // SAFETY: slot r < RMSNORM_SPLIT_MAX_CLUSTER, written by block r before the barrier.
+        // SAFETY: slot r < RMSNORM_SPLIT_MAX_WIDE_CLUSTER, written by block r before the
+        // barrier.
         m = m.max(unsafe { *slots.wrapping_add(r as usize) });
         r += 1;
     }
