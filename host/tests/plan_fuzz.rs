@@ -2283,11 +2283,10 @@ fn check_norm_fp8(c: &NormFp8Case, l: &Launch<RmsNormFp8Params>) -> Vec<String> 
         }
         KernelId::RmsNormFp8Split(d, path, s) if d == dtype && s == p.scheme => {
             // Looped rows, one cluster of a block per tile (portable sizes, or up to 16 where
-            // the limits have wide clusters) per row, on a
-            // device with clusters; on the vector and scalar paths at most a row per two
-            // multiprocessors and, for clusters of fewer than the most blocks, three blocks
-            // per two; on the realigned path (16-bit rows, its staging after the split's
-            // slots) at any number of rows.
+            // the limits have wide clusters) per row, on a device with clusters; on the vector
+            // and scalar paths at most a row per two multiprocessors and, for clusters of fewer
+            // than 8 blocks, three blocks per two; on the realigned path (16-bit rows, its
+            // staging after the split's slots) at any number of rows.
             let (want, _) = rmsnorm_fwd_geometry(dtype, hidden as u64);
             let cluster = p.cluster_blocks(l.kernel);
             let sms = c.limits.sm_count as usize;
