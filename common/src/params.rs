@@ -614,7 +614,8 @@ pub const RMSNORM_SPLIT_MAX_TILES_PER_BLOCK: u64 = 2;
 /// slot [`RMSNORM_SPLIT_PARTIALS_SLOT`] the block's tile sums, from
 /// [`RMSNORM_SPLIT_GATHER_SLOT`] the whole row's, gathered from the cluster, and from
 /// [`RMSNORM_SPLIT_AMAX_SLOT`] the cluster's blocks' maxima (FP8 per token).
-pub const RMSNORM_SPLIT_SMEM_BYTES: u32 = RMSNORM_SMEM_BYTES + 40 * 4;
+pub const RMSNORM_SPLIT_SMEM_BYTES: u32 =
+    (RMSNORM_SPLIT_AMAX_SLOT + RMSNORM_SPLIT_MAX_WIDE_CLUSTER as u32) * 4;
 /// First f32 slot of a split block's own tile sums.
 pub const RMSNORM_SPLIT_PARTIALS_SLOT: u32 = RMSNORM_SMEM_BYTES / 4;
 /// First f32 slot of the row's tile sums gathered from the cluster's blocks.
