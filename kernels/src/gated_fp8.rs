@@ -478,7 +478,12 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const ENDS: bool>(p: &GatedFp8Params) {
         // SAFETY: as for the loads.
         unsafe {
             flat_v16_one::<E, A>(p, a, b, at, ok, scale, inv);
-            flat_v16_one::<E, A>(p, a2, b2, at2, ok2, scale, inv);
+            // The second access's math only where it exists: on a grid of a thread per access
+            // (up to the threads the device holds) it never does, and computed anyway it
+            // doubled each thread's exponentials and reciprocals.
+            if ok2 {
+                flat_v16_one::<E, A>(p, a2, b2, at2, true, scale, inv);
+            }
         }
         at = at2.advance(grid_step);
         i += 2 * step;
