@@ -750,9 +750,11 @@ fn fp8_launch(
         let resident_rows = limits.resident_blocks(kernel) as u64 * rows_per_block / row_blocks;
         let whole = per_thread <= row_blocks * params.chunks as u64;
         let prefetch = match kernel {
-            KernelId::GatedFp8Row(..) | KernelId::GatedFp8Rows(..) => {
+            KernelId::GatedFp8Row(..) | KernelId::GatedFp8Rows(_, 1) => {
                 rows as u64 > 2 * resident_rows
             }
+            // Two accesses per thread: 1.01-1.06x faster without it on an H200.
+            KernelId::GatedFp8Rows(..) => false,
             KernelId::GatedFp8RowLong(..) => dtype != DType::F32 && rows as u64 > resident_rows,
             // Its next row is already on its way, into shared memory.
             KernelId::GatedFp8RowStream(..) => false,

@@ -354,7 +354,7 @@ fn per_token_plans_rows_in_registers() {
         (DType::BF16, 4096, 14336, bf16_stream(4), 4, 132, 0),
         (DType::BF16, 265, 11008, bf16_stream(3), 3, 132, 0),
         (DType::BF16, 264, 14336, bf16_row, 4, 264, 0),
-        (DType::BF16, 4096, 8192, bf16_rows, 2, 4096, 132),
+        (DType::BF16, 4096, 8192, bf16_rows, 2, 4096, 0),
         (DType::F32, 300, 7168, f32_stream(4), 4, 132, 0),
         (DType::F32, 264, 7168, f32_row, 4, 264, 0),
         (DType::BF16, 100, 20480, bf16_stream(5), 5, 100, 0),
@@ -706,7 +706,9 @@ fn rejects_every_overlap() {
 fn per_token_plans_short_rows_several_per_block() {
     // Rows of up to two 16-byte accesses per thread of 512: the many-rows kernel, each row on
     // the fewest warps that hold it (no thread without an access but the last warp's), as
-    // many rows per block as fit in 512 threads while the blocks still cover the SMs.
+    // many rows per block as fit in 512 threads while the blocks still cover the SMs; rows of
+    // one access per thread ask L2 for the row a wave ahead from two waves on, rows of two
+    // never.
     let two_per_sm = GridLimits::uniform(132, 2);
     let ub = Fp8Scaling::per_token();
     for (dtype, rows, cols, chunks, threads, per_block, prefetch_rows) in [
@@ -718,8 +720,8 @@ fn per_token_plans_short_rows_several_per_block() {
         (DType::BF16, 200, 1792, 1, 224, 2, 0),
         // Over 4 GPUs: 448; over 2: 896, two per thread.
         (DType::BF16, 16384, 3584, 1, 448, 1, 264),
-        (DType::F16, 4096, 7168, 2, 448, 1, 264),
-        (DType::BF16, 4096, 8192, 2, 512, 1, 264),
+        (DType::F16, 4096, 7168, 2, 448, 1, 0),
+        (DType::BF16, 4096, 8192, 2, 512, 1, 0),
         // Short f32 rows: 25 accesses on one warp, 8 rows per block of 256 threads.
         (DType::F32, 1024, 100, 1, 32, 8, 0),
         (DType::F32, 100_000, 64, 1, 32, 16, 4224),

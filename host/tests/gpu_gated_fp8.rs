@@ -407,8 +407,9 @@ fn fp8_middle_regime() {
 /// Per-token rows of at most two 16-byte accesses per thread of 512 (the many-rows kernel):
 /// several rows per block, each on one warp (part of one, or all of it) or on several (the
 /// block's barrier between the warps' maxima), the grid's last block part empty; a row of
-/// seven warps (1792 bf16 / f16 columns) two per block; two accesses per thread, one row per
-/// block. Split and interleaved, SiLU, per token with and without an upper bound.
+/// seven warps (1792 bf16 / f16 columns) two per block; rows of one access per thread past two
+/// waves of the kernel, asking L2 for the row a wave ahead; two accesses per thread, one row
+/// per block. Split and interleaved, SiLU, per token with and without an upper bound.
 #[test]
 fn fp8_per_token_short_rows() {
     let test = "fp8_per_token_short_rows";
@@ -418,13 +419,16 @@ fn fp8_per_token_short_rows() {
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
         let lanes = dtype.lanes_per_16b();
-        // (rows, accesses per row, rows per block, accesses per thread)
-        for (rows, accesses, per_block, chunks) in [
-            (many, 1, 16, 1),
-            (many, 25, 16, 1),
-            (many, 50, 8, 1),
-            (many, 224, 2, 1),
-            (300, 896, 1, 2),
+        let past_two_waves =
+            2 * k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize + 3;
+        // (rows, accesses per row, rows per block, accesses per thread, prefetch)
+        for (rows, accesses, per_block, chunks, prefetch) in [
+            (many, 1, 16, 1, false),
+            (many, 25, 16, 1, false),
+            (many, 50, 8, 1, false),
+            (many, 224, 2, 1, false),
+            (past_two_waves, 512, 1, 1, true),
+            (300, 896, 1, 2, false),
         ] {
             let cols = accesses * lanes;
             let mat =
@@ -441,8 +445,18 @@ fn fp8_per_token_short_rows() {
             .unwrap();
             let p = &plan.params;
             assert_eq!(
-                (plan.kernel, p.rows_per_block, p.chunks),
-                (KernelId::GatedFp8Rows(dtype, chunks), per_block, chunks),
+                (
+                    plan.kernel,
+                    p.rows_per_block,
+                    p.chunks,
+                    p.prefetch_rows != 0
+                ),
+                (
+                    KernelId::GatedFp8Rows(dtype, chunks),
+                    per_block,
+                    chunks,
+                    prefetch
+                ),
                 "{dtype:?} {rows} x {cols}"
             );
             let layouts: &[Layout] = if quick() {
@@ -476,7 +490,7 @@ fn fp8_per_token_short_rows() {
 /// bf16 / f16; split and interleaved; 5 to 8 slots per thread, full and ragged; on sm_90 also
 /// rows of one tile of 3 and 4 slots past two waves, streamed and not), 16-bit rows of
 /// the long-row kernel asking L2 for a row one wave ahead; by the many-rows kernel (1024
-/// accesses, two per thread) beyond two waves of it, prefetching too; the scalar path (4096 elements, every operand
+/// accesses, two per thread) beyond two waves of it; the scalar path (4096 elements, every operand
 /// one element into its buffer); at a few rows, split over a cluster's eight blocks, or four
 /// with a ragged last tile (the two-pass kernel without clusters). SiLU, with and without an
 /// upper bound on the scale.
@@ -497,7 +511,7 @@ fn fp8_per_token_long_rows() {
         let tile = per_thread(GATED_FP8_ROW_CHUNKS) * dtype.lanes_per_16b();
         let (few, two_waves) = (3, 2 * one_wave(VecMode::V16) as usize + 3);
         // Rows of two accesses per thread (the many-rows kernel, a row per block) past two
-        // waves of that kernel, where it prefetches.
+        // waves of that kernel (no prefetch there).
         let rows_kernel = KernelId::GatedFp8Rows(dtype, 2);
         let short_rows = 2 * k.limits().resident_blocks(rows_kernel) as usize + 3;
         let split = |kernel| {
@@ -520,7 +534,7 @@ fn fp8_per_token_long_rows() {
                     dtype != DType::F32,
                 )
             },
-            (short_rows, short, KernelId::GatedFp8Rows(dtype, 2), true),
+            (short_rows, short, KernelId::GatedFp8Rows(dtype, 2), false),
             if streamed {
                 (
                     two_waves,
