@@ -29,10 +29,12 @@ use ferrofuse::gated::plan_gated_forward_fp8;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::{
-    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc,
-    MatMut, ScaleLayout, VecMode, reference,
+    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Launch, Mat,
+    MatDesc, MatMut, ScaleLayout, VecMode, reference,
 };
-use ferrofuse_common::{FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
+use ferrofuse_common::{
+    FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, GatedFp8Params,
+};
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -404,6 +406,25 @@ fn fp8_middle_regime() {
     }
 }
 
+/// The launch this device's planner gives a dense split per-token SiLU call of `rows x cols`.
+fn per_token_plan(
+    k: &Kernels,
+    dtype: DType,
+    (rows, cols): (usize, usize),
+) -> Launch<GatedFp8Params> {
+    let mat = |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
+    plan_gated_forward_fp8(
+        Activation::Silu,
+        &mat(1 << 40, dtype, cols),
+        &mat(1 << 41, dtype, cols),
+        &mat(1 << 42, DType::F8E4M3, cols),
+        Fp8Scaling::per_token(),
+        &mat(1 << 43, DType::F32, 1),
+        k.limits(),
+    )
+    .unwrap()
+}
+
 /// Per-token rows of at most two 16-byte accesses per thread of 512 (the many-rows kernel):
 /// several rows per block, each on one warp (part of one, or all of it) or on several (the
 /// block's barrier between the warps' maxima), the grid's last block part empty; a row of
@@ -431,18 +452,7 @@ fn fp8_per_token_short_rows() {
             (300, 896, 1, 2, false),
         ] {
             let cols = accesses * lanes;
-            let mat =
-                |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
-            let plan = plan_gated_forward_fp8(
-                Activation::Silu,
-                &mat(1 << 40, dtype, cols),
-                &mat(1 << 41, dtype, cols),
-                &mat(1 << 42, DType::F8E4M3, cols),
-                Fp8Scaling::per_token(),
-                &mat(1 << 43, DType::F32, 1),
-                k.limits(),
-            )
-            .unwrap();
+            let plan = per_token_plan(&k, dtype, (rows, cols));
             let p = &plan.params;
             assert_eq!(
                 (
@@ -557,18 +567,7 @@ fn fp8_per_token_long_rows() {
                 false,
             ),
         ] {
-            let mat =
-                |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
-            let plan = plan_gated_forward_fp8(
-                Activation::Silu,
-                &mat(1 << 40, dtype, cols),
-                &mat(1 << 41, dtype, cols),
-                &mat(1 << 42, DType::F8E4M3, cols),
-                Fp8Scaling::per_token(),
-                &mat(1 << 43, DType::F32, 1),
-                k.limits(),
-            )
-            .unwrap();
+            let plan = per_token_plan(&k, dtype, (rows, cols));
             assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
             assert_eq!(
                 plan.params.prefetch_rows != 0,
