@@ -172,6 +172,10 @@ pub enum KernelId {
     /// (`gated_fp8_row_stream_{dtype}_c{count}`, sm_90; the sm_80 module has the entries but
     /// never runs them).
     GatedFp8RowStream(DType, u32),
+    /// The per-token kernel for rows of one or two 16-byte accesses per thread of one block
+    /// (an entry per count): `rows_per_block` rows on a block, each on `threads_per_row`
+    /// threads, the fewest warps that hold it (`gated_fp8_rows_{dtype}_c{1|2}`).
+    GatedFp8Rows(DType, u32),
     /// Residual-add + RMSNorm forward with FP8 E4M3 output `y`, rows held in registers or
     /// looped (rows of more than 16384 elements), for one scaling scheme (`FP8_STATIC`,
     /// `FP8_PER_TOKEN` or `FP8_PER_GROUP`):
@@ -273,7 +277,9 @@ macro_rules! kernel_table {
     };
 }
 
-// The streamed per-token entries' accesses per thread, as the table's arguments.
+// The many-rows and streamed per-token entries' accesses per thread, as the table's arguments.
+const C1: u32 = 1;
+const C2: u32 = 2;
 const C3: u32 = 3;
 const C4: u32 = 4;
 const C5: u32 = 5;
@@ -592,6 +598,12 @@ kernel_table! {
     gated_fp8_row_stream_bf16_c6 = GatedFp8RowStream(BF16, C6),
     gated_fp8_row_stream_bf16_c7 = GatedFp8RowStream(BF16, C7),
     gated_fp8_row_stream_bf16_c8 = GatedFp8RowStream(BF16, C8),
+    gated_fp8_rows_f32_c1 = GatedFp8Rows(F32, C1),
+    gated_fp8_rows_f32_c2 = GatedFp8Rows(F32, C2),
+    gated_fp8_rows_f16_c1 = GatedFp8Rows(F16, C1),
+    gated_fp8_rows_f16_c2 = GatedFp8Rows(F16, C2),
+    gated_fp8_rows_bf16_c1 = GatedFp8Rows(BF16, C1),
+    gated_fp8_rows_bf16_c2 = GatedFp8Rows(BF16, C2),
     gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
     gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
     gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
@@ -625,6 +637,7 @@ impl KernelId {
                 | KernelId::GatedFp8RowLong(..)
                 | KernelId::GatedFp8RowSplit(..)
                 | KernelId::GatedFp8RowStream(..)
+                | KernelId::GatedFp8Rows(..)
                 | KernelId::RmsNormFp8(..)
                 | KernelId::RmsNormFp8Realigned(..)
                 | KernelId::RmsNormFp8Stream(..)
@@ -669,7 +682,8 @@ impl KernelId {
             | KernelId::GatedFp8RowRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
-            | KernelId::GatedFp8RowStream(..) => GATED_FP8_ROW_MAX_THREADS,
+            | KernelId::GatedFp8RowStream(..)
+            | KernelId::GatedFp8Rows(..) => GATED_FP8_ROW_MAX_THREADS,
             KernelId::RmsNormFwd(..)
             | KernelId::RmsNormFwdRealigned(..)
             | KernelId::RmsNormFwdWFirst(..)
@@ -732,6 +746,10 @@ impl KernelId {
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8RowSplit(..) => {
                 Some((GATED_FP8_ROW_MAX_THREADS, 2))
             }
+            // One access per thread: four blocks of up to 512 threads per SM (32 registers),
+            // the whole SM's threads on rows; two: three (40; at 32 they spilled on sm_90).
+            KernelId::GatedFp8Rows(_, 1) => Some((GATED_FP8_ROW_MAX_THREADS, 4)),
+            KernelId::GatedFp8Rows(..) => Some((GATED_FP8_ROW_MAX_THREADS, 3)),
             // Every access's two aligned vectors of each input in flight at once: four accesses
             // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
             // registers).

@@ -1244,6 +1244,10 @@ pub const GATED_FP8_ROW_MAX_THREADS: u32 = 512;
 /// Accesses (16-byte vectors, or elements on the scalar path) a thread of the per-token FP8
 /// kernel holds per tile of its row.
 pub const GATED_FP8_ROW_CHUNKS: usize = 4;
+/// Most 16-byte accesses a thread of the many-rows per-token FP8 kernel (`gated_fp8_rows_*`)
+/// holds: rows of up to this many tiles of [`GATED_FP8_ROW_MAX_THREADS`] accesses, each on
+/// the fewest warps that hold it, several rows per block.
+pub const GATED_FP8_ROWS_CHUNKS: usize = 2;
 /// Accesses a thread of the long-row per-token FP8 kernel holds: rows of more than one tile
 /// of [`GATED_FP8_ROW_CHUNKS`] and at most one of these.
 pub const GATED_FP8_ROW_LONG_CHUNKS: usize = 8;
@@ -1297,7 +1301,12 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// `chunks` accesses of its row per tile (`chunks` <= [`GATED_FP8_ROW_CHUNKS`], or
 /// [`GATED_FP8_ROW_LONG_CHUNKS`] in the long-row kernel); a row longer than one block's (or
 /// the cluster's) tiles is walked twice (once for the maximum, once for the output); and
-/// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory.
+/// [`GATED_FP8_ROW_SMEM_BYTES`] of dynamic shared memory. The many-rows kernel
+/// (`gated_fp8_rows_*`, 16-byte accesses) takes `rows_per_block` rows per block of
+/// `rows_per_block * threads_per_row` threads (at most 512; `threads_per_row` a multiple of
+/// 32), row `block * rows_per_block + k` on the block's threads `k * threads_per_row ..`,
+/// thread `t` of a row holding its accesses `t + j * threads_per_row`, `j < chunks` (1 or
+/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory.
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
 #[repr(C)]

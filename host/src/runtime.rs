@@ -486,6 +486,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..)
+            | KernelId::GatedFp8Rows(..)
             | KernelId::RmsNormFwdWFirst(..)
             | KernelId::RmsNormFwdStream(..)
             | KernelId::RmsNormFp8Stream(..)

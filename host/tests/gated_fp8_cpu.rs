@@ -264,9 +264,9 @@ fn per_token_plans_rows_in_registers() {
         scale_ub: Some(2.0),
     };
     let l = plan(&a, &b, &y, ub, &scales(5, 1)).unwrap();
-    assert_eq!(l.kernel, KernelId::GatedFp8Row(DType::F32, VecMode::V16));
+    assert_eq!(l.kernel, KernelId::GatedFp8Rows(DType::F32, 1));
     assert_eq!((l.params.chunks, l.params.rows_per_block), (1, 1));
-    assert_eq!((l.grid, l.block), (5, 512));
+    assert_eq!((l.grid, l.block), (5, 32));
     assert_eq!((l.params.scale_ub, l.params.min_scale), (2.0, 1e-6));
     // Rows of 2049-4096 accesses beyond one wave of the two-pass kernel: the long-row kernel
     // holds them whole; longer rows, and rows of 16-byte accesses within that wave, take two
@@ -347,13 +347,14 @@ fn per_token_plans_rows_in_registers() {
     let f32_stream = |count| KernelId::GatedFp8RowStream(DType::F32, count);
     let f32_split = KernelId::GatedFp8RowSplit(DType::F32, VecMode::V16);
     let bf16_row = KernelId::GatedFp8Row(DType::BF16, VecMode::V16);
+    let bf16_rows = KernelId::GatedFp8Rows(DType::BF16, 2);
     let f32_row = KernelId::GatedFp8Row(DType::F32, VecMode::V16);
     for (dtype, rows, cols, kernel, chunks, grid, prefetch_rows) in [
         (DType::BF16, 4096, 28672, bf16_stream(7), 7, 132, 0),
         (DType::BF16, 4096, 14336, bf16_stream(4), 4, 132, 0),
         (DType::BF16, 265, 11008, bf16_stream(3), 3, 132, 0),
         (DType::BF16, 264, 14336, bf16_row, 4, 264, 0),
-        (DType::BF16, 4096, 8192, bf16_row, 2, 4096, 132),
+        (DType::BF16, 4096, 8192, bf16_rows, 2, 4096, 0),
         (DType::F32, 300, 7168, f32_stream(4), 4, 132, 0),
         (DType::F32, 264, 7168, f32_row, 4, 264, 0),
         (DType::BF16, 100, 20480, bf16_stream(5), 5, 100, 0),
@@ -702,6 +703,78 @@ fn rejects_every_overlap() {
 }
 
 #[test]
+fn per_token_plans_short_rows_several_per_block() {
+    // Rows of up to two 16-byte accesses per thread of 512: the many-rows kernel, each row on
+    // the fewest warps that hold it (no thread without an access but the last warp's), as
+    // many rows per block as fit in 512 threads while the blocks still cover the SMs; rows of
+    // one access per thread ask L2 for the row a wave ahead from two waves on, rows of two
+    // never.
+    let two_per_sm = GridLimits::uniform(132, 2);
+    let ub = Fp8Scaling::per_token();
+    for (dtype, rows, cols, chunks, threads, per_block, prefetch_rows) in [
+        // LLaMA-3-8B's MLP over 8 GPUs: 224 accesses.
+        (DType::BF16, 16384, 1792, 1, 224, 2, 528),
+        (DType::BF16, 1024, 1792, 1, 224, 2, 0),
+        // Fewer rows than SMs: one per block.
+        (DType::BF16, 64, 1792, 1, 224, 1, 0),
+        (DType::BF16, 200, 1792, 1, 224, 2, 0),
+        // Over 4 GPUs: 448; over 2: 896, two per thread.
+        (DType::BF16, 16384, 3584, 1, 448, 1, 264),
+        (DType::F16, 4096, 7168, 2, 448, 1, 0),
+        (DType::BF16, 4096, 8192, 2, 512, 1, 0),
+        // Short f32 rows: 25 accesses on one warp, 8 rows per block of 256 threads.
+        (DType::F32, 1024, 100, 1, 32, 8, 0),
+        (DType::F32, 100_000, 64, 1, 32, 16, 4224),
+        (DType::BF16, 3, 8, 1, 32, 1, 0),
+    ] {
+        let (a, b, y) = abq(dtype, rows, cols);
+        let l = plan_on(&a, &b, &y, ub, &scales(rows, 1), &two_per_sm).unwrap();
+        let p = &l.params;
+        assert_eq!(
+            l.kernel,
+            KernelId::GatedFp8Rows(dtype, chunks),
+            "{rows} x {cols}"
+        );
+        assert_eq!(
+            (
+                p.chunks,
+                p.threads_per_row,
+                p.rows_per_block,
+                p.prefetch_rows
+            ),
+            (chunks, threads, per_block, prefetch_rows),
+            "{rows} x {cols}"
+        );
+        assert_eq!(
+            (l.grid, l.block, l.shared_mem_bytes),
+            (
+                rows.div_ceil(per_block as usize) as u32,
+                threads * per_block,
+                GATED_FP8_ROW_SMEM_BYTES
+            ),
+            "{rows} x {cols}"
+        );
+    }
+    // One access past two per thread, or rows off the 16-byte grid: the row kernels.
+    for (dtype, cols, kernel) in [
+        (
+            DType::BF16,
+            8200,
+            KernelId::GatedFp8Row(DType::BF16, VecMode::V16),
+        ),
+        (
+            DType::BF16,
+            1793,
+            KernelId::GatedFp8Row(DType::BF16, VecMode::Scalar),
+        ),
+    ] {
+        let (a, b, y) = abq(dtype, 64, cols);
+        let l = plan_on(&a, &b, &y, ub, &scales(64, 1), &two_per_sm).unwrap();
+        assert_eq!((l.kernel, l.block), (kernel, 512), "{cols}");
+    }
+}
+
+#[test]
 fn kernel_table_has_every_storage_dtype_and_path() {
     for d in DType::ALL {
         for m in [VecMode::V16, VecMode::Scalar] {
@@ -735,6 +808,13 @@ fn kernel_table_has_every_storage_dtype_and_path() {
             assert_eq!(flat.launch_bounds(), Some((128, 8)));
             assert_eq!(ends_first.launch_bounds(), Some((128, 8)));
         }
+        for (count, per_sm) in [(1, 4), (2, 3)] {
+            let rows = KernelId::GatedFp8Rows(d, count);
+            assert!(rows.exists() && rows.syncs_grid_dependency(), "{rows:?}");
+            assert_eq!(KernelId::ALL[rows.index()], rows);
+            assert_eq!(rows.launch_bounds(), Some((512, per_sm)));
+        }
+        assert!(!KernelId::GatedFp8Rows(d, 3).exists());
         for count in GATED_FP8_STREAM_MIN_CHUNKS as u32..=GATED_FP8_ROW_LONG_CHUNKS as u32 {
             let k = KernelId::GatedFp8RowStream(d, count);
             assert!(k.exists(), "{k:?}");

@@ -29,10 +29,12 @@ use ferrofuse::gated::plan_gated_forward_fp8;
 use ferrofuse::half::{bf16, f16};
 use ferrofuse::reference::fp8::{e4m3_bits, e4m3_value, quantize_rows};
 use ferrofuse::{
-    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Mat, MatDesc,
-    MatMut, ScaleLayout, VecMode, reference,
+    Activation, DType, Element, F8E4M3, Fp8Scales, Fp8Scaling, KernelId, Kernels, Launch, Mat,
+    MatDesc, MatMut, ScaleLayout, VecMode, reference,
 };
-use ferrofuse_common::{FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS};
+use ferrofuse_common::{
+    FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_MAX_THREADS, GATED_THREADS, GatedFp8Params,
+};
 use rand::rngs::StdRng;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -404,12 +406,101 @@ fn fp8_middle_regime() {
     }
 }
 
+/// The launch this device's planner gives a dense split per-token SiLU call of `rows x cols`.
+fn per_token_plan(
+    k: &Kernels,
+    dtype: DType,
+    (rows, cols): (usize, usize),
+) -> Launch<GatedFp8Params> {
+    let mat = |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
+    plan_gated_forward_fp8(
+        Activation::Silu,
+        &mat(1 << 40, dtype, cols),
+        &mat(1 << 41, dtype, cols),
+        &mat(1 << 42, DType::F8E4M3, cols),
+        Fp8Scaling::per_token(),
+        &mat(1 << 43, DType::F32, 1),
+        k.limits(),
+    )
+    .unwrap()
+}
+
+/// Per-token rows of at most two 16-byte accesses per thread of 512 (the many-rows kernel):
+/// several rows per block, each on one warp (part of one, or all of it) or on several (the
+/// block's barrier between the warps' maxima), the grid's last block part empty; a row of
+/// seven warps (1792 bf16 / f16 columns) two per block; rows of one access per thread past two
+/// waves of the kernel, asking L2 for the row a wave ahead; two accesses per thread, one row
+/// per block. Split and interleaved, SiLU, per token with and without an upper bound.
+#[test]
+fn fp8_per_token_short_rows() {
+    let test = "fp8_per_token_short_rows";
+    let Some((k, s)) = gpu(test) else { return };
+    // Past 16 rows per SM: the most rows per block where the rows fit them.
+    let many = 16 * k.limits().sm_count as usize + 1;
+    for dtype in DType::ALL {
+        let (mut rng, seed) = rng();
+        let lanes = dtype.lanes_per_16b();
+        let past_two_waves =
+            2 * k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize + 3;
+        // (rows, accesses per row, rows per block, accesses per thread, prefetch)
+        for (rows, accesses, per_block, chunks, prefetch) in [
+            (many, 1, 16, 1, false),
+            (many, 25, 16, 1, false),
+            (many, 50, 8, 1, false),
+            (many, 224, 2, 1, false),
+            (past_two_waves, 512, 1, 1, true),
+            (300, 896, 1, 2, false),
+        ] {
+            let cols = accesses * lanes;
+            let plan = per_token_plan(&k, dtype, (rows, cols));
+            let p = &plan.params;
+            assert_eq!(
+                (
+                    plan.kernel,
+                    p.rows_per_block,
+                    p.chunks,
+                    p.prefetch_rows != 0
+                ),
+                (
+                    KernelId::GatedFp8Rows(dtype, chunks),
+                    per_block,
+                    chunks,
+                    prefetch
+                ),
+                "{dtype:?} {rows} x {cols}"
+            );
+            let layouts: &[Layout] = if quick() {
+                &[Layout::Split]
+            } else {
+                &[Layout::Split, Layout::Interleaved]
+            };
+            for &layout in layouts {
+                for scaling in schemes(cols)
+                    .into_iter()
+                    .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
+                {
+                    silu_case(
+                        &k,
+                        &s,
+                        &mut rng,
+                        (test, seed),
+                        dtype,
+                        layout,
+                        scaling,
+                        (rows, cols),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Per-token rows of more than one tile, held whole: by the streamed kernel (sm_90) and the
 /// long-row kernel beyond one wave of the row kernel (2049-4096 accesses: 14336 f32, 28672
 /// bf16 / f16; split and interleaved; 5 to 8 slots per thread, full and ragged; on sm_90 also
 /// rows of one tile of 3 and 4 slots past two waves, streamed and not), 16-bit rows of
-/// the long-row kernel asking L2 for a row one wave ahead; by the row kernel (1024
-/// accesses) beyond two waves, prefetching too; the scalar path (4096 elements, every operand
+/// the long-row kernel asking L2 for a row one wave ahead; by the many-rows kernel (1024
+/// accesses, two per thread) beyond two waves of it; the scalar path (4096 elements, every operand
 /// one element into its buffer); at a few rows, split over a cluster's eight blocks, or four
 /// with a ragged last tile (the two-pass kernel without clusters). SiLU, with and without an
 /// upper bound on the scale.
@@ -429,6 +520,10 @@ fn fp8_per_token_long_rows() {
         let short = per_thread(2) * dtype.lanes_per_16b();
         let tile = per_thread(GATED_FP8_ROW_CHUNKS) * dtype.lanes_per_16b();
         let (few, two_waves) = (3, 2 * one_wave(VecMode::V16) as usize + 3);
+        // Rows of two accesses per thread (the many-rows kernel, a row per block) past two
+        // waves of that kernel (no prefetch there).
+        let rows_kernel = KernelId::GatedFp8Rows(dtype, 2);
+        let short_rows = 2 * k.limits().resident_blocks(rows_kernel) as usize + 3;
         let split = |kernel| {
             if k.limits().clusters {
                 KernelId::GatedFp8RowSplit(dtype, VecMode::V16)
@@ -449,12 +544,7 @@ fn fp8_per_token_long_rows() {
                     dtype != DType::F32,
                 )
             },
-            (
-                two_waves,
-                short,
-                KernelId::GatedFp8Row(dtype, VecMode::V16),
-                true,
-            ),
+            (short_rows, short, KernelId::GatedFp8Rows(dtype, 2), false),
             if streamed {
                 (
                     two_waves,
@@ -477,18 +567,7 @@ fn fp8_per_token_long_rows() {
                 false,
             ),
         ] {
-            let mat =
-                |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
-            let plan = plan_gated_forward_fp8(
-                Activation::Silu,
-                &mat(1 << 40, dtype, cols),
-                &mat(1 << 41, dtype, cols),
-                &mat(1 << 42, DType::F8E4M3, cols),
-                Fp8Scaling::per_token(),
-                &mat(1 << 43, DType::F32, 1),
-                k.limits(),
-            )
-            .unwrap();
+            let plan = per_token_plan(&k, dtype, (rows, cols));
             assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
             assert_eq!(
                 plan.params.prefetch_rows != 0,
@@ -524,7 +603,7 @@ fn fp8_per_token_long_rows() {
             (Layout::Interleaved, past_sms, accesses(per_thread(4) + 1)),
             (Layout::Split, past_sms, accesses(per_thread(5) + 3)),
             (Layout::Split, past_sms, longest),
-            (Layout::Split, two_waves, short),
+            (Layout::Split, short_rows, short),
             (Layout::SplitOffset, rows, 4096),
             (Layout::Split, few, 8 * tile),
             (Layout::Interleaved, few, 3 * tile + dtype.lanes_per_16b()),

@@ -41,13 +41,13 @@ use ferrofuse::{
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
-    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_SCALAR_BATCH,
-    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
-    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
-    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
-    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
-    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
+    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES,
+    GATED_FP8_ROWS_CHUNKS, GATED_FP8_SCALAR_BATCH, GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams,
+    GatedFp8Params, GatedFwdParams, NormFwdVariant, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA,
+    RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER,
+    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
+    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1557,7 +1557,11 @@ fn check_gated_fp8_launch(
         {
             mode
         }
-        KernelId::GatedFp8RowStream(d, _) if d == dtype && per_token => VecMode::V16,
+        KernelId::GatedFp8RowStream(d, _) | KernelId::GatedFp8Rows(d, _)
+            if d == dtype && per_token =>
+        {
+            VecMode::V16
+        }
         KernelId::GatedFp8RowRealigned(d) if d == dtype && per_token && l.kernel.exists() => {
             if p.chunks > GATED_FP8_ROW_CHUNKS as u32 {
                 v.add(format!("{} chunks on {:?}", p.chunks, l.kernel));
@@ -1623,9 +1627,47 @@ fn check_gated_fp8_launch(
                 KernelId::GatedFp8RowLong(..)
                     | KernelId::GatedFp8RowSplit(..)
                     | KernelId::GatedFp8RowStream(..)
+                    | KernelId::GatedFp8Rows(..)
             )
         {
             v.add("the per-token geometry is not one block of 512 per row".into());
+        }
+        // The many-rows kernel: rows of up to GATED_FP8_ROWS_CHUNKS accesses per thread of a
+        // 512-thread tile, each on the fewest warps that hold it at the fewest accesses per
+        // thread (an entry body per count), several rows per block of at most 512 threads,
+        // every row on a block; the other kernels never take such rows of 16-byte accesses.
+        let per_thread = p.walk.per_row.div_ceil(row_threads as u64).max(1);
+        let many_rows = mode == VecMode::V16 && per_thread <= GATED_FP8_ROWS_CHUNKS as u64;
+        if many_rows != matches!(l.kernel, KernelId::GatedFp8Rows(..)) {
+            v.add(format!(
+                "{:?} for rows of {} 16-byte accesses",
+                l.kernel, p.walk.per_row
+            ));
+        }
+        let tpr = p.threads_per_row as u64;
+        if let KernelId::GatedFp8Rows(_, count) = l.kernel
+            && rows > 0
+            && (p.chunks as u64 != per_thread
+                || count != p.chunks
+                || !l.kernel.exists()
+                || tpr
+                    != p.walk
+                        .per_row
+                        .div_ceil(per_thread)
+                        .next_multiple_of(32)
+                        .max(32)
+                || p.rows_per_block == 0
+                || l.block as u64 != tpr * p.rows_per_block as u64
+                || l.block > row_threads
+                || l.grid as u64 != rows.div_ceil(p.rows_per_block as u64)
+                || l.shared_mem_bytes != GATED_FP8_ROW_SMEM_BYTES
+                || p.row_blocks != 1)
+        {
+            v.add(format!(
+                "a many-rows grid of {} x {} for {rows} rows of {} accesses: {} per block on {} \
+                 threads, {} chunks",
+                l.grid, l.block, p.walk.per_row, p.rows_per_block, tpr, p.chunks
+            ));
         }
         // The long-row kernel holds the whole row (it has no second walk).
         if let KernelId::GatedFp8RowLong(..) = l.kernel
@@ -1695,7 +1737,8 @@ fn check_gated_fp8_launch(
                 KernelId::GatedFp8Row(_, VecMode::V16)
                     | KernelId::GatedFp8RowLong(_, VecMode::V16)
                     | KernelId::GatedFp8RowSplit(_, VecMode::V16)
-            ) || p.walk.per_row > (p.row_blocks * row_threads * p.chunks) as u64
+                    | KernelId::GatedFp8Rows(..)
+            ) || p.walk.per_row > (p.row_blocks * p.threads_per_row * p.chunks) as u64
                 || p.walk.per_row * 16 > u32::MAX as u64)
         {
             v.add(format!(

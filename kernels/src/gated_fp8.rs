@@ -51,6 +51,15 @@
 //!   HBM still sees one read. Blocks holding their whole tile may also ask L2 for the same tile
 //!   of the row one wave ahead (`prefetch_rows`, a body of its own), so that HBM keeps
 //!   streaming while the block reduces and stores.
+//! - **Many rows** (`gated_fp8_rows_{dtype}_c{1|2}`: per token, 16-byte accesses, rows of one
+//!   or two accesses per thread of 512: a tensor-parallel shard's row is often a fraction of
+//!   one tile, as LLaMA-3-8B's MLP over 8 GPUs, 224 accesses). A row on the fewest whole warps
+//!   that hold it (`threads_per_row`), `rows_per_block` rows per block, each thread's accesses
+//!   `t + threads_per_row * j`, `j < chunks` (an entry per count, so no access's math runs on
+//!   nothing): on the row kernel such a row left most of its block's threads idle, and the
+//!   registers of four accesses per thread held two blocks per SM; here an SM's threads all
+//!   hold accesses, three or four blocks of up to 512 per SM. The row's maximum as on the row
+//!   kernel, over its own warps' slots of shared memory (one barrier for the block).
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
@@ -462,13 +471,13 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const ENDS: bool>(p: &GatedFp8Params) {
     // plain kernel's).
     while i < total {
         let at2 = at.advance(grid_step);
-        let (ok, ok2) = (i < total, i + step < total);
-        // SAFETY: where `ok` (`ok2`), access i (i + step) is inside `a` and `b` (the host's
+        let ok2 = i + step < total;
+        // SAFETY: access i (and i + step where `ok2`) is inside `a` and `b` (the host's
         // checks; `at` and `at2` are their places, the walk being built for this grid).
         let (a, b, a2, b2) = unsafe {
             (
-                ld_v4_if(at.addr::<E>(p.a, p.a_stride, 0), ok),
-                ld_v4_if(at.addr::<E>(p.b, p.b_stride, 0), ok),
+                ld_v4_if(at.addr::<E>(p.a, p.a_stride, 0), true),
+                ld_v4_if(at.addr::<E>(p.b, p.b_stride, 0), true),
                 ld_v4_if(at2.addr::<E>(p.a, p.a_stride, 0), ok2),
                 ld_v4_if(at2.addr::<E>(p.b, p.b_stride, 0), ok2),
             )
@@ -477,12 +486,12 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const ENDS: bool>(p: &GatedFp8Params) {
         let (scale, inv) = unsafe { static_scale(p.scale) };
         // SAFETY: as for the loads.
         unsafe {
-            flat_v16_one::<E, A>(p, a, b, at, ok, scale, inv);
+            flat_v16_one::<E, A>(p, a, b, at, scale, inv);
             // The second access's math only where it exists: on a grid of a thread per access
             // (up to the threads the device holds) it never does, and computed anyway it
             // doubled each thread's exponentials and reciprocals.
             if ok2 {
-                flat_v16_one::<E, A>(p, a2, b2, at2, true, scale, inv);
+                flat_v16_one::<E, A>(p, a2, b2, at2, scale, inv);
             }
         }
         at = at2.advance(grid_step);
@@ -510,23 +519,23 @@ unsafe fn flat_v16<E: Elem, A: GatedAct, const ENDS: bool>(p: &GatedFp8Params) {
     }
 }
 
-/// The output of one access of [`flat_v16`] (its loads done): `y`, quantised with the static
-/// scale, stored.
+/// The output of one access of [`flat_v16`] that exists (its loads done): `y`, quantised with
+/// the static scale, stored.
 #[inline(always)]
 unsafe fn flat_v16_one<E: Elem, A: GatedAct>(
     p: &GatedFp8Params,
     a: [u32; 4],
     b: [u32; 4],
     at: Cursor32,
-    ok: bool,
     scale: f32,
     inv: f32,
 ) {
     const V: VecMode = VecMode::V16;
     let w = const { access_width::<E, V>() };
     let q = quantize(w, &gated::<E, V, A>(a, b), scale, inv);
-    // SAFETY: `y` covers rows x cols at its stride, aligned to `w` bytes (the host's checks).
-    unsafe { store_q(w, at.addr_q::<E>(p.y, p.y_stride, 0), q, ok) };
+    // SAFETY: the access exists (the caller's condition), so its `y` is inside the rows x
+    // cols at its stride, aligned to `w` bytes (the host's checks).
+    unsafe { store_q(w, at.addr_q::<E>(p.y, p.y_stride, 0), q, true) };
 }
 
 /// The static vector path over a flat range, its ragged head and tail included (`M` is
@@ -897,6 +906,52 @@ unsafe fn per_token<
         }
         first += tile;
     }
+}
+
+/// The many-rows kernel (per-token scales, 16-byte accesses; see the module docs): row
+/// `block * rows_per_block + k` on threads `k * threads_per_row ..` of the block, each holding
+/// `CHUNKS` accesses `t + threads_per_row * j` (the host plans `chunks` = `CHUNKS`, so every
+/// access slot's math is for a thread of the row). `PREFETCH` as in [`per_token`]: the row's
+/// first thread asks L2 for the row `prefetch_rows` ahead.
+#[inline(always)]
+unsafe fn per_token_rows<
+    E: Elem,
+    const M: VecMode,
+    A: GatedAct,
+    const CHUNKS: usize,
+    const PREFETCH: bool,
+>(
+    p: &GatedFp8Params,
+) {
+    grid_dependency_sync();
+    // In 32 bits: the block holds at most 512 threads, and one division per thread (by at
+    // least one warp, which the host plans: no division by zero to check).
+    let tpr = p.threads_per_row.max(32);
+    let t = grid::thread_x() as u32;
+    let k = t / tpr;
+    let t_row = (t - k * tpr) as u64;
+    let row = grid::block_x() * p.rows_per_block as u64 + k as u64;
+    let live = row < p.rows;
+    let warps = tpr / 32;
+    let (lane, warp) = ((t_row & 31) as u32, (t_row / 32) as u32);
+    let tpr = tpr as u64;
+    // SAFETY: the host's checks (see `row_tile`); `chunks` = CHUNKS tiles of `tpr` cover the
+    // row.
+    let tile = unsafe { row_tile::<E, M, CHUNKS>(p, row, live, t_row, tpr) };
+    if PREFETCH {
+        // SAFETY: the host sets `prefetch_rows` for whole rows of 16-byte accesses only.
+        unsafe { prefetch_ahead::<E, M>(p, row, t_row, 0, tpr * CHUNKS as u64) };
+    }
+    let amax = tile_amax::<E, M, A, CHUNKS>(&tile);
+    // SAFETY: row k's warps take slots `k * warps ..`, all below the block's warps, which the
+    // dynamic shared memory holds; every thread of the block gets here once, with the same
+    // `warps`.
+    let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, k * warps) };
+    let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
+    // SAFETY: the row's scale is inside the scale matrix for a live row.
+    unsafe { store_f32_if(p.scale + row * p.scale_row * 4, scale, live && t_row == 0) };
+    // SAFETY: as for the loads.
+    unsafe { row_store::<E, M, A, CHUNKS>(p, &tile, row, t_row, tpr, scale, reciprocal(scale)) };
 }
 
 /// Aligned `L`-byte word `c` of the row of `y` that starts at `ya` (`L` the lanes of a 16-byte
@@ -1289,6 +1344,42 @@ macro_rules! per_token_entry {
             dispatch!(per_token, $e, $m, $p, $chunks, $split, false)
         }
     };
+}
+
+macro_rules! rows_entries {
+    ($($rows:ident: $e:ty, $chunks:literal;)*) => {$(
+        /// Gated forward with FP8 output and per-token scales, several rows per block, each
+        /// thread holding
+        #[doc = concat!("`", $chunks, "`")]
+        /// accesses (see `per_token_rows`). Launch: `rows_per_block * threads_per_row` threads
+        /// (at most `GATED_FP8_ROW_MAX_THREADS`), `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared
+        /// memory.
+        ///
+        /// # Safety
+        /// As for the static entries: valid, aligned, in-bounds tensors; no overlaps.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $rows(p: GatedFp8Params) {
+            const V: VecMode = VecMode::V16;
+            unsafe {
+                if p.prefetch_rows != 0 {
+                    dispatch!(per_token_rows, $e, V, &p, $chunks, true)
+                } else {
+                    dispatch!(per_token_rows, $e, V, &p, $chunks, false)
+                }
+            }
+        }
+    )*};
+}
+
+// Names must match `ferrofuse_common::KernelId::name`, as above; one to
+// `GATED_FP8_ROWS_CHUNKS` accesses per thread.
+rows_entries! {
+    gated_fp8_rows_f32_c1: F32, 1;
+    gated_fp8_rows_f32_c2: F32, 2;
+    gated_fp8_rows_f16_c1: F16, 1;
+    gated_fp8_rows_f16_c2: F16, 2;
+    gated_fp8_rows_bf16_c1: Bf16, 1;
+    gated_fp8_rows_bf16_c2: Bf16, 2;
 }
 
 macro_rules! entries {
