@@ -14,14 +14,27 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use crate::tools;
 
+/// When `cargo xtask ci` started, for the elapsed time in each step's banner.
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// A step's banner, with the minutes since the start: CI's log then shows where its time
+/// goes.
+fn banner(title: &str) {
+    let secs = START.get_or_init(Instant::now).elapsed().as_secs();
+    eprintln!("\n== [{}:{:02}] {title}", secs / 60, secs % 60);
+}
+
 pub fn run() -> Result<(), String> {
+    START.get_or_init(Instant::now);
     let cargo = tools::cargo();
     let root = tools::repo_root();
     let step = |title: &str, args: &[&str]| -> Result<(), String> {
-        eprintln!("\n== {title}: cargo {}", args.join(" "));
+        banner(&format!("{title}: cargo {}", args.join(" ")));
         tools::run(Command::new(&cargo).args(args).current_dir(&root))
     };
     step("format", &["fmt", "--all", "--", "--check"])?;
@@ -43,7 +56,7 @@ pub fn run() -> Result<(), String> {
         "tests",
         &["test", "--workspace", "--exclude", "ferrofuse-candle"],
     )?;
-    eprintln!("\n== ptx: every arch fresh and checked with ptxas");
+    banner("ptx: every arch fresh and checked with ptxas");
     crate::ptx::run(&crate::ptx::Args {
         check: true,
         ..Default::default()
@@ -64,7 +77,9 @@ pub fn run() -> Result<(), String> {
     )?;
     check_crate_sizes(&root)?;
     stable.build_packages(&root)?;
-    candle(&cargo, &root)
+    candle(&cargo, &root)?;
+    banner("done");
+    Ok(())
 }
 
 /// crates.io refuses a `.crate` file over 10 MiB, and `ferrofuse` carries the PTX of every
@@ -91,7 +106,7 @@ fn check_crate_sizes(root: &Path) -> Result<(), String> {
 /// ferrofuse-candle with candle's CUDA build: clippy (warnings denied) on every target, then
 /// its tests (CPU tests run, GPU tests skip without a driver).
 fn candle(cargo: &str, root: &Path) -> Result<(), String> {
-    eprintln!("\n== candle: the CUDA 13.0 wheels in .tools/cuda");
+    banner("candle: the CUDA 13.0 wheels in .tools/cuda");
     let cuda = tools::candle_cuda()?;
     for (title, args) in [
         (
@@ -108,7 +123,7 @@ fn candle(cargo: &str, root: &Path) -> Result<(), String> {
         ),
         ("candle tests", &["test", "-p", "ferrofuse-candle"][..]),
     ] {
-        eprintln!("\n== {title}: cargo {}", args.join(" "));
+        banner(&format!("{title}: cargo {}", args.join(" ")));
         let mut cmd = Command::new(cargo);
         cuda.apply(&mut cmd);
         tools::run(cmd.args(args).current_dir(root))?;
@@ -126,7 +141,7 @@ struct Stable {
 impl Stable {
     fn install(root: &Path) -> Result<Self, String> {
         let toolchain = msrv(root)?;
-        eprintln!("\n== stable: rustup toolchain install {toolchain}");
+        banner(&format!("stable: rustup toolchain install {toolchain}"));
         tools::run(
             Command::new("rustup")
                 .args(["toolchain", "install", &toolchain, "--profile", "minimal"])
@@ -144,7 +159,11 @@ impl Stable {
     /// no cargo or rustc paths, no toolchain override, no nightly directory on `PATH`, and not
     /// this repository's CUDA version pin (a user's build picks its own).
     fn cargo(&self, dir: &Path, target_dir: &Path, args: &[&str]) -> Result<(), String> {
-        eprintln!("\n== stable {}: cargo {}", self.toolchain, args.join(" "));
+        banner(&format!(
+            "stable {}: cargo {}",
+            self.toolchain,
+            args.join(" ")
+        ));
         let mut cmd = Command::new("cargo");
         for (var, _) in std::env::vars_os() {
             let name = var.to_string_lossy();
