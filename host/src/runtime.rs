@@ -483,6 +483,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFp8Group(..)
             | KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowRealigned(..)
+            | KernelId::GatedFp8RowsRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..)
