@@ -1306,7 +1306,9 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// `rows_per_block * threads_per_row` threads (at most 512; `threads_per_row` a multiple of
 /// 32), row `block * rows_per_block + k` on the block's threads `k * threads_per_row ..`,
 /// thread `t` of a row holding its accesses `t + j * threads_per_row`, `j < chunks` (1 or
-/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory.
+/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory. Its form for
+/// 16-bit rows off the 16-byte grid (`gated_fp8_rows_realigned_*`) takes the same geometry over
+/// the `walk.per_row` aligned words of `y` a row can touch, `chunks` = [`GATED_FP8_ROWS_CHUNKS`].
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
 #[repr(C)]

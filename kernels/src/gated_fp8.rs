@@ -59,7 +59,10 @@
 //!   nothing): on the row kernel such a row left most of its block's threads idle, and the
 //!   registers of four accesses per thread held two blocks per SM; here an SM's threads all
 //!   hold accesses, three or four blocks of up to 512 per SM. The row's maximum as on the row
-//!   kernel, over its own warps' slots of shared memory (one barrier for the block).
+//!   kernel, over its own warps' slots of shared memory (one barrier for the block). 16-bit
+//!   rows off the 16-byte grid, at least one per SM, take the same geometry over their aligned
+//!   8-byte words of `y` (`gated_fp8_rows_realigned_{dtype}`: up to two words per thread,
+//!   each word's inputs realigned in registers as the realigned row kernel's).
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
