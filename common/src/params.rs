@@ -1262,6 +1262,9 @@ pub const GATED_FP8_STREAM_SMEM_BYTES: u32 =
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block, and one for
 /// the block's maximum, which the blocks of a split row read.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = (GATED_FP8_ROW_MAX_THREADS / 32 + 1) * 4;
+/// Dynamic shared memory of a many-rows per-token launch (`gated_fp8_rows_*`): two f32 per
+/// warp of the block (a thread holding accesses of two rows reduces both at once).
+pub const GATED_FP8_ROWS_SMEM_BYTES: u32 = 2 * (GATED_FP8_ROW_MAX_THREADS / 32) * 4;
 /// Most blocks a split per-token row spans (the portable cluster size): rows of up to
 /// `8 * 512 * GATED_FP8_ROW_CHUNKS` accesses are held in registers by the split kernel.
 pub const GATED_FP8_ROW_MAX_BLOCKS: u32 = 8;
@@ -1306,9 +1309,13 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// `rows_per_block * threads_per_row` threads (at most 512; `threads_per_row` a multiple of
 /// 32), row `block * rows_per_block + k` on the block's threads `k * threads_per_row ..`,
 /// thread `t` of a row holding its accesses `t + j * threads_per_row`, `j < chunks` (1 or
-/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory. Its form for
-/// 16-bit rows off the 16-byte grid (`gated_fp8_rows_realigned_*`) takes the same geometry over
-/// the `walk.per_row` aligned words of `y` a row can touch, `chunks` = [`GATED_FP8_ROWS_CHUNKS`].
+/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; or, on the two-access entry with `chunks`
+/// = 1 (row pairs), half as many threads, thread `t` of group `k` holding access `t` of rows
+/// `block * rows_per_block + k` and `+ rows_per_block / 2` (`rows_per_block` even); and
+/// [`GATED_FP8_ROWS_SMEM_BYTES`] of dynamic shared memory. Its form for 16-bit rows off the
+/// 16-byte grid (`gated_fp8_rows_realigned_*`) takes the one-row-per-group geometry over the
+/// `walk.per_row` aligned words of `y` a row can touch, `chunks` = [`GATED_FP8_ROWS_CHUNKS`],
+/// and [`GATED_FP8_ROW_SMEM_BYTES`].
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
 #[repr(C)]

@@ -429,8 +429,10 @@ fn per_token_plan(
 /// several rows per block, each on one warp (part of one, or all of it) or on several (the
 /// block's barrier between the warps' maxima), the grid's last block part empty; a row of
 /// seven warps (1792 bf16 / f16 columns) two per block; rows of one access per thread past two
-/// waves of the kernel, asking L2 for the row a wave ahead; two accesses per thread, one row
-/// per block. Split and interleaved, SiLU, per token with and without an upper bound.
+/// waves of the kernel, asking L2 for the row a wave ahead, and as row pairs (two rows per
+/// group of threads, 1 to 16 groups per block, the last block's second rows part empty); two
+/// accesses per thread, one row per block. Split and interleaved, SiLU, per token with and
+/// without an upper bound.
 #[test]
 fn fp8_per_token_short_rows() {
     let test = "fp8_per_token_short_rows";
@@ -440,57 +442,80 @@ fn fp8_per_token_short_rows() {
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
         let lanes = dtype.lanes_per_16b();
-        let past_two_waves =
-            2 * k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize + 3;
-        // (rows, accesses per row, rows per block, accesses per thread, prefetch)
-        for (rows, accesses, per_block, chunks, prefetch) in [
+        // Past two waves of one-row groups of `per_block` rows a block.
+        let waves = |per_block: usize| {
+            let blocks = k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize;
+            2 * blocks * per_block + 3
+        };
+        // (rows, accesses per row, rows per block, accesses per thread, past two waves)
+        for (rows, accesses, per_block, chunks, past) in [
             (many, 1, 16, 1, false),
             (many, 25, 16, 1, false),
             (many, 50, 8, 1, false),
             (many, 224, 2, 1, false),
-            (past_two_waves, 512, 1, 1, true),
+            (waves(1), 512, 1, 1, true),
+            (waves(16), 25, 16, 1, true),
+            (waves(2), 224, 2, 1, true),
             (300, 896, 1, 2, false),
         ] {
             let cols = accesses * lanes;
-            let plan = per_token_plan(&k, dtype, (rows, cols));
-            let p = &plan.params;
-            assert_eq!(
-                (
-                    plan.kernel,
-                    p.rows_per_block,
-                    p.chunks,
-                    p.prefetch_rows != 0
-                ),
-                (
-                    KernelId::GatedFp8Rows(dtype, chunks),
-                    per_block,
-                    chunks,
-                    prefetch
-                ),
-                "{dtype:?} {rows} x {cols}"
-            );
-            let layouts: &[Layout] = if quick() {
-                &[Layout::Split]
-            } else {
-                &[Layout::Split, Layout::Interleaved]
+            // Without row pairs past two waves, the one-row groups prefetch; with them, two
+            // rows per group on the two-access entry. Under compute-sanitizer (quick), each
+            // case's default plan only.
+            let pairs: &[bool] = match (past, quick()) {
+                (false, _) => &[true],
+                (true, true) => &[true],
+                (true, false) => &[false, true],
             };
-            for &layout in layouts {
-                for scaling in schemes(cols)
-                    .into_iter()
-                    .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
-                {
-                    silu_case(
-                        &k,
-                        &s,
-                        &mut rng,
-                        (test, seed),
-                        dtype,
-                        layout,
-                        scaling,
-                        (rows, cols),
-                    );
+            for &on in pairs {
+                k.set_row_pairs(on);
+                let plan = per_token_plan(&k, dtype, (rows, cols));
+                let p = &plan.params;
+                let paired = past && on;
+                let want = if paired {
+                    (KernelId::GatedFp8Rows(dtype, 2), 2 * per_block, 1, false)
+                } else {
+                    (
+                        KernelId::GatedFp8Rows(dtype, chunks),
+                        per_block,
+                        chunks,
+                        past,
+                    )
+                };
+                assert_eq!(
+                    (
+                        plan.kernel,
+                        p.rows_per_block as usize,
+                        p.chunks,
+                        p.prefetch_rows != 0
+                    ),
+                    want,
+                    "{dtype:?} {rows} x {cols}, row pairs {on}"
+                );
+                let layouts: &[Layout] = if quick() {
+                    &[Layout::Split]
+                } else {
+                    &[Layout::Split, Layout::Interleaved]
+                };
+                for &layout in layouts {
+                    for scaling in schemes(cols)
+                        .into_iter()
+                        .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
+                    {
+                        silu_case(
+                            &k,
+                            &s,
+                            &mut rng,
+                            (test, seed),
+                            dtype,
+                            layout,
+                            scaling,
+                            (rows, cols),
+                        );
+                    }
                 }
             }
+            k.set_row_pairs(true);
         }
     }
 }
