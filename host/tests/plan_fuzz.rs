@@ -41,13 +41,14 @@ use ferrofuse::{
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
-    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROWS_CHUNKS,
-    GATED_FP8_ROWS_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams,
-    GatedFp8Params, GatedFwdParams, NormFwdVariant, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA,
-    RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER,
-    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
-    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
-    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
+    GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES,
+    GATED_FP8_ROWS_CHUNKS, GATED_FP8_ROWS_SMEM_BYTES, GATED_FP8_SCALAR_BATCH,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
+    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
+    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
