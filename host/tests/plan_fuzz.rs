@@ -2692,16 +2692,18 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         _ => 4,
     };
     let on_occupancy_grid = groups >= per_block * occupancy;
-    // Rows longer than 8192 of 2-8 tiles whose last tile holds a quarter of one at least take
-    // the looped kernel of the cluster split's tiles, a block per walker: 256 / tiles walkers
-    // at most.
+    // Rows longer than 8192 of 2-8 tiles whose last tile holds a quarter of one at least, and
+    // of 9-16 tiles, take the looped kernel of the cluster split's tiles, a block per walker:
+    // up to 8 tiles 256 / tiles walkers at most (beyond, as many as the other looped rows).
     let tiles = (hidden as u64).div_ceil(8192);
-    let split_shape = looped && tiles <= 8 && hidden as u64 - (tiles - 1) * 8192 >= 2048;
+    let split_shape = looped
+        && (2..=16).contains(&tiles)
+        && (tiles > 8 || hidden as u64 - (tiles - 1) * 8192 >= 2048);
     let tiles_kernel = matches!(rl.kernel, KernelId::RmsNormBwdLoopTiles(..));
     if split_shape != tiles_kernel {
         v.add(format!("{:?} for rows of {hidden}", rl.kernel));
     }
-    let want_blocks = if split_shape {
+    let want_blocks = if split_shape && tiles <= 8 {
         groups.min(256 / tiles)
     } else if on_occupancy_grid {
         occupancy
