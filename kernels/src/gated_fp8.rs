@@ -914,6 +914,17 @@ unsafe fn per_token<
     }
 }
 
+/// A many-rows block's thread as a thread of its row group: `(threads_per_row, k, t)`, this
+/// thread `t` of group `k`. In 32 bits: the block holds at most 512 threads, and one division
+/// per thread (by at least one warp, which the host plans: no division by zero to check).
+#[inline(always)]
+fn row_group(p: &GatedFp8Params) -> (u32, u32, u64) {
+    let tpr = p.threads_per_row.max(32);
+    let t = grid::thread_x() as u32;
+    let k = t / tpr;
+    (tpr, k, (t - k * tpr) as u64)
+}
+
 /// The many-rows kernel (per-token scales, 16-byte accesses; see the module docs): row
 /// `block * rows_per_block + k` on threads `k * threads_per_row ..` of the block, each holding
 /// `CHUNKS` accesses `t + threads_per_row * j` (the host plans `chunks` = `CHUNKS`, so every
@@ -930,12 +941,7 @@ unsafe fn per_token_rows<
     p: &GatedFp8Params,
 ) {
     grid_dependency_sync();
-    // In 32 bits: the block holds at most 512 threads, and one division per thread (by at
-    // least one warp, which the host plans: no division by zero to check).
-    let tpr = p.threads_per_row.max(32);
-    let t = grid::thread_x() as u32;
-    let k = t / tpr;
-    let t_row = (t - k * tpr) as u64;
+    let (tpr, k, t_row) = row_group(p);
     let row = grid::block_x() * p.rows_per_block as u64 + k as u64;
     let live = row < p.rows;
     let warps = tpr / 32;
@@ -1014,11 +1020,7 @@ unsafe fn row_max_pair(
 #[inline(always)]
 unsafe fn per_token_row_pairs<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
     grid_dependency_sync();
-    // As in `per_token_rows`.
-    let tpr = p.threads_per_row.max(32);
-    let t = grid::thread_x() as u32;
-    let k = t / tpr;
-    let t_row = (t - k * tpr) as u64;
+    let (tpr, k, t_row) = row_group(p);
     let half = p.rows_per_block / 2;
     let first = grid::block_x() * p.rows_per_block as u64 + k as u64;
     let second = first + half as u64;
@@ -1225,11 +1227,7 @@ unsafe fn per_token_rows_realigned<E: Elem, const M: VecMode, A: GatedAct, const
     p: &GatedFp8Params,
 ) {
     grid_dependency_sync();
-    // In 32 bits, as in `per_token_rows`.
-    let tpr = p.threads_per_row.max(32);
-    let t = grid::thread_x() as u32;
-    let k = t / tpr;
-    let t_row = (t - k * tpr) as u64;
+    let (tpr, k, t_row) = row_group(p);
     let row = grid::block_x() * p.rows_per_block as u64 + k as u64;
     // SAFETY: the host's plan, as above; row k's warps take slots `k * warps ..`, below the
     // block's warps.
