@@ -9,14 +9,14 @@
 # it is written (a call cut off still returns what it has).
 set -u
 here=$(pwd)
-W=$OUT/next; mkdir -p "$W"
+W=/tmp/nextw; mkdir -p "$W" "$OUT"  # packed into $OUT/next.tgz after each step (8 files come back)
 mkdir -p /tmp/bnext && tar xJf "$here/.carry/next/x.tar.xz" -C /tmp/bnext
 B=$(dirname "$(find /tmp/bnext -name run.sh | head -1)")
-DEADLINE=${DEADLINE:-470}
-STOP=${STOP:-575}
+DEADLINE=${DEADLINE:-370}
+STOP=${STOP:-465}
 ROWS_SH=16384x896,1024x1792,4096x1792,16384x1792,4096x4096,16384x4096,16384x2048
-REAL_SH=1024x3001,16384x2500,4096x4095,16384x4095,4096x1001,16384x1001,300x3001,1024x8183,16384x100,200x3001
-BWD_SH=1x65544,1x131072,4x131072,16x100003,16x131072,64x100003,64x73728,256x65537,1024x131072,2048x73728
+REAL_SH=1024x3001,16384x2500,4096x4095,16384x4095,4096x1001,16384x1001,300x3001,1024x8183,16384x100,4096x5623,4096x5625,4096x6137,4096x7001,16384x4500,4096x8183
+BWD_SH=1x65544,1x131072,16x100003,16x131072,64x100003,64x73728,128x100003,129x100003,256x65537,256x73728,512x131072,1024x131072,2048x65537,2048x73728
 FP8="--ops gated_fp8 --modes per_call --warmup-ms 10 --rep-ms 40"
 BWD="--ops add_rmsnorm --backward-only --modes per_call,graph --warmup-ms 10 --rep-ms 40"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$W/gpu.txt"
@@ -24,14 +24,13 @@ step() {
   local name=$1; shift
   if [ $SECONDS -gt "$DEADLINE" ]; then echo "$name skipped (deadline)" >> "$W/steps"; return; fi
   local s=$SECONDS
-  timeout $((STOP - SECONDS)) "$@" > "$W/$name.log" 2>&1
+  timeout $((STOP - SECONDS)) bash -c '"$@"' _ "$@" > "$W/$name.log" 2>&1
   echo "$name rc=$? $((SECONDS - s)) s (at $SECONDS)" >> "$W/steps"
+  tar czf "$OUT/next.tgz" -C /tmp nextw
 }
 fp8() { # exe tag [switches]
   local exe=$1 tag=$2; shift 2
-  "$B/$exe" $FP8 --layouts split --shapes "$ROWS_SH,$REAL_SH" --json "$W/fp8-$tag.json" "$@" &&
-    "$B/$exe" $FP8 --layouts interleaved --shapes 1024x3001,16384x2500,16384x1001 \
-      --json "$W/fp8-$tag-il.json" "$@"
+  "$B/$exe" $FP8 --layouts split --shapes "$ROWS_SH,$REAL_SH" --json "$W/fp8-$tag.json" "$@"
 }
 bwd() { # exe tag [switches]
   local exe=$1 tag=$2; shift 2
@@ -59,6 +58,8 @@ PY
   python3 "$B/peers.py" --plan "$W/plan-bwd.json" --json "$W/peers-bwd.json"
   python3 "$B/peers.py" --plan "$W/plan-fp8.json" --json "$W/peers-fp8.json"
 }
+export W B FP8 BWD ROWS_SH REAL_SH BWD_SH
+export -f fp8 bwd gtest ntest ntest_quick san peers
 step fp8-main-1 fp8 ferrofuse-bench-baseline main-1
 step fp8-new-1 fp8 ferrofuse-bench new-1
 step fp8-nopairs-1 fp8 ferrofuse-bench nopairs-1 --no-row-pairs
@@ -73,7 +74,6 @@ step bwd-main-2 bwd ferrofuse-bench-baseline main-2
 step bwd-new-2 bwd ferrofuse-bench new-2
 step memcheck san memcheck
 step racecheck san racecheck --racecheck-memcpy-async no
-step peers peers
 step ntest ntest
 step bwd-sm80-main bwd ferrofuse-bench-baseline sm80-main --module sm_80
 step bwd-sm80-new bwd ferrofuse-bench sm80-new --module sm_80

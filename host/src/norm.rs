@@ -93,16 +93,17 @@
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 pub use ferrofuse_common::{BwdNarrow, NormBwdVariant, NormFwdVariant, NormGeometry};
 use ferrofuse_common::{
-    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS,
-    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
-    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
-    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_cluster_fits,
-    rmsnorm_bwd_cluster_fused_dw_groups, rmsnorm_bwd_cluster_smem_bytes,
-    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_fused_dw_smem_bytes,
-    rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
-    rmsnorm_bwd_tiles, rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
-    rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
+    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS, RMSNORM_BWD_MAX_CLUSTER,
+    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS, RMSNORM_DW_COLS,
+    RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+    VecMode, rmsnorm_bwd_cluster_fits, rmsnorm_bwd_cluster_fused_dw_groups,
+    rmsnorm_bwd_cluster_smem_bytes, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry,
+    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_bwd_tiles, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
+    rmsnorm_split_smem_bytes,
 };
 
 use crate::error::{Error, Result};
@@ -744,8 +745,15 @@ pub fn plan_rmsnorm_backward_with(
     let fused = one_launch && variant == NormBwdVariant::E16 && cheap;
     // Rows longer than 8192 that the cluster split takes: a cluster of a block per tile per row
     // walker, or without clusters the looped kernel of the split's tiles (the same bits).
+    // Clusters of 9-16 blocks only for up to RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS rows: past
+    // about a row per SM the looped kernel's walkers fill the device, and it was as fast or
+    // faster (`bench/TUNING.md`, "Norm backward rows of 9-16 tiles, measured").
     let tiled = variant == NormBwdVariant::Loop && rmsnorm_bwd_cluster_fits(hidden as u64);
-    let cluster = tiled && blocks > 0 && rmsnorm_bwd_tiles(hidden as u64) <= max_cluster;
+    let tiles = rmsnorm_bwd_tiles(hidden as u64);
+    let cluster = tiled
+        && blocks > 0
+        && tiles <= max_cluster
+        && (tiles <= RMSNORM_BWD_MAX_CLUSTER || rows as u64 <= RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS);
     // The split in one launch while each walker has one row: the `dw` blocks' second read of
     // `h` and `dy` is then no more than the partials the two launches write and read back.
     let cluster_fused = cluster && one_launch && blocks == rows as u64;
