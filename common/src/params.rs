@@ -194,8 +194,9 @@ pub const RMSNORM_BWD_MAX_CLUSTER: u64 = 8;
 /// elements). Elsewhere such rows take the looped kernel of the split's tiles (the same bits).
 pub const RMSNORM_BWD_MAX_WIDE_CLUSTER: u64 = RMSNORM_SPLIT_MAX_WIDE_CLUSTER;
 /// Most rows a cluster-split backward of 9-16 tiles per row takes; more rows take the looped
-/// kernel of the same tiles (the same bits), whose walkers then fill the device.
-pub const RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS: u64 = 128;
+/// kernel of the same tiles (the same bits): from about a row per SM its walkers fill the
+/// device, and clusters of 9-16 blocks then lost to it (128 x 100003: 0.90x of it).
+pub const RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS: u64 = 64;
 /// Blocks the long-row backward aims at (see [`rmsnorm_bwd_walkers`]).
 const RMSNORM_BWD_LONG_BLOCKS: u64 = 256;
 /// The first of a cluster-split backward block's two tile-sum slots (f32 index; by the parity

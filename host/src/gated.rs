@@ -672,12 +672,12 @@ fn fp8_launch(
         // of `y` (one per 16-byte vector of the inputs, at any offset) take three or four per
         // thread of one tile: the realigned row kernel; one or two per thread: the many-rows
         // kernel's geometry over those words (one row per 512-thread block lost to the scalar
-        // row kernel there) where its row groups fill three quarters of a block at least (a
-        // block of one 288-thread row group, 4096 x 4095, lost to the scalar row kernel).
-        // Elsewhere the scalar kernels (f32 rows, fewer rows than SMs: `bench/TUNING.md`, "The
-        // FP8 kernels off the grid realigned, measured", "... on the many-rows geometry,
-        // measured"). All give the same bits, so the choice by `rows` changes no row's bytes
-        // or scale.
+        // row kernel there), except rows of one group of more than 256 threads per block that
+        // the scalar long-row kernel holds (4096 x 4095: 0.84x of it on an H100). Elsewhere
+        // the scalar kernels (f32 rows, fewer rows than SMs: `bench/TUNING.md`, "The FP8
+        // kernels off the grid realigned, measured", "Per-token rows off the grid on the
+        // many-rows geometry, measured"). All give the same bits, so the choice by `rows`
+        // changes no row's bytes or scale.
         let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
         let word_chunks = words.div_ceil(tpr);
         let off_grid_rows =
@@ -685,9 +685,9 @@ fn fp8_launch(
         let group_threads = words
             .div_ceil(GATED_FP8_ROWS_CHUNKS as u64)
             .next_multiple_of(32);
-        let groups_fill = 4 * (tpr / group_threads) * group_threads >= 3 * tpr;
-        let rows_realigned =
-            off_grid_rows && word_chunks <= GATED_FP8_ROWS_CHUNKS as u64 && groups_fill;
+        let rows_realigned = off_grid_rows
+            && word_chunks <= GATED_FP8_ROWS_CHUNKS as u64
+            && (2 * group_threads <= tpr || !long_fits);
         let realigned = off_grid_rows
             && word_chunks > GATED_FP8_ROWS_CHUNKS as u64
             && word_chunks <= tile_chunks;

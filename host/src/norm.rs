@@ -745,9 +745,9 @@ pub fn plan_rmsnorm_backward_with(
     let fused = one_launch && variant == NormBwdVariant::E16 && cheap;
     // Rows longer than 8192 that the cluster split takes: a cluster of a block per tile per row
     // walker, or without clusters the looped kernel of the split's tiles (the same bits).
-    // Clusters of 9-16 blocks only for up to RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS rows: past
-    // about a row per SM the looped kernel's walkers fill the device, and it was as fast or
-    // faster (`bench/TUNING.md`, "Norm backward rows of 9-16 tiles, measured").
+    // Clusters of 9-16 blocks only for up to RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS rows: with
+    // more, the looped kernel's walkers fill the device, and it was faster (`bench/TUNING.md`,
+    // "The norm backward's rows of 9-16 tiles, measured").
     let tiled = variant == NormBwdVariant::Loop && rmsnorm_bwd_cluster_fits(hidden as u64);
     let tiles = rmsnorm_bwd_tiles(hidden as u64);
     let cluster = tiled

@@ -417,27 +417,21 @@ fn per_token_plans_rows_in_registers() {
         let got = l.kernel == KernelId::GatedFp8RowRealigned(dtype);
         assert_eq!(got, realigned, "{dtype:?} {rows} x {cols}: {:?}", l.kernel);
     }
-    // Row groups filling less than three quarters of a block: the scalar kernels.
-    for (dtype, cols, want) in [
-        (
-            DType::F16,
-            4095,
-            KernelId::GatedFp8RowLong(DType::F16, VecMode::Scalar),
-        ),
-        (
-            DType::BF16,
-            5623,
-            KernelId::GatedFp8RowSplit(DType::BF16, VecMode::Scalar),
-        ),
-    ] {
-        let (a, b, y) = abq(dtype, 4096, cols);
+    // One row group of more than 256 threads per block where the long-row kernel holds the
+    // row (up to 4096 elements): the scalar long-row kernel.
+    for cols in [4089, 4095] {
+        let (a, b, y) = abq(DType::F16, 4096, cols);
         let l = plan_on(&a, &b, &y, ub, &scales(4096, 1), &streamed).unwrap();
-        assert_eq!(l.kernel, want, "{dtype:?} 4096 x {cols}");
+        let want = KernelId::GatedFp8RowLong(DType::F16, VecMode::Scalar);
+        assert_eq!(l.kernel, want, "4096 x {cols}");
     }
     for (dtype, rows, cols, words, threads, per_block) in [
         (DType::BF16, 1024, 3001, 377, 192, 2),
         (DType::BF16, 16384, 2500, 314, 160, 3),
         (DType::BF16, 4096, 5625, 705, 384, 1),
+        (DType::BF16, 16384, 4500, 564, 288, 1),
+        (DType::F16, 4096, 4097, 514, 288, 1),
+        (DType::BF16, 4096, 3841, 482, 256, 2),
         (DType::BF16, wave, 8183, 1024, 512, 1),
         // Short rows: one warp each, 4 words (25 columns), rows spread over the SMs.
         (DType::BF16, 1000, 25, 5, 32, 8),

@@ -406,11 +406,13 @@ fn fp8_middle_regime() {
     }
 }
 
-/// The launch this device's planner gives a dense split per-token SiLU call of `rows x cols`.
+/// The launch this device's planner gives a dense split per-token SiLU call of `rows x cols`
+/// (with row pairs as [`Kernels::set_row_pairs`] last set them: `row_pairs`).
 fn per_token_plan(
     k: &Kernels,
     dtype: DType,
     (rows, cols): (usize, usize),
+    row_pairs: bool,
 ) -> Launch<GatedFp8Params> {
     let mat = |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
     plan_gated_forward_fp8(
@@ -420,7 +422,9 @@ fn per_token_plan(
         &mat(1 << 42, DType::F8E4M3, cols),
         Fp8Scaling::per_token(),
         &mat(1 << 43, DType::F32, 1),
-        k.limits(),
+        &k.limits()
+            .clone()
+            .with_row_pairs(k.limits().row_pairs && row_pairs),
     )
     .unwrap()
 }
@@ -472,7 +476,7 @@ fn fp8_per_token_short_rows() {
             };
             for &on in pairs {
                 k.set_row_pairs(on);
-                let plan = per_token_plan(&k, dtype, (rows, cols));
+                let plan = per_token_plan(&k, dtype, (rows, cols), on);
                 let p = &plan.params;
                 let paired = past && on;
                 let want = if paired {
@@ -595,7 +599,7 @@ fn fp8_per_token_long_rows() {
                 false,
             ),
         ] {
-            let plan = per_token_plan(&k, dtype, (rows, cols));
+            let plan = per_token_plan(&k, dtype, (rows, cols), true);
             assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
             assert_eq!(
                 plan.params.prefetch_rows != 0,

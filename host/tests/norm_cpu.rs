@@ -820,7 +820,7 @@ fn backward_geometry_and_workspace() {
 }
 
 /// Rows longer than 8192 with clusters: a cluster of a block per tile per row walker where
-/// the split fits (2-8 tiles, the last a quarter full at least, and 9-16 tiles for up to 128
+/// the split fits (2-8 tiles, the last a quarter full at least, and 9-16 tiles for up to 64
 /// rows where clusters of 16 run; every path), with the looped kernel's walkers as its clusters and the same `dw`
 /// launch (without clusters of its size, the looped kernel of the split's tiles), or in one
 /// launch with `dw` blocks of its own while each walker has one row; the looped kernel
@@ -832,7 +832,7 @@ fn backward_long_rows_split_over_clusters() {
             8193usize, 16384, 16385, 18432, 20000, 32768, 65536, 65537, 65544, 73728, 100_003,
             131_072, 131_073,
         ] {
-            for (rows, max_cluster) in [1usize, 7, 64, 128, 129, 300, 5000]
+            for (rows, max_cluster) in [1usize, 7, 64, 65, 300, 5000]
                 .into_iter()
                 .flat_map(|r| [(r, 8), (r, 16)])
             {
@@ -866,9 +866,9 @@ fn backward_long_rows_split_over_clusters() {
                         "{what}"
                     );
                     assert_eq!(two.dw, looped.dw, "{what}");
-                    // Clusters of more than 8 only for up to 128 rows.
+                    // Clusters of more than 8 only for up to 64 rows.
                     let clustered =
-                        fits && u64::from(tiles) <= max_cluster && (tiles <= 8 || rows <= 128);
+                        fits && u64::from(tiles) <= max_cluster && (tiles <= 8 || rows <= 64);
                     if !clustered {
                         assert_eq!(split, looped, "{what}");
                         assert_eq!(two, looped, "{what}");
