@@ -137,10 +137,6 @@ struct Args {
     /// one row per two multiprocessors and the loads-ahead form would run (the same bits).
     #[arg(long)]
     no_loop_ahead: bool,
-    /// Run the per-token FP8 gated forward's rows of one 16-byte access per thread one row per
-    /// row group also past two waves, where two rows per group would run (the same bits).
-    #[arg(long)]
-    no_row_pairs: bool,
     /// Run the device's own module compiled from its PTX by the driver instead of the prebuilt
     /// SASS (the same kernels; to compare the driver's compilation with the shipped one).
     #[arg(long, conflicts_with = "module")]
@@ -374,9 +370,6 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     if args.no_loop_ahead {
         h.kernels.set_loop_ahead(false);
-    }
-    if args.no_row_pairs {
-        h.kernels.set_row_pairs(false);
     }
     let (gpu, driver) = device_info(h.context());
     println!(

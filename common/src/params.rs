@@ -773,8 +773,9 @@ pub const fn rmsnorm_bwd_walkers(rows: u64, hidden: u64) -> u64 {
 /// [`RMSNORM_BWD_MAX_CLUSTER`] tiles, holds a quarter of a tile at least. A block per tile:
 /// with less in the last one, its blocks hold a multiprocessor's place for little work (4096 x
 /// 16385 bf16, a last tile of one element, took 525 µs split, 440 looped); in rows of 9-16
-/// tiles that block is at most a ninth of its cluster, where the alternative is one block
-/// walking the whole row. A function of `hidden` alone: it fixes the order of a row's sum.
+/// tiles any last tile: at a few rows the split beats one block walking the whole row several
+/// times over, which outweighs the 7-9% the looped kernel of such tiles loses to the plain one
+/// at many rows. A function of `hidden` alone: it fixes the order of a row's sum.
 pub const fn rmsnorm_bwd_cluster_fits(hidden: u64) -> bool {
     let tiles = rmsnorm_bwd_tiles(hidden);
     if tiles < 2 || tiles > RMSNORM_BWD_MAX_WIDE_CLUSTER {
@@ -1278,9 +1279,6 @@ pub const GATED_FP8_STREAM_SMEM_BYTES: u32 =
 /// Dynamic shared memory of a per-token launch: one f32 per warp of the block, and one for
 /// the block's maximum, which the blocks of a split row read.
 pub const GATED_FP8_ROW_SMEM_BYTES: u32 = (GATED_FP8_ROW_MAX_THREADS / 32 + 1) * 4;
-/// Dynamic shared memory of a many-rows per-token launch (`gated_fp8_rows_*`): two f32 per
-/// warp of the block (a thread holding accesses of two rows reduces both at once).
-pub const GATED_FP8_ROWS_SMEM_BYTES: u32 = 2 * (GATED_FP8_ROW_MAX_THREADS / 32) * 4;
 /// Most blocks a split per-token row spans (the portable cluster size): rows of up to
 /// `8 * 512 * GATED_FP8_ROW_CHUNKS` accesses are held in registers by the split kernel.
 pub const GATED_FP8_ROW_MAX_BLOCKS: u32 = 8;
@@ -1325,13 +1323,10 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// `rows_per_block * threads_per_row` threads (at most 512; `threads_per_row` a multiple of
 /// 32), row `block * rows_per_block + k` on the block's threads `k * threads_per_row ..`,
 /// thread `t` of a row holding its accesses `t + j * threads_per_row`, `j < chunks` (1 or
-/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; or, on the two-access entry with `chunks`
-/// = 1 (row pairs), half as many threads, thread `t` of group `k` holding access `t` of rows
-/// `block * rows_per_block + k` and `+ rows_per_block / 2` (`rows_per_block` even); and
-/// [`GATED_FP8_ROWS_SMEM_BYTES`] of dynamic shared memory. Its form for 16-bit rows off the
-/// 16-byte grid (`gated_fp8_rows_realigned_*`) takes the one-row-per-group geometry over the
-/// `walk.per_row` aligned words of `y` a row can touch, `chunks` = [`GATED_FP8_ROWS_CHUNKS`],
-/// and [`GATED_FP8_ROW_SMEM_BYTES`].
+/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory. Its form for 16-bit
+/// rows off the 16-byte grid (`gated_fp8_rows_realigned_*`) takes the one-row-per-group
+/// geometry over the `walk.per_row` aligned words of `y` a row can touch, `chunks` =
+/// [`GATED_FP8_ROWS_CHUNKS`].
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
 #[repr(C)]

@@ -28,8 +28,8 @@ use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_BLOCKS,
     GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_ROWS_CHUNKS,
-    GATED_FP8_ROWS_SMEM_BYTES, GATED_FP8_SCALAR_BATCH, GATED_FP8_STREAM_MIN_CHUNKS,
-    GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
+    GATED_FP8_SCALAR_BATCH, GATED_FP8_STREAM_MIN_CHUNKS, GATED_FP8_STREAM_SMEM_BYTES,
+    GatedFp8Params,
 };
 
 use crate::error::{Error, Result};
@@ -737,23 +737,6 @@ fn fp8_launch(
         } else {
             (tpr, 1)
         };
-        // Rows of one access per thread past two waves of their one-row blocks: two rows per
-        // row group on the two-access entry (its registers), both rows' loads in flight
-        // before either is reduced, as many groups per block as fit (`GridLimits::row_pairs`).
-        let row_pairs = many_rows
-            && chunks == 1
-            && limits.row_pairs
-            && rows as u64 > 2 * limits.resident_blocks(kernel) as u64 * rows_per_block;
-        let (kernel, rows_per_block, block_threads) = if row_pairs {
-            let groups = tpr / threads_per_row;
-            (
-                KernelId::GatedFp8Rows(dtype, 2),
-                2 * groups,
-                groups * threads_per_row,
-            )
-        } else {
-            (kernel, rows_per_block, rows_per_block * threads_per_row)
-        };
         let blocks = match kernel {
             // Persistent blocks, each taking row after row.
             KernelId::GatedFp8RowStream(..) => {
@@ -787,8 +770,7 @@ fn fp8_launch(
             KernelId::GatedFp8Row(..) | KernelId::GatedFp8Rows(_, 1) => {
                 rows as u64 > 2 * resident_rows
             }
-            // Two accesses per thread (of one row or of two): 1.01-1.06x faster without it on
-            // an H200.
+            // Two accesses per thread: 1.01-1.06x faster without it on an H200.
             KernelId::GatedFp8Rows(..) => false,
             KernelId::GatedFp8RowLong(..) => dtype != DType::F32 && rows as u64 > resident_rows,
             // Its next row is already on its way, into shared memory.
@@ -801,10 +783,9 @@ fn fp8_launch(
         return Ok(Launch {
             kernel,
             grid: blocks as u32,
-            block: block_threads as u32,
+            block: (threads_per_row * rows_per_block) as u32,
             shared_mem_bytes: match kernel {
                 KernelId::GatedFp8RowStream(..) => GATED_FP8_STREAM_SMEM_BYTES,
-                KernelId::GatedFp8Rows(..) => GATED_FP8_ROWS_SMEM_BYTES,
                 _ => GATED_FP8_ROW_SMEM_BYTES,
             },
             params,

@@ -287,8 +287,6 @@ pub struct Kernels {
     narrow_split: AtomicBool,
     /// [`Kernels::set_loop_ahead`].
     loop_ahead: AtomicBool,
-    /// [`Kernels::set_row_pairs`].
-    row_pairs: AtomicBool,
     /// Plan the streamed per-token FP8 kernel where it applies (sm_90+): see
     /// [`Kernels::set_row_streaming`].
     row_streaming: AtomicBool,
@@ -337,11 +335,6 @@ pub struct GridLimits {
     /// most one row per two multiprocessors: on by default, off while
     /// [`Kernels::set_loop_ahead`] turns it off. The same bits either way.
     pub loop_ahead: bool,
-    /// Whether the per-token gated FP8 forward holds two rows per row group where its rows
-    /// take one 16-byte access per thread past two waves (the many-rows kernel's row pairs):
-    /// on by default, off while [`Kernels::set_row_pairs`] turns it off. The same bits either
-    /// way.
-    pub row_pairs: bool,
     /// Whether the module has bulk copies (sm_90+) and the device the shared memory of the
     /// streamed kernels (the per-token gated FP8 one, `GATED_FP8_STREAM_SMEM_BYTES`, and the
     /// norm forward's, `RMSNORM_STREAM_SMEM_BYTES`), so a plan may choose them.
@@ -358,7 +351,6 @@ impl GridLimits {
             wide_clusters: false,
             narrow_split: false,
             loop_ahead: true,
-            row_pairs: true,
             streamed_rows: false,
         }
     }
@@ -386,12 +378,6 @@ impl GridLimits {
     /// The same limits, with the looped norm forward's loads-ahead form planned or not.
     pub fn with_loop_ahead(mut self, ahead: bool) -> Self {
         self.loop_ahead = ahead;
-        self
-    }
-
-    /// The same limits, with the gated FP8 forward's row pairs planned or not.
-    pub fn with_row_pairs(mut self, pairs: bool) -> Self {
-        self.row_pairs = pairs;
         self
     }
 
@@ -702,7 +688,6 @@ impl Kernels {
             wide_clusters: AtomicBool::new(true),
             narrow_split: AtomicBool::new(true),
             loop_ahead: AtomicBool::new(true),
-            row_pairs: AtomicBool::new(true),
             row_streaming: AtomicBool::new(true),
             fused_backward: AtomicBool::new(true),
             _module: module,
@@ -828,29 +813,13 @@ impl Kernels {
         self.fused_backward.load(Ordering::Relaxed)
     }
 
-    /// Turns the gated FP8 forward's row pairs (per-token rows of one 16-byte access per
-    /// thread past two waves, two rows per row group) off or back on (on by default); off,
-    /// those rows take one row per group ([`GridLimits::row_pairs`]). The same bits either
-    /// way; for measuring and for tests that compare them.
-    pub fn set_row_pairs(&self, on: bool) {
-        self.row_pairs.store(on, Ordering::Relaxed);
-    }
-
     /// The limits the gated FP8 forward plans with: [`Kernels::limits`], without the streamed
-    /// kernel while [`Kernels::set_row_streaming`] has it off, and without row pairs while
-    /// [`Kernels::set_row_pairs`] has them off.
+    /// kernel while [`Kernels::set_row_streaming`] has it off.
     pub(crate) fn gated_fp8_limits(&self) -> std::borrow::Cow<'_, GridLimits> {
-        let streaming = self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows;
-        let pairs = self.row_pairs.load(Ordering::Relaxed);
-        if streaming && pairs {
+        if self.row_streaming.load(Ordering::Relaxed) || !self.limits.streamed_rows {
             std::borrow::Cow::Borrowed(&self.limits)
         } else {
-            std::borrow::Cow::Owned(
-                self.limits
-                    .clone()
-                    .with_streamed_rows(self.limits.streamed_rows && streaming)
-                    .with_row_pairs(self.limits.row_pairs && pairs),
-            )
+            std::borrow::Cow::Owned(self.limits.clone().with_streamed_rows(false))
         }
     }
 

@@ -15,8 +15,8 @@ use ferrofuse::{
 };
 use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
-    FlatEnds, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_ROWS_SMEM_BYTES,
-    GATED_FP8_STREAM_MIN_CHUNKS, GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
+    FlatEnds, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_SMEM_BYTES, GATED_FP8_STREAM_MIN_CHUNKS,
+    GATED_FP8_STREAM_SMEM_BYTES, GatedFp8Params,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -375,7 +375,6 @@ fn per_token_plans_rows_in_registers() {
         );
         let smem = match kernel {
             KernelId::GatedFp8RowStream(..) => GATED_FP8_STREAM_SMEM_BYTES,
-            KernelId::GatedFp8Rows(..) => GATED_FP8_ROWS_SMEM_BYTES,
             _ => GATED_FP8_ROW_SMEM_BYTES,
         };
         assert_eq!(
@@ -770,8 +769,8 @@ fn per_token_plans_short_rows_several_per_block() {
     // the fewest warps that hold it (no thread without an access but the last warp's), as
     // many rows per block as fit in 512 threads while the blocks still cover the SMs; rows of
     // one access per thread ask L2 for the row a wave ahead from two waves on, rows of two
-    // never. (Row pairs off here; below with them.)
-    let two_per_sm = GridLimits::uniform(132, 2).with_row_pairs(false);
+    // never.
+    let two_per_sm = GridLimits::uniform(132, 2);
     let ub = Fp8Scaling::per_token();
     for (dtype, rows, cols, chunks, threads, per_block, prefetch_rows) in [
         // LLaMA-3-8B's MLP over 8 GPUs: 224 accesses.
@@ -812,41 +811,7 @@ fn per_token_plans_short_rows_several_per_block() {
             (
                 rows.div_ceil(per_block as usize) as u32,
                 threads * per_block,
-                GATED_FP8_ROWS_SMEM_BYTES
-            ),
-            "{rows} x {cols}"
-        );
-    }
-    // Row pairs: rows of one access per thread past two waves of their one-row blocks take
-    // the two-access entry, two rows per group of threads, as many groups as fit, no
-    // prefetch; within two waves, or two accesses per thread, as without.
-    let pairs = GridLimits::uniform(132, 2);
-    for (dtype, rows, cols, count, threads, per_block, groups) in [
-        (DType::BF16, 16384, 1792, 2, 224, 4, 2),
-        (DType::BF16, 16384, 3584, 2, 448, 2, 1),
-        (DType::F32, 100_000, 64, 2, 32, 32, 16),
-        (DType::BF16, 1024, 1792, 1, 224, 2, 2),
-        (DType::F16, 4096, 7168, 2, 448, 1, 1),
-    ] {
-        let (a, b, y) = abq(dtype, rows, cols);
-        let l = plan_on(&a, &b, &y, ub, &scales(rows, 1), &pairs).unwrap();
-        let p = &l.params;
-        assert_eq!(
-            (
-                l.kernel,
-                p.threads_per_row,
-                p.rows_per_block,
-                p.prefetch_rows
-            ),
-            (KernelId::GatedFp8Rows(dtype, count), threads, per_block, 0),
-            "{rows} x {cols}"
-        );
-        assert_eq!(
-            (p.chunks, l.grid, l.block),
-            (
-                cols.div_ceil(dtype.lanes_per_16b() * 512) as u32,
-                rows.div_ceil(per_block as usize) as u32,
-                threads * groups
+                GATED_FP8_ROW_SMEM_BYTES
             ),
             "{rows} x {cols}"
         );

@@ -406,13 +406,11 @@ fn fp8_middle_regime() {
     }
 }
 
-/// The launch this device's planner gives a dense split per-token SiLU call of `rows x cols`
-/// (with row pairs as [`Kernels::set_row_pairs`] last set them: `row_pairs`).
+/// The launch this device's planner gives a dense split per-token SiLU call of `rows x cols`.
 fn per_token_plan(
     k: &Kernels,
     dtype: DType,
     (rows, cols): (usize, usize),
-    row_pairs: bool,
 ) -> Launch<GatedFp8Params> {
     let mat = |addr: u64, dtype, cols| MatDesc::contiguous(addr, rows * cols, dtype, rows, cols);
     plan_gated_forward_fp8(
@@ -422,9 +420,7 @@ fn per_token_plan(
         &mat(1 << 42, DType::F8E4M3, cols),
         Fp8Scaling::per_token(),
         &mat(1 << 43, DType::F32, 1),
-        &k.limits()
-            .clone()
-            .with_row_pairs(k.limits().row_pairs && row_pairs),
+        k.limits(),
     )
     .unwrap()
 }
@@ -433,10 +429,8 @@ fn per_token_plan(
 /// several rows per block, each on one warp (part of one, or all of it) or on several (the
 /// block's barrier between the warps' maxima), the grid's last block part empty; a row of
 /// seven warps (1792 bf16 / f16 columns) two per block; rows of one access per thread past two
-/// waves of the kernel, asking L2 for the row a wave ahead, and as row pairs (two rows per
-/// group of threads, 1 to 16 groups per block, the last block's second rows part empty); two
-/// accesses per thread, one row per block. Split and interleaved, SiLU, per token with and
-/// without an upper bound.
+/// waves of the kernel, asking L2 for the row a wave ahead; two accesses per thread, one row
+/// per block. Split and interleaved, SiLU, per token with and without an upper bound.
 #[test]
 fn fp8_per_token_short_rows() {
     let test = "fp8_per_token_short_rows";
@@ -446,83 +440,60 @@ fn fp8_per_token_short_rows() {
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
         let lanes = dtype.lanes_per_16b();
-        // Past two waves of one-row groups of `per_block` rows a block.
-        let waves = |per_block: usize| {
-            let blocks = k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize;
-            2 * blocks * per_block + 3
-        };
+        // Rows of one access per thread prefetch past two waves of their blocks (as many as
+        // the device and the dtype's registers hold).
+        let blocks = k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize;
+        let past_two_waves = 2 * blocks + 3;
         // (rows, accesses per row, rows per block, accesses per thread)
         for (rows, accesses, per_block, chunks) in [
             (many, 1, 16, 1),
             (many, 25, 16, 1),
             (many, 50, 8, 1),
             (many, 224, 2, 1),
-            (waves(1), 512, 1, 1),
-            (waves(16), 25, 16, 1),
-            (waves(2), 224, 2, 1),
+            (past_two_waves, 512, 1, 1),
             (300, 896, 1, 2),
         ] {
             let cols = accesses * lanes;
-            // Past two waves of one-row groups (how many blocks are resident depends on the
-            // device and the dtype's registers).
-            let past = chunks == 1 && rows > waves(per_block) - 3;
-            // Without row pairs past two waves, the one-row groups prefetch; with them, two
-            // rows per group on the two-access entry. Under compute-sanitizer (quick), each
-            // case's default plan only.
-            let pairs: &[bool] = match (past, quick()) {
-                (false, _) => &[true],
-                (true, true) => &[true],
-                (true, false) => &[false, true],
+            let prefetch = chunks == 1 && rows > 2 * blocks * per_block as usize;
+            let plan = per_token_plan(&k, dtype, (rows, cols));
+            let p = &plan.params;
+            assert_eq!(
+                (
+                    plan.kernel,
+                    p.rows_per_block,
+                    p.chunks,
+                    p.prefetch_rows != 0
+                ),
+                (
+                    KernelId::GatedFp8Rows(dtype, chunks),
+                    per_block,
+                    chunks,
+                    prefetch
+                ),
+                "{dtype:?} {rows} x {cols}"
+            );
+            let layouts: &[Layout] = if quick() {
+                &[Layout::Split]
+            } else {
+                &[Layout::Split, Layout::Interleaved]
             };
-            for &on in pairs {
-                k.set_row_pairs(on);
-                let plan = per_token_plan(&k, dtype, (rows, cols), on);
-                let p = &plan.params;
-                let paired = past && on;
-                let want = if paired {
-                    (KernelId::GatedFp8Rows(dtype, 2), 2 * per_block, 1, false)
-                } else {
-                    (
-                        KernelId::GatedFp8Rows(dtype, chunks),
-                        per_block,
-                        chunks,
-                        past,
-                    )
-                };
-                assert_eq!(
-                    (
-                        plan.kernel,
-                        p.rows_per_block as usize,
-                        p.chunks,
-                        p.prefetch_rows != 0
-                    ),
-                    want,
-                    "{dtype:?} {rows} x {cols}, row pairs {on}"
-                );
-                let layouts: &[Layout] = if quick() {
-                    &[Layout::Split]
-                } else {
-                    &[Layout::Split, Layout::Interleaved]
-                };
-                for &layout in layouts {
-                    for scaling in schemes(cols)
-                        .into_iter()
-                        .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
-                    {
-                        silu_case(
-                            &k,
-                            &s,
-                            &mut rng,
-                            (test, seed),
-                            dtype,
-                            layout,
-                            scaling,
-                            (rows, cols),
-                        );
-                    }
+            for &layout in layouts {
+                for scaling in schemes(cols)
+                    .into_iter()
+                    .filter(|s| matches!(s, Fp8Scaling::PerToken { .. }))
+                {
+                    silu_case(
+                        &k,
+                        &s,
+                        &mut rng,
+                        (test, seed),
+                        dtype,
+                        layout,
+                        scaling,
+                        (rows, cols),
+                    );
                 }
             }
-            k.set_row_pairs(true);
         }
     }
 }
@@ -599,7 +570,7 @@ fn fp8_per_token_long_rows() {
                 false,
             ),
         ] {
-            let plan = per_token_plan(&k, dtype, (rows, cols), true);
+            let plan = per_token_plan(&k, dtype, (rows, cols));
             assert_eq!(plan.kernel, kernel, "{dtype:?} {rows} x {cols}");
             assert_eq!(
                 plan.params.prefetch_rows != 0,

@@ -42,13 +42,12 @@ use ferrofuse_common::fp8::{FP8_PER_GROUP, FP8_PER_TOKEN, FP8_STATIC};
 use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, FlatEnds, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS,
     GATED_FP8_ROW_MAX_BLOCKS, GATED_FP8_ROW_MAX_THREADS, GATED_FP8_ROW_SMEM_BYTES,
-    GATED_FP8_ROWS_CHUNKS, GATED_FP8_ROWS_SMEM_BYTES, GATED_FP8_SCALAR_BATCH,
-    GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFp8Params, GatedFwdParams, NormFwdVariant,
-    RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
-    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
-    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params, RmsNormFwdParams,
-    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
+    GATED_FP8_ROWS_CHUNKS, GATED_FP8_SCALAR_BATCH, GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams,
+    GatedFp8Params, GatedFwdParams, NormFwdVariant, RMSNORM_BWD_GRID_THREADS, RMSNORM_GEMMA,
+    RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER,
+    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormFp8Params,
+    RmsNormFwdParams, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_smem_bytes, rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -263,7 +262,6 @@ struct Limits {
     wide_clusters: bool,
     narrow_split: bool,
     loop_ahead: bool,
-    row_pairs: bool,
     streamed_rows: bool,
 }
 
@@ -274,7 +272,6 @@ impl Limits {
             .with_wide_clusters(self.wide_clusters)
             .with_narrow_split(self.narrow_split)
             .with_loop_ahead(self.loop_ahead)
-            .with_row_pairs(self.row_pairs)
             .with_streamed_rows(self.streamed_rows)
     }
 }
@@ -302,7 +299,6 @@ fn limits(rng: &mut StdRng) -> Limits {
         wide_clusters: rng.random_bool(0.5),
         narrow_split: rng.random_bool(0.3),
         loop_ahead: rng.random_bool(0.7),
-        row_pairs: rng.random_bool(0.7),
         streamed_rows: rng.random_bool(0.5),
     }
 }
@@ -1667,30 +1663,15 @@ fn check_gated_fp8_launch(
         }
         let tpr = p.threads_per_row as u64;
         // (Two words per thread on the realigned entry at any length.)
-        let (entry_chunks, per_thread, shared_mem) = match l.kernel {
-            KernelId::GatedFp8Rows(_, count) => {
-                (Some(count), per_thread, GATED_FP8_ROWS_SMEM_BYTES)
-            }
-            KernelId::GatedFp8RowsRealigned(..) => (
-                Some(2),
-                GATED_FP8_ROWS_CHUNKS as u64,
-                GATED_FP8_ROW_SMEM_BYTES,
-            ),
-            _ => (None, per_thread, 0),
-        };
-        // Row pairs: one access per thread of two rows, on the two-access entry, only where
-        // the device plans them, two rows per group of threads.
-        let pairs = matches!(l.kernel, KernelId::GatedFp8Rows(_, 2)) && p.chunks == 1;
-        let groups = if pairs {
-            p.rows_per_block as u64 / 2
-        } else {
-            p.rows_per_block as u64
+        let (entry_chunks, per_thread) = match l.kernel {
+            KernelId::GatedFp8Rows(_, count) => (Some(count), per_thread),
+            KernelId::GatedFp8RowsRealigned(..) => (Some(2), GATED_FP8_ROWS_CHUNKS as u64),
+            _ => (None, per_thread),
         };
         if let Some(count) = entry_chunks
             && rows > 0
             && (p.chunks as u64 != per_thread
-                || (count != p.chunks && !pairs)
-                || (pairs && (!c.limits.row_pairs || !p.rows_per_block.is_multiple_of(2)))
+                || count != p.chunks
                 || !l.kernel.exists()
                 || tpr
                     != p.walk
@@ -1698,11 +1679,11 @@ fn check_gated_fp8_launch(
                         .div_ceil(per_thread)
                         .next_multiple_of(32)
                         .max(32)
-                || groups == 0
-                || l.block as u64 != tpr * groups
+                || p.rows_per_block == 0
+                || l.block as u64 != tpr * p.rows_per_block as u64
                 || l.block > row_threads
                 || l.grid as u64 != rows.div_ceil(p.rows_per_block as u64)
-                || l.shared_mem_bytes != shared_mem
+                || l.shared_mem_bytes != GATED_FP8_ROW_SMEM_BYTES
                 || p.row_blocks != 1)
         {
             v.add(format!(

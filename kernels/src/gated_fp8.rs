@@ -59,11 +59,8 @@
 //!   nothing): on the row kernel such a row left most of its block's threads idle, and the
 //!   registers of four accesses per thread held two blocks per SM; here an SM's threads all
 //!   hold accesses, three or four blocks of up to 512 per SM. The row's maximum as on the row
-//!   kernel, over its own warps' slots of shared memory (one barrier for the block). Rows of
-//!   one access per thread, many of them, may take row pairs on the two-access entry
-//!   (`chunks` = 1 there): each group of threads one access of two rows, both loaded before
-//!   either is reduced (twice the bytes in flight), both maxima over one barrier. 16-bit rows
-//!   off the 16-byte grid, at least one per SM, take the same geometry over their aligned
+//!   kernel, over its own warps' slots of shared memory (one barrier for the block). 16-bit
+//!   rows off the 16-byte grid, at least one per SM, take the same geometry over their aligned
 //!   8-byte words of `y` (`gated_fp8_rows_realigned_{dtype}`: up to two words per thread,
 //!   each word's inputs realigned in registers as the realigned row kernel's).
 //!
@@ -966,104 +963,6 @@ unsafe fn per_token_rows<
     unsafe { row_store::<E, M, A, CHUNKS>(p, &tile, row, t_row, tpr, scale, reciprocal(scale)) };
 }
 
-/// The maxima of `v` and `v2` (neither negative nor NaN) each over the `warps` warps of its
-/// row (slots `slot .. slot + warps` and `slot2 .. slot2 + warps` of shared memory):
-/// [`row_max`] for a thread holding accesses of two rows, with one barrier for both. Every
-/// thread of the block calls it (same `warps`), once per launch.
-///
-/// # Safety
-/// `slot + warps` and `slot2 + warps` f32s fit in the launch's dynamic shared memory; the
-/// ranges of every row group of the block are apart.
-#[inline(always)]
-unsafe fn row_max_pair(
-    (v, v2): (f32, f32),
-    lane: u32,
-    warp: u32,
-    warps: u32,
-    (slot, slot2): (u32, u32),
-) -> (f32, f32) {
-    let (m, m2) = (run_max(v, 32), run_max(v2, 32));
-    if warps <= 1 {
-        return (m, m2);
-    }
-    let smem = smem_f32();
-    if lane == 0 {
-        // SAFETY: slot + warp < slot + warps (and for slot2): inside the allocation (the
-        // caller's contract).
-        unsafe {
-            *smem.add((slot + warp) as usize) = m;
-            *smem.add((slot2 + warp) as usize) = m2;
-        }
-    }
-    // SAFETY: reached by every thread of the block (the caller's contract).
-    unsafe { nvptx::_syncthreads() };
-    let (t, t2) = if lane < warps {
-        // SAFETY: as above; written before the barrier by lane 0 of warp `lane`.
-        unsafe {
-            (
-                *smem.add((slot + lane) as usize),
-                *smem.add((slot2 + lane) as usize),
-            )
-        }
-    } else {
-        (0.0, 0.0)
-    };
-    (run_max(t, 32), run_max(t2, 32))
-}
-
-/// The many-rows kernel with two rows per row group (rows of one access per thread, many of
-/// them): the block's `rows_per_block` rows are two halves, group `k` holding row `k` of each
-/// (`block * rows_per_block + k` and `+ rows_per_block / 2`), one access of each per thread,
-/// both loaded before either is reduced. Twice the bytes in flight per thread of
-/// [`per_token_rows`] at one access per thread, whose block stops loading while it reduces
-/// and stores: the same registers as its two-access entry, which this one shares.
-#[inline(always)]
-unsafe fn per_token_row_pairs<E: Elem, const M: VecMode, A: GatedAct>(p: &GatedFp8Params) {
-    grid_dependency_sync();
-    let (tpr, k, t_row) = row_group(p);
-    let half = p.rows_per_block / 2;
-    let first = grid::block_x() * p.rows_per_block as u64 + k as u64;
-    let second = first + half as u64;
-    let warps = tpr / 32;
-    let (lane, warp) = ((t_row & 31) as u32, (t_row / 32) as u32);
-    let tpr = tpr as u64;
-    // SAFETY: the host's checks (see `row_tile`); one access per thread covers a row.
-    let (tile, tile2) = unsafe {
-        (
-            row_tile::<E, M, 1>(p, first, first < p.rows, t_row, tpr),
-            row_tile::<E, M, 1>(p, second, second < p.rows, t_row, tpr),
-        )
-    };
-    let amax = (
-        tile_amax::<E, M, A, 1>(&tile),
-        tile_amax::<E, M, A, 1>(&tile2),
-    );
-    // SAFETY: group k's warps take slots `k * warps ..` for its first row and the slots past
-    // every group's (`half * warps` of them) for its second: at most twice the block's warps,
-    // which the launch's shared memory holds (GATED_FP8_ROWS_SMEM_BYTES); every thread of the
-    // block gets here once, with the same `warps`.
-    let (amax, amax2) = unsafe {
-        let slot = k * warps;
-        row_max_pair(amax, lane, warp, warps, (slot, slot + half * warps))
-    };
-    let store = #[inline(always)]
-    |t: &Tile<1>, row: u64, amax: f32| {
-        let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
-        // SAFETY: the row's scale is inside the scale matrix for a live row; the stores as
-        // the loads.
-        unsafe {
-            store_f32_if(
-                p.scale + row * p.scale_row * 4,
-                scale,
-                row < p.rows && t_row == 0,
-            );
-            row_store::<E, M, A, 1>(p, t, row, t_row, tpr, scale, reciprocal(scale));
-        }
-    };
-    store(&tile, first, amax);
-    store(&tile2, second, amax2);
-}
-
 /// Aligned `L`-byte word `c` of the row of `y` that starts at `ya` (`L` the lanes of a 16-byte
 /// vector of the inputs: 8 bytes for 16-bit inputs, 4 for f32): its address, and the column
 /// of its first byte (wrapped when before the row).
@@ -1505,10 +1404,9 @@ macro_rules! rows_entries {
         /// Gated forward with FP8 output and per-token scales, several rows per block, each
         /// thread holding
         #[doc = concat!("`", $chunks, "`")]
-        /// accesses (see `per_token_rows`); on the two-access entry with `chunks` = 1, one
-        /// access of each of two rows (see `per_token_row_pairs`). Launch:
-        /// `rows_per_block * threads_per_row` threads (half that for row pairs; at most
-        /// `GATED_FP8_ROW_MAX_THREADS`), `GATED_FP8_ROWS_SMEM_BYTES` of dynamic shared memory.
+        /// accesses (see `per_token_rows`). Launch: `rows_per_block * threads_per_row` threads
+        /// (at most `GATED_FP8_ROW_MAX_THREADS`), `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared
+        /// memory.
         ///
         /// # Safety
         /// As for the static entries: valid, aligned, in-bounds tensors; no overlaps.
@@ -1516,9 +1414,7 @@ macro_rules! rows_entries {
         pub unsafe extern "ptx-kernel" fn $rows(p: GatedFp8Params) {
             const V: VecMode = VecMode::V16;
             unsafe {
-                if $chunks == 2 && p.chunks == 1 {
-                    dispatch!(per_token_row_pairs, $e, V, &p)
-                } else if p.prefetch_rows != 0 {
+                if p.prefetch_rows != 0 {
                     dispatch!(per_token_rows, $e, V, &p, $chunks, true)
                 } else {
                     dispatch!(per_token_rows, $e, V, &p, $chunks, false)
