@@ -683,6 +683,8 @@ fn fp8_realigned_kernels() {
             (rows, 16375, static_, flat),
             (rows, 3001, Fp8Scaling::per_token(), rows_realigned),
             (rows, 8183, Fp8Scaling::per_token(), rows_realigned),
+            // One row group of 288 threads per block (past the long-row kernel's 4096).
+            (rows, 4500, Fp8Scaling::per_token(), rows_realigned),
             (short_rows, 25, Fp8Scaling::per_token(), rows_realigned),
             (many, 8193, static_, flat),
             (16, 8193, static_, ends_first),
