@@ -107,7 +107,8 @@ struct Args {
     #[arg(long)]
     no_pdl: bool,
     /// Run the add + RMSNorm forward's long rows one block per row where they would run on a
-    /// thread-block cluster (sm_90+; the same bits), to see what the split brings.
+    /// thread-block cluster, and the backward's on its looped kernel (sm_90+; the same bits),
+    /// to see what the split brings.
     #[arg(long)]
     no_cluster_split: bool,
     /// Run the rows the streamed kernels would take (sm_90+: the per-token FP8 gated forward's
@@ -127,7 +128,8 @@ struct Args {
     no_narrow_split: bool,
     /// Run the add + RMSNorm forward's rows of 9-16 tiles without clusters of 16 blocks: two
     /// tiles per block in clusters of at most 8 (storage dtype), the looped kernels (FP8
-    /// outputs) (sm_90+; the same bits).
+    /// outputs); the backward's rows of 65537-131072 elements on the looped kernel of the
+    /// split's tiles (sm_90+; the same bits).
     #[arg(long)]
     no_wide_clusters: bool,
     /// Run the add + RMSNorm forward's looped rows (storage-dtype and FP8 outputs) on the

@@ -152,6 +152,10 @@ pub enum KernelId {
     /// 8-byte word of `y`, its inputs realigned in registers, a row's words in one tile of a
     /// block of at most 4 accesses per thread (`gated_fp8_row_realigned_{f16|bf16}`).
     GatedFp8RowRealigned(DType),
+    /// The many-rows kernel for 16-bit rows off the 16-byte grid: rows of up to two aligned
+    /// words of `y` per thread, several rows per block, each on the fewest warps that hold it
+    /// at two words per thread (`gated_fp8_rows_realigned_{f16|bf16}`).
+    GatedFp8RowsRealigned(DType),
     /// The static-scale kernel for 16-bit rows off the 16-byte grid: the flat walk over the
     /// aligned words of `y` a row can touch, each word's inputs realigned in registers
     /// (`gated_fp8_flat_realigned_{f16|bf16}`).
@@ -606,6 +610,8 @@ kernel_table! {
     gated_fp8_rows_bf16_c2 = GatedFp8Rows(BF16, C2),
     gated_fp8_row_realigned_f16 = GatedFp8RowRealigned(F16),
     gated_fp8_row_realigned_bf16 = GatedFp8RowRealigned(BF16),
+    gated_fp8_rows_realigned_f16 = GatedFp8RowsRealigned(F16),
+    gated_fp8_rows_realigned_bf16 = GatedFp8RowsRealigned(BF16),
     gated_fp8_flat_realigned_f16 = GatedFp8FlatRealigned(F16),
     gated_fp8_flat_realigned_bf16 = GatedFp8FlatRealigned(BF16),
     gated_fp8_flat_realigned_ends_first_f16 = GatedFp8FlatRealignedEndsFirst(F16),
@@ -632,6 +638,7 @@ impl KernelId {
                 | KernelId::GatedFp8Group(..)
                 | KernelId::GatedFp8Row(..)
                 | KernelId::GatedFp8RowRealigned(..)
+                | KernelId::GatedFp8RowsRealigned(..)
                 | KernelId::GatedFp8FlatRealigned(..)
                 | KernelId::GatedFp8FlatRealignedEndsFirst(..)
                 | KernelId::GatedFp8RowLong(..)
@@ -680,6 +687,7 @@ impl KernelId {
             | KernelId::GatedFp8Group(..) => GATED_THREADS,
             KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowRealigned(..)
+            | KernelId::GatedFp8RowsRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..)
@@ -754,6 +762,10 @@ impl KernelId {
             // per thread spilled 150-240 bytes at two rows per SM, so one row per SM (128
             // registers).
             KernelId::GatedFp8RowRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 1)),
+            // A word's two aligned vectors of each input in flight, and its element loads
+            // where it leaves the row: two words per thread at 64 registers (one word spilled
+            // 144 bytes at 40).
+            KernelId::GatedFp8RowsRealigned(..) => Some((GATED_FP8_ROW_MAX_THREADS, 2)),
             // One row of 512 threads per SM (128 registers): eight accesses per thread, a row
             // of up to 4096 accesses held whole.
             KernelId::GatedFp8RowLong(..) | KernelId::GatedFp8RowStream(..) => {

@@ -186,9 +186,17 @@ pub const RMSNORM_BWD_LOOP_THREADS: u32 = 256;
 /// two turns of a block of its looped form), the last tile partial. Such a row's sum is summed
 /// per tile, then the tiles' sums in tile order.
 pub const RMSNORM_BWD_TILE: u64 = RMSNORM_BWD_MAX_THREADS_PER_ROW as u64 * 16;
-/// Most blocks in a cluster of the cluster-split backward (the portable cluster size): rows
-/// of up to 8 tiles (65536 elements) take it.
+/// Most blocks in a cluster of the cluster-split backward on any device with clusters (the
+/// portable cluster size): rows of up to 8 tiles (65536 elements).
 pub const RMSNORM_BWD_MAX_CLUSTER: u64 = 8;
+/// Most blocks in a cluster of the cluster-split backward where the device runs clusters of
+/// that size (a non-portable size, which H100 and H200 run): rows of up to 16 tiles (131072
+/// elements). Elsewhere such rows take the looped kernel of the split's tiles (the same bits).
+pub const RMSNORM_BWD_MAX_WIDE_CLUSTER: u64 = RMSNORM_SPLIT_MAX_WIDE_CLUSTER;
+/// Most rows a cluster-split backward of 9-16 tiles per row takes; more rows take the looped
+/// kernel of the same tiles (the same bits): from about a row per SM its walkers fill the
+/// device, and clusters of 9-16 blocks then lost to it (128 x 100003: 0.90x of it).
+pub const RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS: u64 = 64;
 /// Blocks the long-row backward aims at (see [`rmsnorm_bwd_walkers`]).
 const RMSNORM_BWD_LONG_BLOCKS: u64 = 256;
 /// The first of a cluster-split backward block's two tile-sum slots (f32 index; by the parity
@@ -742,30 +750,39 @@ pub const fn rmsnorm_bwd_tiles(hidden: u64) -> u64 {
 /// hidden`: walker `i` takes rows `i, i + walkers, ...` in order and owns `dw` partial row
 /// `i`. The looped kernel runs a walker per block, the cluster-split kernel a walker per
 /// cluster of one block per tile, so both sum every element in the same order. Where the
-/// split applies ([`rmsnorm_bwd_cluster_fits`]), about 256 blocks of
-/// it; longer rows, which only the looped kernel runs, as many blocks of it as fit
-/// [`RMSNORM_BWD_GRID_THREADS`]; one walker per row below that. A function of rows and
-/// hidden only, as the slots must be.
+/// split applies in clusters of at most [`RMSNORM_BWD_MAX_CLUSTER`] blocks
+/// ([`rmsnorm_bwd_cluster_fits`]), about 256 blocks of it; other rows, as many blocks of the
+/// looped kernel (256 threads) as fit [`RMSNORM_BWD_GRID_THREADS`], so that rows of 9-16 tiles
+/// keep that many walkers where the device runs no clusters of 16 (their split then runs a
+/// cluster per walker, several waves of them); one walker per row below that. A function of
+/// rows and hidden only, as the slots must be.
 pub const fn rmsnorm_bwd_walkers(rows: u64, hidden: u64) -> u64 {
-    let most = if rmsnorm_bwd_cluster_fits(hidden) {
-        RMSNORM_BWD_LONG_BLOCKS / rmsnorm_bwd_tiles(hidden)
+    let tiles = rmsnorm_bwd_tiles(hidden);
+    let most = if rmsnorm_bwd_cluster_fits(hidden) && tiles <= RMSNORM_BWD_MAX_CLUSTER {
+        RMSNORM_BWD_LONG_BLOCKS / tiles
     } else {
         RMSNORM_BWD_GRID_THREADS / RMSNORM_BWD_LOOP_THREADS as u64
     };
     if rows < most { rows } else { most }
 }
 
-/// Whether the cluster-split backward applies to rows of `hidden` elements (on every path and
-/// dtype): rows longer than 8192 of at most [`RMSNORM_BWD_MAX_CLUSTER`] tiles whose last tile
-/// holds a quarter of a tile at least. A block per tile: with less in the last one, its
-/// blocks hold a multiprocessor's place for little work (4096 x 16385 bf16, a last tile of one
-/// element, took 525 µs split, 440 looped).
+/// Whether the cluster-split backward's tiles apply to rows of `hidden` elements (on every
+/// path and dtype; the split itself where the device runs clusters of [`rmsnorm_bwd_tiles`]
+/// blocks, else the looped kernel of the same tiles): rows longer than 8192 of at most
+/// [`RMSNORM_BWD_MAX_WIDE_CLUSTER`] tiles, whose last tile, in rows of at most
+/// [`RMSNORM_BWD_MAX_CLUSTER`] tiles, holds a quarter of a tile at least. A block per tile:
+/// with less in the last one, its blocks hold a multiprocessor's place for little work (4096 x
+/// 16385 bf16, a last tile of one element, took 525 µs split, 440 looped); in rows of 9-16
+/// tiles any last tile: at a few rows the split beats one block walking the whole row several
+/// times over, which outweighs the 7-9% the looped kernel of such tiles loses to the plain one
+/// at many rows. A function of `hidden` alone: it fixes the order of a row's sum.
 pub const fn rmsnorm_bwd_cluster_fits(hidden: u64) -> bool {
     let tiles = rmsnorm_bwd_tiles(hidden);
-    if tiles < 2 || tiles > RMSNORM_BWD_MAX_CLUSTER {
+    if tiles < 2 || tiles > RMSNORM_BWD_MAX_WIDE_CLUSTER {
         return false;
     }
-    hidden - (tiles - 1) * RMSNORM_BWD_TILE >= RMSNORM_BWD_TILE / 4
+    tiles > RMSNORM_BWD_MAX_CLUSTER
+        || hidden - (tiles - 1) * RMSNORM_BWD_TILE >= RMSNORM_BWD_TILE / 4
 }
 
 /// Dynamic shared memory of a cluster-split backward launch of `blocks` blocks: the tile-sum
@@ -1306,7 +1323,10 @@ pub const GATED_FP8_SCALAR_BATCH: usize = 4;
 /// `rows_per_block * threads_per_row` threads (at most 512; `threads_per_row` a multiple of
 /// 32), row `block * rows_per_block + k` on the block's threads `k * threads_per_row ..`,
 /// thread `t` of a row holding its accesses `t + j * threads_per_row`, `j < chunks` (1 or
-/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory.
+/// [`GATED_FP8_ROWS_CHUNKS`]), which cover the row; the same shared memory. Its form for 16-bit
+/// rows off the 16-byte grid (`gated_fp8_rows_realigned_*`) takes the one-row-per-group
+/// geometry over the `walk.per_row` aligned words of `y` a row can touch, `chunks` =
+/// [`GATED_FP8_ROWS_CHUNKS`].
 ///
 /// Aliasing: `y` and the scales overlap nothing (the host checks).
 #[repr(C)]

@@ -668,19 +668,29 @@ fn fp8_launch(
             } else {
                 !split && long_fits
             };
-        // Off the 16-byte grid, 16-bit inputs, rows whose aligned words of `y` (one per 16-byte
-        // vector of the inputs, at any offset) take three or four per thread of one tile, at
-        // least a wave of them: the realigned row kernel. Elsewhere it lost to the scalar row
-        // kernel (f32 rows, rows of up to two words per thread, fewer rows than SMs:
-        // `bench/TUNING.md`, "The FP8 kernels off the grid realigned, measured"). Both give
-        // the same bits, so the choice by `rows` changes no row's bytes or scale.
+        // Off the 16-byte grid, 16-bit inputs, at least a row per SM, rows whose aligned words
+        // of `y` (one per 16-byte vector of the inputs, at any offset) take three or four per
+        // thread of one tile: the realigned row kernel; one or two per thread: the many-rows
+        // kernel's geometry over those words (one row per 512-thread block lost to the scalar
+        // row kernel there), except rows of one group of more than 256 threads per block that
+        // the scalar long-row kernel holds (4096 x 4095: 0.84x of it on an H100). Elsewhere
+        // the scalar kernels (f32 rows, fewer rows than SMs: `bench/TUNING.md`, "The FP8
+        // kernels off the grid realigned, measured", "Per-token rows off the grid on the
+        // many-rows geometry, measured"). All give the same bits, so the choice by `rows`
+        // changes no row's bytes or scale.
         let words = (cols as u64).div_ceil(dtype.lanes_per_16b() as u64) + 1;
         let word_chunks = words.div_ceil(tpr);
-        let realigned = mode == VecMode::Scalar
-            && dtype.size_bytes() == 2
-            && word_chunks > 2
-            && word_chunks <= tile_chunks
-            && rows >= limits.sm_count as usize;
+        let off_grid_rows =
+            mode == VecMode::Scalar && dtype.size_bytes() == 2 && rows >= limits.sm_count as usize;
+        let group_threads = words
+            .div_ceil(GATED_FP8_ROWS_CHUNKS as u64)
+            .next_multiple_of(32);
+        let rows_realigned = off_grid_rows
+            && word_chunks <= GATED_FP8_ROWS_CHUNKS as u64
+            && (2 * group_threads <= tpr || !long_fits);
+        let realigned = off_grid_rows
+            && word_chunks > GATED_FP8_ROWS_CHUNKS as u64
+            && word_chunks <= tile_chunks;
         // Rows of 16-byte accesses of at most GATED_FP8_ROWS_CHUNKS per thread of a tile (a
         // tensor-parallel shard's row is often a fraction of one): the many-rows kernel, each
         // row on the fewest warps that hold it at that count, as many rows per block as fit in
@@ -690,6 +700,12 @@ fn fp8_launch(
         let (kernel, chunks, row_blocks) = if realigned {
             params.walk = GridWalk::new(words, 0);
             (KernelId::GatedFp8RowRealigned(dtype), word_chunks, 1)
+        } else if rows_realigned {
+            // Two words per thread at any length: a word takes about as many registers as
+            // two (its two aligned vectors per input and its element loads in flight).
+            params.walk = GridWalk::new(words, 0);
+            let chunks = GATED_FP8_ROWS_CHUNKS as u64;
+            (KernelId::GatedFp8RowsRealigned(dtype), chunks, 1)
         } else if many_rows {
             let chunks = per_thread.max(1);
             (KernelId::GatedFp8Rows(dtype, chunks as u32), chunks, 1)
@@ -712,7 +728,8 @@ fn fp8_launch(
         } else {
             (KernelId::GatedFp8Row(dtype, mode), tile_chunks, 1)
         };
-        let (threads_per_row, rows_per_block) = if many_rows {
+        let (threads_per_row, rows_per_block) = if many_rows || rows_realigned {
+            let per_row = if rows_realigned { words } else { per_row };
             let threads = per_row.div_ceil(chunks).next_multiple_of(32).max(32);
             let fit = tpr / threads;
             let spread = (rows as u64).div_ceil(limits.sm_count.max(1) as u64);

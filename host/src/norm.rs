@@ -71,9 +71,10 @@
 //! off the grid when the weight is aligned and the block's staging fits), which computes the
 //! looped kernel's sums in its order, so the same bits. `dw`
 //! is summed in a fixed order too (per-slot partials, then a column-wise sum), so repeated
-//! backward runs give the same bits; no float atomics anywhere. The backward of rows of 2-8
+//! backward runs give the same bits; no float atomics anywhere. The backward of rows of 2-16
 //! tiles of 8192 elements (`rmsnorm_bwd_cluster_fits`) runs on sm_90 as a cluster of a block
-//! per tile per row walker, with the bits of the looped kernel of the same tiles.
+//! per tile per row walker (9-16 tiles where the device runs clusters of 16), with the bits of
+//! the looped kernel of the same tiles.
 //!
 //! # Backward
 //! From `dy`, the saved `h` and `rstd`, and `w` (`g = w * dy`, Gemma `(1 + w) * dy`):
@@ -92,16 +93,17 @@
 use cudarc::driver::{CudaStream, DevicePtrMut, DeviceSlice, SyncOnDrop};
 pub use ferrofuse_common::{BwdNarrow, NormBwdVariant, NormFwdVariant, NormGeometry};
 use ferrofuse_common::{
-    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS,
-    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_DW_COLS, RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS,
-    RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES, RMSNORM_SMEM_BYTES,
-    RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES, RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32,
-    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, VecMode, rmsnorm_bwd_cluster_fits,
-    rmsnorm_bwd_cluster_fused_dw_groups, rmsnorm_bwd_cluster_smem_bytes,
-    rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_fused_dw_smem_bytes,
-    rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
-    rmsnorm_bwd_tiles, rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
-    rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
+    DType, KernelId, NormBwdLayout, NormPath, RMSNORM_BWD_GRID_THREADS, RMSNORM_BWD_MAX_CLUSTER,
+    RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS, RMSNORM_DW_COLS,
+    RMSNORM_DW_SMEM_BYTES, RMSNORM_DW_THREADS, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
+    RMSNORM_SMEM_BYTES, RMSNORM_SPLIT_MAX_CLUSTER, RMSNORM_SPLIT_SMEM_BYTES,
+    RMSNORM_STREAM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams,
+    VecMode, rmsnorm_bwd_cluster_fits, rmsnorm_bwd_cluster_fused_dw_groups,
+    rmsnorm_bwd_cluster_smem_bytes, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
+    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry,
+    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_bwd_tiles, rmsnorm_fwd_geometry,
+    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
+    rmsnorm_split_smem_bytes,
 };
 
 use crate::error::{Error, Result};
@@ -625,18 +627,19 @@ const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 /// Rows longer than 8192 take the looped kernel here; [`plan_rmsnorm_backward_with`] with
 /// clusters may split them over thread-block clusters instead (the same bits).
 pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
-    plan_rmsnorm_backward_with(t, opts, true, false)
+    plan_rmsnorm_backward_with(t, opts, true, 0)
 }
 
 /// [`plan_rmsnorm_backward`], with the one-launch form allowed or not (as
 /// [`Kernels::fused_backward`] says for [`Kernels::rmsnorm_backward`]), and rows longer than
-/// 8192 split over thread-block clusters where `clusters` (as [`Kernels::norm_limits`] says:
-/// a device with clusters, the split not turned off) and [`rmsnorm_bwd_cluster_fits`].
+/// 8192 split over thread-block clusters where [`rmsnorm_bwd_cluster_fits`] and their tiles
+/// are at most `max_cluster` (as [`Kernels::norm_limits`] says,
+/// [`GridLimits::max_cluster_blocks`]: 0 without clusters or with the split turned off).
 pub fn plan_rmsnorm_backward_with(
     t: &RmsNormBwdDescs,
     opts: &RmsNormOptions,
     fused_allowed: bool,
-    clusters: bool,
+    max_cluster: u64,
 ) -> Result<RmsNormBwdPlan> {
     let dy = &t.dy;
     let dtype = dy.dtype;
@@ -742,8 +745,15 @@ pub fn plan_rmsnorm_backward_with(
     let fused = one_launch && variant == NormBwdVariant::E16 && cheap;
     // Rows longer than 8192 that the cluster split takes: a cluster of a block per tile per row
     // walker, or without clusters the looped kernel of the split's tiles (the same bits).
+    // Clusters of 9-16 blocks only for up to RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS rows: with
+    // more, the looped kernel's walkers fill the device, and it was faster (`bench/TUNING.md`,
+    // "The norm backward's rows of 9-16 tiles, measured").
     let tiled = variant == NormBwdVariant::Loop && rmsnorm_bwd_cluster_fits(hidden as u64);
-    let cluster = clusters && tiled && blocks > 0;
+    let tiles = rmsnorm_bwd_tiles(hidden as u64);
+    let cluster = tiled
+        && blocks > 0
+        && tiles <= max_cluster
+        && (tiles <= RMSNORM_BWD_MAX_CLUSTER || rows as u64 <= RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS);
     // The split in one launch while each walker has one row: the `dw` blocks' second read of
     // `h` and `dy` is then no more than the partials the two launches write and read back.
     let cluster_fused = cluster && one_launch && blocks == rows as u64;
@@ -1297,8 +1307,8 @@ impl Kernels {
         opts: &RmsNormOptions,
     ) -> Result<()> {
         // Every launch is planned (validated) before the first runs.
-        let clusters = self.norm_limits().clusters;
-        let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward(), clusters)?;
+        let max_cluster = self.norm_limits().max_cluster_blocks();
+        let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward(), max_cluster)?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing. The
         // dw launch reads the partials the rows launch wrote: same stream, in order.
         unsafe {

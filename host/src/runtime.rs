@@ -12,8 +12,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DevicePt
 use cudarc::nvrtc::Ptx;
 use ferrofuse_common::{
     GATED_FP8_STREAM_SMEM_BYTES, GatedBwdParams, GatedFwdParams, KernelId, NormFwdVariant,
-    RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES,
-    RmsNormBwdParams, RmsNormDwParams, RmsNormFwdParams, ZERO_FILL_THREADS, rmsnorm_split_cluster,
+    RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES, RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SPLIT_MAX_CLUSTER,
+    RMSNORM_SPLIT_MAX_WIDE_CLUSTER, RMSNORM_STREAM_SMEM_BYTES, RmsNormBwdParams, RmsNormDwParams,
+    RmsNormFwdParams, ZERO_FILL_THREADS, rmsnorm_split_cluster,
 };
 
 use crate::error::{DriverContext, Error, Result};
@@ -317,9 +318,10 @@ pub struct GridLimits {
     /// Whether the module and device run thread-block clusters (sm_90+), so a plan may
     /// choose a kernel launched in clusters.
     pub clusters: bool,
-    /// Whether the device also runs the split forward's one-tile kernels (storage-dtype and
-    /// FP8 outputs) in clusters of [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks (a non-portable
-    /// size; see `ferrofuse_common::rmsnorm_split_geometry`).
+    /// Whether the device also runs the split kernels (the forward's one-tile kernels,
+    /// storage-dtype and FP8 outputs, and the cluster-split backward) in clusters of
+    /// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks (a non-portable size; see
+    /// `ferrofuse_common::rmsnorm_split_geometry` and `rmsnorm_bwd_cluster_fits`).
     pub wide_clusters: bool,
     /// Whether the split forward's one-tile rows take the entries compiled for three blocks
     /// per multiprocessor (`KernelId::RmsNormFwdSplitNarrow`) in calls of 8 rows or more (16
@@ -385,6 +387,17 @@ impl GridLimits {
         self
     }
 
+    /// The most blocks of a thread-block cluster a plan may launch: none without clusters,
+    /// [`RMSNORM_SPLIT_MAX_CLUSTER`] (the portable size), or [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`]
+    /// with `wide_clusters`.
+    pub fn max_cluster_blocks(&self) -> u64 {
+        match (self.clusters, self.wide_clusters) {
+            (false, _) => 0,
+            (true, false) => RMSNORM_SPLIT_MAX_CLUSTER,
+            (true, true) => RMSNORM_SPLIT_MAX_WIDE_CLUSTER,
+        }
+    }
+
     /// Blocks of `kernel` the whole device holds at once (at least one per multiprocessor).
     /// Limits beyond any device's (`sm_count` is public, and `uniform` takes any counts)
     /// count as the largest plausible ones, so the product and the grids planned from it stay
@@ -397,21 +410,25 @@ impl GridLimits {
     }
 }
 
-/// Whether the split forward's one-tile kernels may be launched in clusters of
-/// [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks: each is allowed the non-portable size, and the
-/// device holds at least one such cluster of each at the most shared memory it launches with.
-/// False wherever the driver refuses either (a device or driver without them).
+/// Whether the split forward's one-tile kernels and the cluster-split backward may be
+/// launched in clusters of [`RMSNORM_SPLIT_MAX_WIDE_CLUSTER`] blocks: each is allowed the
+/// non-portable size, and the device holds at least one such cluster of each at the most
+/// shared memory it launches with. False wherever the driver refuses either (a device or
+/// driver without them).
 fn wide_clusters_run(functions: &[CudaFunction]) -> bool {
     KernelId::ALL.iter().zip(functions).all(|(k, f)| {
-        let (KernelId::RmsNormFwdSplit(dtype, path, NormFwdVariant::E16)
-        | KernelId::RmsNormFwdSplitNarrow(dtype, path)
-        | KernelId::RmsNormFp8Split(dtype, path, _)) = *k
-        else {
-            return true;
+        let smem = match *k {
+            KernelId::RmsNormFwdSplit(dtype, path, NormFwdVariant::E16)
+            | KernelId::RmsNormFwdSplitNarrow(dtype, path)
+            | KernelId::RmsNormFp8Split(dtype, path, _) => {
+                ferrofuse_common::rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16)
+            }
+            KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
+                Some(RMSNORM_BWD_CLUSTER_MAX_SMEM_BYTES)
+            }
+            _ => None,
         };
-        let Some(smem) =
-            ferrofuse_common::rmsnorm_split_smem_bytes(dtype, path, NormFwdVariant::E16)
-        else {
+        let Some(smem) = smem else {
             return true;
         };
         let allowed = f.set_attribute(
@@ -483,6 +500,7 @@ fn occupancy_block_size(kernel: KernelId) -> Option<u32> {
             | KernelId::GatedFp8Group(..)
             | KernelId::GatedFp8Row(..)
             | KernelId::GatedFp8RowRealigned(..)
+            | KernelId::GatedFp8RowsRealigned(..)
             | KernelId::GatedFp8RowLong(..)
             | KernelId::GatedFp8RowSplit(..)
             | KernelId::GatedFp8RowStream(..)
@@ -720,11 +738,11 @@ impl Kernels {
         self.cluster_split.store(on, Ordering::Relaxed);
     }
 
-    /// Turns the split forward's clusters of 16 blocks (one tile per block for rows of 9-16
-    /// tiles, where the device runs such clusters) off or back on (on by default); off, those
-    /// rows take two tiles per block in clusters of at most 8, and with FP8 outputs the looped
-    /// kernels. Every form computes the same bits; for measuring and for tests that compare
-    /// them.
+    /// Turns the split kernels' clusters of 16 blocks (one tile per block for rows of 9-16
+    /// tiles, where the device runs such clusters) off or back on (on by default); off, the
+    /// forward's rows take two tiles per block in clusters of at most 8, with FP8 outputs the
+    /// looped kernels, and the backward's rows the looped kernel of the split's tiles. Every
+    /// form computes the same bits; for measuring and for tests that compare them.
     pub fn set_wide_clusters(&self, on: bool) {
         self.wide_clusters.store(on, Ordering::Relaxed);
     }

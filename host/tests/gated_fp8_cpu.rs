@@ -389,9 +389,11 @@ fn per_token_plans_rows_in_registers() {
         l.kernel,
         KernelId::GatedFp8RowLong(DType::F32, VecMode::Scalar)
     );
-    // 16-bit rows off the grid: the realigned row kernel where a row's aligned words of `y`
-    // (ceil(cols / L) + 1 of them) take three or four per thread of one tile, at least a wave
-    // of rows (one per SM); the scalar row kernels elsewhere.
+    // 16-bit rows off the grid, at least a wave of rows (one per SM): the realigned row kernel
+    // where a row's aligned words of `y` (ceil(cols / L) + 1 of them) take three or four per
+    // thread of one tile, the realigned many-rows kernel where they take one or two (two per
+    // thread, each row on the fewest warps that hold it, as many rows per block as fit while
+    // the blocks cover the SMs); the scalar row kernels elsewhere.
     let (a, b, y) = abq(DType::BF16, 1024, 14335);
     let l = plan_on(&a, &b, &y, ub, &scales(1024, 1), &streamed).unwrap();
     assert_eq!(l.kernel, KernelId::GatedFp8RowRealigned(DType::BF16));
@@ -413,6 +415,65 @@ fn per_token_plans_rows_in_registers() {
         let l = plan_on(&a, &b, &y, ub, &s, &streamed).unwrap();
         let got = l.kernel == KernelId::GatedFp8RowRealigned(dtype);
         assert_eq!(got, realigned, "{dtype:?} {rows} x {cols}: {:?}", l.kernel);
+    }
+    // One row group of more than 256 threads per block where the long-row kernel holds the
+    // row (up to 4096 elements): the scalar long-row kernel.
+    for cols in [4089, 4095] {
+        let (a, b, y) = abq(DType::F16, 4096, cols);
+        let l = plan_on(&a, &b, &y, ub, &scales(4096, 1), &streamed).unwrap();
+        let want = KernelId::GatedFp8RowLong(DType::F16, VecMode::Scalar);
+        assert_eq!(l.kernel, want, "4096 x {cols}");
+    }
+    for (dtype, rows, cols, words, threads, per_block) in [
+        (DType::BF16, 1024, 3001, 377, 192, 2),
+        (DType::BF16, 16384, 2500, 314, 160, 3),
+        (DType::BF16, 4096, 5625, 705, 384, 1),
+        (DType::BF16, 16384, 4500, 564, 288, 1),
+        (DType::F16, 4096, 4097, 514, 288, 1),
+        (DType::BF16, 4096, 3841, 482, 256, 2),
+        (DType::BF16, wave, 8183, 1024, 512, 1),
+        // Short rows: one warp each, 4 words (25 columns), rows spread over the SMs.
+        (DType::BF16, 1000, 25, 5, 32, 8),
+        (DType::BF16, 100_000, 25, 5, 32, 16),
+    ] {
+        let (a, b, y) = abq(dtype, rows, cols);
+        let l = plan_on(&a, &b, &y, ub, &scales(rows, 1), &streamed).unwrap();
+        let p = &l.params;
+        assert_eq!(
+            l.kernel,
+            KernelId::GatedFp8RowsRealigned(dtype),
+            "{rows} x {cols}"
+        );
+        assert_eq!(
+            (
+                p.walk.per_row,
+                p.chunks,
+                p.threads_per_row,
+                p.rows_per_block,
+                p.prefetch_rows
+            ),
+            (words, 2, threads, per_block, 0),
+            "{rows} x {cols}"
+        );
+        assert_eq!(
+            (l.grid, l.block, l.shared_mem_bytes),
+            (
+                rows.div_ceil(per_block as usize) as u32,
+                threads * per_block,
+                GATED_FP8_ROW_SMEM_BYTES
+            ),
+            "{rows} x {cols}"
+        );
+    }
+    // Fewer rows than SMs, or f32 rows: the scalar row kernel.
+    for (dtype, rows) in [(DType::BF16, wave - 1), (DType::F32, 4096)] {
+        let (a, b, y) = abq(dtype, rows, 3001);
+        let l = plan_on(&a, &b, &y, ub, &scales(rows, 1), &streamed).unwrap();
+        assert!(
+            matches!(l.kernel, KernelId::GatedFp8RowLong(_, VecMode::Scalar)),
+            "{dtype:?} {rows}: {:?}",
+            l.kernel
+        );
     }
 }
 
@@ -796,7 +857,7 @@ fn kernel_table_has_every_storage_dtype_and_path() {
             KernelId::GatedFp8FlatRealigned(d),
             KernelId::GatedFp8FlatRealignedEndsFirst(d),
         );
-        for k in [row, flat, ends_first] {
+        for k in [row, flat, ends_first, KernelId::GatedFp8RowsRealigned(d)] {
             assert_eq!(k.exists(), d != DType::F32, "{k:?}");
         }
         if d != DType::F32 {
@@ -805,6 +866,10 @@ fn kernel_table_has_every_storage_dtype_and_path() {
                 assert_eq!(KernelId::ALL[k.index()], k);
             }
             assert_eq!(row.launch_bounds(), Some((512, 1)));
+            let rows = KernelId::GatedFp8RowsRealigned(d);
+            assert!(rows.exists() && rows.syncs_grid_dependency(), "{rows:?}");
+            assert_eq!(KernelId::ALL[rows.index()], rows);
+            assert_eq!(rows.launch_bounds(), Some((512, 2)));
             assert_eq!(flat.launch_bounds(), Some((128, 8)));
             assert_eq!(ends_first.launch_bounds(), Some((128, 8)));
         }

@@ -440,18 +440,21 @@ fn fp8_per_token_short_rows() {
     for dtype in DType::ALL {
         let (mut rng, seed) = rng();
         let lanes = dtype.lanes_per_16b();
-        let past_two_waves =
-            2 * k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize + 3;
-        // (rows, accesses per row, rows per block, accesses per thread, prefetch)
-        for (rows, accesses, per_block, chunks, prefetch) in [
-            (many, 1, 16, 1, false),
-            (many, 25, 16, 1, false),
-            (many, 50, 8, 1, false),
-            (many, 224, 2, 1, false),
-            (past_two_waves, 512, 1, 1, true),
-            (300, 896, 1, 2, false),
+        // Rows of one access per thread prefetch past two waves of their blocks (as many as
+        // the device and the dtype's registers hold).
+        let blocks = k.limits().resident_blocks(KernelId::GatedFp8Rows(dtype, 1)) as usize;
+        let past_two_waves = 2 * blocks + 3;
+        // (rows, accesses per row, rows per block, accesses per thread)
+        for (rows, accesses, per_block, chunks) in [
+            (many, 1, 16, 1),
+            (many, 25, 16, 1),
+            (many, 50, 8, 1),
+            (many, 224, 2, 1),
+            (past_two_waves, 512, 1, 1),
+            (300, 896, 1, 2),
         ] {
             let cols = accesses * lanes;
+            let prefetch = chunks == 1 && rows > 2 * blocks * per_block as usize;
             let plan = per_token_plan(&k, dtype, (rows, cols));
             let p = &plan.params;
             assert_eq!(
@@ -639,7 +642,9 @@ fn fp8_per_token_long_rows() {
 
 /// The realigned FP8 kernels (16-bit inputs off the 16-byte grid) at shapes the planner gives
 /// them: per token, rows of three and four aligned words of `y` per thread, a row per SM and
-/// more; static, words filling the device (also past four waves of its threads), and (the
+/// more; rows of up to two words per thread on the many-rows geometry (two rows of six warps
+/// per block, the last block holding one; a row of sixteen warps; rows of one warp, sixteen
+/// per block, the last block holding one); static, words filling the device (also past four waves of its threads), and (the
 /// entry of a word's loads at once) words that fill less than a quarter of it, among them
 /// short rows whose ends fall on most warps.
 /// Interleaved halves of odd width and split operands one element off the grid; every case
@@ -651,6 +656,8 @@ fn fp8_realigned_kernels() {
     let rows = k.limits().sm_count as usize + 3;
     for dtype in [DType::BF16, DType::F16] {
         let (mut rng, seed) = rng();
+        let rows_realigned = KernelId::GatedFp8RowsRealigned(dtype);
+        let short_rows = 16 * k.limits().sm_count as usize + 1;
         let (row, flat, ends_first) = (
             KernelId::GatedFp8RowRealigned(dtype),
             KernelId::GatedFp8FlatRealigned(dtype),
@@ -674,6 +681,11 @@ fn fp8_realigned_kernels() {
             (rows, 8193, static_, flat),
             (rows, 16375, Fp8Scaling::per_token(), row),
             (rows, 16375, static_, flat),
+            (rows, 3001, Fp8Scaling::per_token(), rows_realigned),
+            (rows, 8183, Fp8Scaling::per_token(), rows_realigned),
+            // One row group of 288 threads per block (past the long-row kernel's 4096).
+            (rows, 4500, Fp8Scaling::per_token(), rows_realigned),
+            (short_rows, 25, Fp8Scaling::per_token(), rows_realigned),
             (many, 8193, static_, flat),
             (16, 8193, static_, ends_first),
             (128, 1001, static_, ends_first),

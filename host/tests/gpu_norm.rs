@@ -1993,8 +1993,13 @@ fn run_backward_in<T: Element, W: Element>(
             dw: ldw.desc(s, &d_dw),
             workspace: MatDesc::contiguous(ws_addr, ws_len, DType::F32, 1, ws_len),
         };
-        plan_rmsnorm_backward_with(&t, &c.opts(), k.fused_backward(), k.norm_limits().clusters)
-            .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
+        plan_rmsnorm_backward_with(
+            &t,
+            &c.opts(),
+            k.fused_backward(),
+            k.norm_limits().max_cluster_blocks(),
+        )
+        .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
     };
 
     let (h, w, rstd) = (lh.mat(&d_h), lw.mat(&d_w), ls.mat(&d_s));
@@ -2266,9 +2271,10 @@ fn backward_every_dtype_size_placement_and_option() {
 }
 
 /// Rows longer than 8192: the cluster-split backward (sm_90) against the looped kernel, bit for
-/// bit (`dx` and `dw`), and against the reference. Every dtype, row lengths of 2 to 8 tiles
-/// and rows the split does not take (past 8 tiles, or a last tile under a quarter: looped
-/// either way), on the vector grid and off it, from one row to more rows than walkers (one
+/// bit (`dx` and `dw`), and against the reference. Every dtype, row lengths of 2 to 16 tiles
+/// (9-16 in clusters of 16 where the device runs them, any last tile there) and rows the
+/// split does not take (past 16 tiles, or up to 8 a last tile under a quarter: looped either
+/// way), on the vector grid and off it, from one row to more rows than walkers (one
 /// launch up to a row per walker, its `dw` by column up to 4 rows), every placement, Gemma and
 /// an f32 weight cycling. Where the device has clusters, every split entry (two launches and
 /// one) must run and the split must be what ran wherever it fits; the looped entries run
@@ -2279,11 +2285,12 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
         return;
     };
     let (hidden, rows): (&[usize], &[usize]) = if quick() {
-        (&[8200, 16384, 20001, 65536], &[1, 3, 20, 300])
+        (&[8200, 16384, 20001, 65536, 100_003], &[1, 3, 20, 300])
     } else {
         (
             &[
-                8193, 8200, 16384, 16385, 18432, 20001, 32768, 40001, 65536, 65544, 100_003,
+                8193, 8200, 16384, 16385, 18432, 20001, 32768, 40001, 65536, 65544, 73728, 100_003,
+                131_072, 131_073,
             ],
             &[1, 7, 64, 300, 1000],
         )
@@ -2312,6 +2319,7 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
         }
     }
     let clusters = k.limits().clusters;
+    let max_cluster = k.limits().max_cluster_blocks();
     let seen = Mutex::new(BTreeSet::new());
     let mut failed = Vec::new();
     for (dtype, c) in &cases {
@@ -2326,9 +2334,10 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
         };
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
             Ok(ran) => {
-                // Split where it fits, else (and with it off) the looped kernel of its tiles
-                // where it fits, the looped kernel otherwise.
+                // Split where it fits in the device's clusters, else (and with it off) the
+                // looped kernel of its tiles where it fits, the looped kernel otherwise.
                 let fits = rmsnorm_bwd_cluster_fits(c.hidden as u64);
+                let split_runs = fits && (c.hidden as u64).div_ceil(8192) <= max_cluster;
                 let looped = |k: KernelId| match k {
                     KernelId::RmsNormBwdLoopTiles(..) => fits,
                     KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => !fits,
@@ -2338,12 +2347,7 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
                     ran[0],
                     KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..)
                 );
-                if !(if clusters && fits {
-                    split
-                } else {
-                    looped(ran[0])
-                }) || !looped(ran[1])
-                {
+                if !(if split_runs { split } else { looped(ran[0]) }) || !looped(ran[1]) {
                     failed.push(format!("{} {c:?}: ran {ran:?}", dtype.name()));
                 }
                 let mut seen = seen.lock().unwrap();

@@ -820,28 +820,39 @@ fn backward_geometry_and_workspace() {
 }
 
 /// Rows longer than 8192 with clusters: a cluster of a block per tile per row walker where
-/// the split fits (up to 8 tiles, the last a quarter full at least, every path), with the
-/// looped kernel's walkers as its clusters and the same `dw` launch (without clusters, the
-/// looped kernel of the split's tiles), or in one launch with `dw` blocks of its own while
-/// each walker has one row; the looped kernel otherwise.
+/// the split fits (2-8 tiles, the last a quarter full at least, and 9-16 tiles for up to 64
+/// rows where clusters of 16 run; every path), with the looped kernel's walkers as its clusters and the same `dw`
+/// launch (without clusters of its size, the looped kernel of the split's tiles), or in one
+/// launch with `dw` blocks of its own while each walker has one row; the looped kernel
+/// otherwise.
 #[test]
 fn backward_long_rows_split_over_clusters() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for hidden in [
-            8193usize, 16384, 16385, 18432, 20000, 32768, 65536, 65537, 100_003,
+            8193usize, 16384, 16385, 18432, 20000, 32768, 65536, 65537, 65544, 73728, 100_003,
+            131_072, 131_073,
         ] {
-            for rows in [1usize, 7, 64, 300, 5000] {
+            for (rows, max_cluster) in [1usize, 7, 64, 65, 300, 5000]
+                .into_iter()
+                .flat_map(|r| [(r, 8), (r, 16)])
+            {
                 for dres in [false, true] {
                     let t = bwd_descs(dtype, rows, hidden, dres);
-                    let split = plan_rmsnorm_backward_with(&t, &opts(), true, true).unwrap();
-                    let two = plan_rmsnorm_backward_with(&t, &opts(), false, true).unwrap();
-                    let looped = plan_rmsnorm_backward_with(&t, &opts(), true, false).unwrap();
-                    let what = format!("{dtype:?} {rows} x {hidden} dres {dres}");
+                    let plan = |fused, max_cluster| {
+                        plan_rmsnorm_backward_with(&t, &opts(), fused, max_cluster).unwrap()
+                    };
+                    let (split, two, looped) = (
+                        plan(true, max_cluster),
+                        plan(false, max_cluster),
+                        plan(true, 0),
+                    );
+                    let what = format!("{dtype:?} {rows} x {hidden} dres {dres} {max_cluster}");
                     let mode = mode_of(&looped);
                     let tiles = hidden.div_ceil(8192) as u32;
-                    // A last tile of a quarter at least.
-                    let fits = tiles <= 8 && hidden - (tiles as usize - 1) * 8192 >= 2048;
-                    let most = if fits { 256 / tiles } else { 512 };
+                    // Up to 8 tiles a last tile of a quarter at least, 9-16 any.
+                    let fits = (2..=16).contains(&tiles)
+                        && (tiles > 8 || hidden - (tiles as usize - 1) * 8192 >= 2048);
+                    let most = if fits && tiles <= 8 { 256 / tiles } else { 512 };
                     let walkers = (rows as u32).min(most);
                     let looped_kernel = if fits {
                         KernelId::RmsNormBwdLoopTiles(dtype, mode)
@@ -855,7 +866,10 @@ fn backward_long_rows_split_over_clusters() {
                         "{what}"
                     );
                     assert_eq!(two.dw, looped.dw, "{what}");
-                    if !fits {
+                    // Clusters of more than 8 only for up to 64 rows.
+                    let clustered =
+                        fits && u64::from(tiles) <= max_cluster && (tiles <= 8 || rows <= 64);
+                    if !clustered {
                         assert_eq!(split, looped, "{what}");
                         assert_eq!(two, looped, "{what}");
                         continue;

@@ -1568,6 +1568,9 @@ fn check_gated_fp8_launch(
             }
             VecMode::Scalar
         }
+        KernelId::GatedFp8RowsRealigned(d) if d == dtype && per_token && l.kernel.exists() => {
+            VecMode::Scalar
+        }
         KernelId::GatedFp8FlatRealigned(d) | KernelId::GatedFp8FlatRealignedEndsFirst(d)
             if d == dtype && scheme == FP8_STATIC && l.kernel.exists() =>
         {
@@ -1592,6 +1595,7 @@ fn check_gated_fp8_launch(
     let realigned = matches!(
         l.kernel,
         KernelId::GatedFp8RowRealigned(..)
+            | KernelId::GatedFp8RowsRealigned(..)
             | KernelId::GatedFp8FlatRealigned(..)
             | KernelId::GatedFp8FlatRealignedEndsFirst(..)
     );
@@ -1628,6 +1632,7 @@ fn check_gated_fp8_launch(
                     | KernelId::GatedFp8RowSplit(..)
                     | KernelId::GatedFp8RowStream(..)
                     | KernelId::GatedFp8Rows(..)
+                    | KernelId::GatedFp8RowsRealigned(..)
             )
         {
             v.add("the per-token geometry is not one block of 512 per row".into());
@@ -1644,8 +1649,26 @@ fn check_gated_fp8_launch(
                 l.kernel, p.walk.per_row
             ));
         }
+        // The same geometry over a row's aligned words for the realigned rows of up to
+        // GATED_FP8_ROWS_CHUNKS words per thread of a tile; the realigned row kernel for longer
+        // ones.
+        let realigned_rows = matches!(l.kernel, KernelId::GatedFp8RowsRealigned(..));
+        if (realigned_rows || matches!(l.kernel, KernelId::GatedFp8RowRealigned(..)))
+            && realigned_rows != (per_thread <= GATED_FP8_ROWS_CHUNKS as u64)
+        {
+            v.add(format!(
+                "{:?} for {rows} rows of {} words",
+                l.kernel, p.walk.per_row
+            ));
+        }
         let tpr = p.threads_per_row as u64;
-        if let KernelId::GatedFp8Rows(_, count) = l.kernel
+        // (Two words per thread on the realigned entry at any length.)
+        let (entry_chunks, per_thread) = match l.kernel {
+            KernelId::GatedFp8Rows(_, count) => (Some(count), per_thread),
+            KernelId::GatedFp8RowsRealigned(..) => (Some(2), GATED_FP8_ROWS_CHUNKS as u64),
+            _ => (None, per_thread),
+        };
+        if let Some(count) = entry_chunks
             && rows > 0
             && (p.chunks as u64 != per_thread
                 || count != p.chunks
@@ -2650,16 +2673,18 @@ fn check_norm_backward(c: &NormBwdCase, plan: &RmsNormBwdPlan) -> Vec<String> {
         _ => 4,
     };
     let on_occupancy_grid = groups >= per_block * occupancy;
-    // Rows longer than 8192 of 2-8 tiles whose last tile holds a quarter of one at least take
-    // the looped kernel of the cluster split's tiles, a block per walker: 256 / tiles walkers
-    // at most.
+    // Rows longer than 8192 of 2-8 tiles whose last tile holds a quarter of one at least, and
+    // of 9-16 tiles, take the looped kernel of the cluster split's tiles, a block per walker:
+    // up to 8 tiles 256 / tiles walkers at most (beyond, as many as the other looped rows).
     let tiles = (hidden as u64).div_ceil(8192);
-    let split_shape = looped && tiles <= 8 && hidden as u64 - (tiles - 1) * 8192 >= 2048;
+    let split_shape = looped
+        && (2..=16).contains(&tiles)
+        && (tiles > 8 || hidden as u64 - (tiles - 1) * 8192 >= 2048);
     let tiles_kernel = matches!(rl.kernel, KernelId::RmsNormBwdLoopTiles(..));
     if split_shape != tiles_kernel {
         v.add(format!("{:?} for rows of {hidden}", rl.kernel));
     }
-    let want_blocks = if split_shape {
+    let want_blocks = if split_shape && tiles <= 8 {
         groups.min(256 / tiles)
     } else if on_occupancy_grid {
         occupancy

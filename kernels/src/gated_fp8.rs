@@ -59,7 +59,10 @@
 //!   nothing): on the row kernel such a row left most of its block's threads idle, and the
 //!   registers of four accesses per thread held two blocks per SM; here an SM's threads all
 //!   hold accesses, three or four blocks of up to 512 per SM. The row's maximum as on the row
-//!   kernel, over its own warps' slots of shared memory (one barrier for the block).
+//!   kernel, over its own warps' slots of shared memory (one barrier for the block). 16-bit
+//!   rows off the 16-byte grid, at least one per SM, take the same geometry over their aligned
+//!   8-byte words of `y` (`gated_fp8_rows_realigned_{dtype}`: up to two words per thread,
+//!   each word's inputs realigned in registers as the realigned row kernel's).
 //!
 //! # Numerics
 //! `y = act(a) * b` in f32 exactly as the plain gated forward computes it; the scale
@@ -85,7 +88,7 @@ use ferrofuse_common::fp8::e4m3_from_f32;
 use ferrofuse_common::fp8::{div_near, divide_far, dynamic_scale, reciprocal};
 use ferrofuse_common::{
     Activation, GATED_FP8_ROW_CHUNKS, GATED_FP8_ROW_LONG_CHUNKS, GATED_FP8_ROW_MAX_THREADS,
-    GATED_FP8_SCALAR_BATCH, GatedFp8Params, GridWalk,
+    GATED_FP8_ROWS_CHUNKS, GATED_FP8_SCALAR_BATCH, GatedFp8Params, GridWalk,
 };
 
 use crate::cluster;
@@ -908,6 +911,17 @@ unsafe fn per_token<
     }
 }
 
+/// A many-rows block's thread as a thread of its row group: `(threads_per_row, k, t)`, this
+/// thread `t` of group `k`. In 32 bits: the block holds at most 512 threads, and one division
+/// per thread (by at least one warp, which the host plans: no division by zero to check).
+#[inline(always)]
+fn row_group(p: &GatedFp8Params) -> (u32, u32, u64) {
+    let tpr = p.threads_per_row.max(32);
+    let t = grid::thread_x() as u32;
+    let k = t / tpr;
+    (tpr, k, (t - k * tpr) as u64)
+}
+
 /// The many-rows kernel (per-token scales, 16-byte accesses; see the module docs): row
 /// `block * rows_per_block + k` on threads `k * threads_per_row ..` of the block, each holding
 /// `CHUNKS` accesses `t + threads_per_row * j` (the host plans `chunks` = `CHUNKS`, so every
@@ -924,12 +938,7 @@ unsafe fn per_token_rows<
     p: &GatedFp8Params,
 ) {
     grid_dependency_sync();
-    // In 32 bits: the block holds at most 512 threads, and one division per thread (by at
-    // least one warp, which the host plans: no division by zero to check).
-    let tpr = p.threads_per_row.max(32);
-    let t = grid::thread_x() as u32;
-    let k = t / tpr;
-    let t_row = (t - k * tpr) as u64;
+    let (tpr, k, t_row) = row_group(p);
     let row = grid::block_x() * p.rows_per_block as u64 + k as u64;
     let live = row < p.rows;
     let warps = tpr / 32;
@@ -1083,11 +1092,8 @@ unsafe fn store_word<E: Elem>(ya: u64, cols: u64, c: u64, touches: bool, q: [u32
 }
 
 /// The per-token row kernel for rows off the 16-byte grid whose words fit one tile
-/// (`gated_fp8_row_realigned_*`): access `c` of a row is aligned word `c` of its row of `y`
-/// ([`load_word`], [`store_word`]); thread `t` holds accesses `t + 512 j`, `j < chunks <=
-/// CHUNKS`, as the row kernel, and the row's maximum, its scale and the stores are the row
-/// kernel's. Columns outside the row are zeros, whose `y` is 0 for every activation, so they leave the
-/// maximum alone.
+/// (`gated_fp8_row_realigned_*`): one block of 512 threads per row, thread `t` holding words
+/// `t + 512 j`, `j < chunks <= CHUNKS`, as the row kernel ([`realigned_row`]).
 ///
 /// # Safety
 /// The host's plan: `walk.per_row` the words a row can touch (`ceil(cols / L) + 1`), at most
@@ -1101,14 +1107,61 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
     grid_dependency_sync();
     let t_row = grid::thread_x();
     let row = grid::block_x();
-    let live = row < p.rows;
-    let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (TPR / 32) as u32);
+    // SAFETY: the host's plan, as above; the block's warps take slots `0 .. 16`.
+    unsafe { realigned_row::<E, A, CHUNKS>(p, row, row < p.rows, t_row, TPR, 0) };
+}
+
+/// The many-rows kernel for rows off the 16-byte grid (`gated_fp8_rows_realigned_*`): the
+/// geometry of [`per_token_rows`] (row `block * rows_per_block + k` on threads `k *
+/// threads_per_row ..` of the block) over a row's aligned words of `y` ([`realigned_row`]),
+/// each thread holding words `t + threads_per_row * j`, `j < chunks <= CHUNKS`.
+///
+/// # Safety
+/// The host's plan: `walk.per_row` the words a row can touch, at most `threads_per_row *
+/// CHUNKS`; `threads_per_row` a multiple of 32, `rows_per_block * threads_per_row` the block's
+/// threads (at most 512); `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory; the operands
+/// checked.
+#[inline(always)]
+unsafe fn per_token_rows_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUNKS: usize>(
+    p: &GatedFp8Params,
+) {
+    grid_dependency_sync();
+    let (tpr, k, t_row) = row_group(p);
+    let row = grid::block_x() * p.rows_per_block as u64 + k as u64;
+    // SAFETY: the host's plan, as above; row k's warps take slots `k * warps ..`, below the
+    // block's warps.
+    unsafe {
+        realigned_row::<E, A, CHUNKS>(p, row, row < p.rows, t_row, tpr as u64, k * (tpr / 32))
+    };
+}
+
+/// One per-token row off the 16-byte grid on the `tpr` threads of a row (`t_row` this one's
+/// index among them): access `c` of the row is aligned word `c` of its row of `y`
+/// ([`load_word`], [`store_word`]), thread `t_row` holding words `t_row + tpr * j`, `j <
+/// chunks <= CHUNKS`; the row's maximum (over shared-memory slots `slot ..` of its warps), its
+/// scale and the stores as the row kernel's. Columns outside the row are zeros, whose `y` is 0
+/// for every activation, so they leave the maximum alone.
+///
+/// # Safety
+/// `walk.per_row` the words a row can touch, at most `tpr * chunks`; `tpr` a multiple of 32;
+/// every thread of the block calls it once, with the same `tpr`; `slot + tpr / 32` f32s fit in
+/// the dynamic shared memory; row `row` exists when `live` (the operands checked).
+#[inline(always)]
+unsafe fn realigned_row<E: Elem, A: GatedAct, const CHUNKS: usize>(
+    p: &GatedFp8Params,
+    row: u64,
+    live: bool,
+    t_row: u64,
+    tpr: u64,
+    slot: u32,
+) {
+    let (lane, warp, warps) = ((t_row & 31) as u32, (t_row / 32) as u32, (tpr / 32) as u32);
     let ya = p.y + row * p.y_stride;
     let mut a = [[0u32; 4]; CHUNKS];
     let mut b = [[0u32; 4]; CHUNKS];
     let mut touches = [false; CHUNKS];
     unroll!(j < CHUNKS => {
-        let c = t_row + j as u64 * TPR;
+        let c = t_row + j as u64 * tpr;
         let mine = live && (j as u32) < p.chunks && c < p.walk.per_row;
         // SAFETY: row `row` exists when live (the host's checks).
         (a[j], b[j], touches[j], ()) =
@@ -1120,9 +1173,9 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
         let y = gated::<E, { VecMode::V16 }, A>(a[j], b[j]);
         amax = amax.max(access_amax(l, &y, touches[j]));
     });
-    // SAFETY: the warps' slots are inside the dynamic shared memory; every thread of the
-    // block gets here once.
-    let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, 0) };
+    // SAFETY: the row's warps' slots are inside the dynamic shared memory; every thread of the
+    // block gets here once, with the same `warps` (the caller's contract).
+    let amax = unsafe { row_max(WarpMax::Butterfly, amax, lane, warp, warps, slot) };
     let scale = dynamic_scale(amax, p.min_scale, p.scale_ub);
     // SAFETY: the row's scale is inside the scale matrix for a live row.
     unsafe { store_f32_if(p.scale + row * p.scale_row * 4, scale, live && t_row == 0) };
@@ -1130,7 +1183,7 @@ unsafe fn per_token_realigned<E: Elem, const M: VecMode, A: GatedAct, const CHUN
     unroll!(j < CHUNKS => {
         let q = quantize(l, &gated::<E, { VecMode::V16 }, A>(a[j], b[j]), scale, inv);
         // SAFETY: a row of `y` (the host's checks).
-        unsafe { store_word::<E>(ya, p.cols, t_row + j as u64 * TPR, touches[j], q) };
+        unsafe { store_word::<E>(ya, p.cols, t_row + j as u64 * tpr, touches[j], q) };
     });
 }
 
@@ -1490,7 +1543,7 @@ ends_entries! {
 }
 
 macro_rules! realigned_row_entries {
-    ($($row:ident, $flat:ident, $ends_first:ident: $e:ty;)*) => {$(
+    ($($row:ident, $flat:ident, $ends_first:ident, $rows:ident: $e:ty;)*) => {$(
         /// Gated forward with FP8 output and per-token scales for rows off the 16-byte grid
         /// (see `per_token_realigned`), at most `GATED_FP8_ROW_CHUNKS` accesses per thread.
         /// Launch: one block of `GATED_FP8_ROW_MAX_THREADS` threads per row,
@@ -1524,6 +1577,21 @@ macro_rules! realigned_row_entries {
         pub unsafe extern "ptx-kernel" fn $ends_first(p: GatedFp8Params) {
             unsafe { dispatch!(flat_realigned, $e, VecMode::Scalar, &p, true) }
         }
+
+        /// Gated forward with FP8 output and per-token scales for rows off the 16-byte grid,
+        /// several rows per block, each thread holding up to `GATED_FP8_ROWS_CHUNKS` aligned
+        /// words of its row of `y` (see `per_token_rows_realigned`). Launch:
+        /// `rows_per_block * threads_per_row` threads (at most `GATED_FP8_ROW_MAX_THREADS`),
+        /// `GATED_FP8_ROW_SMEM_BYTES` of dynamic shared memory.
+        ///
+        /// # Safety
+        /// As above.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $rows(p: GatedFp8Params) {
+            unsafe {
+                dispatch!(per_token_rows_realigned, $e, VecMode::Scalar, &p, GATED_FP8_ROWS_CHUNKS)
+            }
+        }
     )*};
 }
 
@@ -1531,9 +1599,9 @@ macro_rules! realigned_row_entries {
 // scalar kernels were as fast or faster).
 realigned_row_entries! {
     gated_fp8_row_realigned_f16, gated_fp8_flat_realigned_f16,
-        gated_fp8_flat_realigned_ends_first_f16: F16;
+        gated_fp8_flat_realigned_ends_first_f16, gated_fp8_rows_realigned_f16: F16;
     gated_fp8_row_realigned_bf16, gated_fp8_flat_realigned_bf16,
-        gated_fp8_flat_realigned_ends_first_bf16: Bf16;
+        gated_fp8_flat_realigned_ends_first_bf16, gated_fp8_rows_realigned_bf16: Bf16;
 }
 
 macro_rules! stream_entries {
