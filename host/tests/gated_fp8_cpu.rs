@@ -83,6 +83,26 @@ fn plan_on(
     plan_gated_forward_fp8(Activation::Silu, a, b, y, scaling, s, limits)
 }
 
+/// The many-rows kernels' grid: a block of `per_block` row groups of `threads` threads per
+/// `per_block` rows, with the row kernel's shared memory.
+fn assert_rows_grid(
+    l: &Launch<GatedFp8Params>,
+    rows: usize,
+    threads: u32,
+    per_block: u32,
+    what: &str,
+) {
+    assert_eq!(
+        (l.grid, l.block, l.shared_mem_bytes),
+        (
+            rows.div_ceil(per_block as usize) as u32,
+            threads * per_block,
+            GATED_FP8_ROW_SMEM_BYTES
+        ),
+        "{what}"
+    );
+}
+
 #[test]
 fn static_scale_plans_the_flat_vector_kernel() {
     let (a, b, y) = abq(DType::BF16, 64, 14336);
@@ -455,15 +475,7 @@ fn per_token_plans_rows_in_registers() {
             (words, 2, threads, per_block, 0),
             "{rows} x {cols}"
         );
-        assert_eq!(
-            (l.grid, l.block, l.shared_mem_bytes),
-            (
-                rows.div_ceil(per_block as usize) as u32,
-                threads * per_block,
-                GATED_FP8_ROW_SMEM_BYTES
-            ),
-            "{rows} x {cols}"
-        );
+        assert_rows_grid(&l, rows, threads, per_block, &format!("{rows} x {cols}"));
     }
     // Fewer rows than SMs, or f32 rows: the scalar row kernel.
     for (dtype, rows) in [(DType::BF16, wave - 1), (DType::F32, 4096)] {
@@ -806,15 +818,7 @@ fn per_token_plans_short_rows_several_per_block() {
             (chunks, threads, per_block, prefetch_rows),
             "{rows} x {cols}"
         );
-        assert_eq!(
-            (l.grid, l.block, l.shared_mem_bytes),
-            (
-                rows.div_ceil(per_block as usize) as u32,
-                threads * per_block,
-                GATED_FP8_ROW_SMEM_BYTES
-            ),
-            "{rows} x {cols}"
-        );
+        assert_rows_grid(&l, rows, threads, per_block, &format!("{rows} x {cols}"));
     }
     // One access past two per thread, or rows off the 16-byte grid: the row kernels.
     for (dtype, cols, kernel) in [
