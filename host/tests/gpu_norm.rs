@@ -42,8 +42,8 @@ use ferrofuse::{
     NormPath, Placement, RmsNormOptions, SavedForward, VecMode,
 };
 use ferrofuse_common::{
-    rmsnorm_bwd_cluster_fits, rmsnorm_bwd_layout, rmsnorm_realigned_fits, rmsnorm_split_geometry,
-    rmsnorm_split_smem_bytes,
+    RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS, rmsnorm_bwd_cluster_fits, rmsnorm_bwd_layout,
+    rmsnorm_realigned_fits, rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -2272,7 +2272,7 @@ fn backward_every_dtype_size_placement_and_option() {
 
 /// Rows longer than 8192: the cluster-split backward (sm_90) against the looped kernel, bit for
 /// bit (`dx` and `dw`), and against the reference. Every dtype, row lengths of 2 to 16 tiles
-/// (9-16 in clusters of 16 where the device runs them, any last tile there) and rows the
+/// (9-16 in clusters of 16 where the device runs them, up to 64 rows, any last tile) and rows the
 /// split does not take (past 16 tiles, or up to 8 a last tile under a quarter: looped either
 /// way), on the vector grid and off it, from one row to more rows than walkers (one
 /// launch up to a row per walker, its `dw` by column up to 4 rows), every placement, Gemma and
@@ -2292,7 +2292,7 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
                 8193, 8200, 16384, 16385, 18432, 20001, 32768, 40001, 65536, 65544, 73728, 100_003,
                 131_072, 131_073,
             ],
-            &[1, 7, 64, 300, 1000],
+            &[1, 7, 64, 65, 300, 1000],
         )
     };
     let mut cases = Vec::new();
@@ -2337,7 +2337,10 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
                 // Split where it fits in the device's clusters, else (and with it off) the
                 // looped kernel of its tiles where it fits, the looped kernel otherwise.
                 let fits = rmsnorm_bwd_cluster_fits(c.hidden as u64);
-                let split_runs = fits && (c.hidden as u64).div_ceil(8192) <= max_cluster;
+                let tiles = (c.hidden as u64).div_ceil(8192);
+                let split_runs = fits
+                    && tiles <= max_cluster
+                    && (tiles <= 8 || c.rows as u64 <= RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS);
                 let looped = |k: KernelId| match k {
                     KernelId::RmsNormBwdLoopTiles(..) => fits,
                     KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop) => !fits,
