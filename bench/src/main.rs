@@ -120,6 +120,10 @@ struct Args {
     /// kernel), also the calls of few rows that take the one-launch kernel (the same bits).
     #[arg(long)]
     no_fused_backward: bool,
+    /// Run the add + RMSNorm backward's 16-bit rows longer than 8192 that the cluster split
+    /// takes in the tile passes (tile sums, then `dx`, then `dw`; no clusters), off by default.
+    #[arg(long)]
+    tile_passes: bool,
     /// Run the add + RMSNorm forward's one-tile split rows on the entries compiled for two
     /// blocks per multiprocessor instead of three, and the split of rows in clusters of 8
     /// blocks or more up to three eighths as many rows as multiprocessors instead of half
@@ -361,6 +365,9 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     }
     if args.no_fused_backward {
         h.kernels.set_fused_backward(false);
+    }
+    if args.tile_passes {
+        h.kernels.set_tile_passes(true);
     }
     if args.no_narrow_split {
         h.kernels.set_narrow_split(false);

@@ -115,6 +115,16 @@ pub enum KernelId {
     /// shape (the same bits): where clusters are not run
     /// (`rmsnorm_bwd_{dtype}_{v16|scalar}_loop_tiles`).
     RmsNormBwdLoopTiles(DType, VecMode),
+    /// The first of the tile passes over the rows [`KernelId::RmsNormBwdCluster`] takes,
+    /// without clusters: a 512-thread block per tile per row sums the tile's `h * w * dy` as a
+    /// cluster's block does (`rmsnorm_bwd_{f16|bf16}_{v16|scalar}_tile_sums`, 16-bit rows
+    /// only: the f32 `dx` pass spilled at the 128 registers of a 512-thread block; see
+    /// `crate::RmsNormBwdParams`).
+    RmsNormBwdTileSums(DType, VecMode),
+    /// The second tile pass: a block per tile per walker folds each row's tile sums, writes
+    /// `dx` and the walker's `dw` partial (`rmsnorm_bwd_{f16|bf16}_{v16|scalar}_tile_dx`; see
+    /// `crate::rmsnorm_bwd_tile_walkers`). `dx` has the cluster split's bits.
+    RmsNormBwdTileDx(DType, VecMode),
     /// [`KernelId::RmsNormBwdCluster`] in one launch, for calls of at most a row per walker:
     /// the clusters' `dx`, then blocks that sum `dw` from `h`, `dy` and `rstd`, with the bits
     /// of the two launches (`rmsnorm_bwd_{dtype}_{v16|scalar}_cluster_fused`; sm_90 as the
@@ -375,6 +385,14 @@ kernel_table! {
     rmsnorm_bwd_f16_scalar_loop_tiles = RmsNormBwdLoopTiles(F16, Scalar),
     rmsnorm_bwd_bf16_v16_loop_tiles = RmsNormBwdLoopTiles(BF16, V16),
     rmsnorm_bwd_bf16_scalar_loop_tiles = RmsNormBwdLoopTiles(BF16, Scalar),
+    rmsnorm_bwd_f16_v16_tile_sums = RmsNormBwdTileSums(F16, V16),
+    rmsnorm_bwd_f16_scalar_tile_sums = RmsNormBwdTileSums(F16, Scalar),
+    rmsnorm_bwd_bf16_v16_tile_sums = RmsNormBwdTileSums(BF16, V16),
+    rmsnorm_bwd_bf16_scalar_tile_sums = RmsNormBwdTileSums(BF16, Scalar),
+    rmsnorm_bwd_f16_v16_tile_dx = RmsNormBwdTileDx(F16, V16),
+    rmsnorm_bwd_f16_scalar_tile_dx = RmsNormBwdTileDx(F16, Scalar),
+    rmsnorm_bwd_bf16_v16_tile_dx = RmsNormBwdTileDx(BF16, V16),
+    rmsnorm_bwd_bf16_scalar_tile_dx = RmsNormBwdTileDx(BF16, Scalar),
     rmsnorm_bwd_f32_v16_e16_fused = RmsNormBwdFused(F32, V16),
     rmsnorm_bwd_f32_scalar_e16_fused = RmsNormBwdFused(F32, Scalar),
     rmsnorm_bwd_f16_v16_e16_fused = RmsNormBwdFused(F16, V16),
@@ -661,6 +679,8 @@ impl KernelId {
                 | KernelId::RmsNormBwdCluster(..)
                 | KernelId::RmsNormBwdClusterFused(..)
                 | KernelId::RmsNormBwdLoopTiles(..)
+                | KernelId::RmsNormBwdTileSums(..)
+                | KernelId::RmsNormBwdTileDx(..)
                 | KernelId::RmsNormBwdNarrow(..)
                 | KernelId::RmsNormBwdFused(..)
                 | KernelId::RmsNormBwdFusedNarrow(..)
@@ -709,9 +729,10 @@ impl KernelId {
             }
             KernelId::RmsNormBwd(_, _, NormBwdVariant::Loop)
             | KernelId::RmsNormBwdLoopTiles(..) => RMSNORM_BWD_LOOP_THREADS,
-            KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
-                RMSNORM_BWD_MAX_THREADS_PER_ROW
-            }
+            KernelId::RmsNormBwdCluster(..)
+            | KernelId::RmsNormBwdClusterFused(..)
+            | KernelId::RmsNormBwdTileSums(..)
+            | KernelId::RmsNormBwdTileDx(..) => RMSNORM_BWD_MAX_THREADS_PER_ROW,
             KernelId::RmsNormBwdNarrow(_, _, budget)
             | KernelId::RmsNormBwdFusedNarrow(_, budget) => budget.max_threads(),
             KernelId::RmsNormDw(..) => RMSNORM_DW_THREADS,
@@ -823,6 +844,10 @@ impl KernelId {
             KernelId::RmsNormBwdCluster(d, mode) | KernelId::RmsNormBwdClusterFused(d, mode) => {
                 KernelId::RmsNormBwd(d, mode, NormBwdVariant::E16).launch_bounds()
             }
+            // The tile sums hold a tile's `h` and `dy` and the weight (64 registers, two
+            // blocks per SM); the `dx` pass also its partials and `dres` (one block, 128).
+            KernelId::RmsNormBwdTileSums(..) => Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 2)),
+            KernelId::RmsNormBwdTileDx(..) => Some((RMSNORM_BWD_MAX_THREADS_PER_ROW, 1)),
             // Its register budget is `max_registers`.
             KernelId::RmsNormBwdNarrow(_, _, budget)
             | KernelId::RmsNormBwdFusedNarrow(_, budget) => Some((budget.max_threads(), 0)),

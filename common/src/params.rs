@@ -766,6 +766,35 @@ pub const fn rmsnorm_bwd_walkers(rows: u64, hidden: u64) -> u64 {
     if rows < most { rows } else { most }
 }
 
+/// Blocks the tile passes' `dx` kernel aims at ([`rmsnorm_bwd_tile_walkers`]).
+pub const RMSNORM_BWD_TILE_DX_BLOCKS: u64 = 512;
+/// Rows per walker the tile passes' `dx` kernel allows before it adds walkers (see
+/// [`rmsnorm_bwd_tile_walkers`]).
+pub const RMSNORM_BWD_TILE_WALKER_ROWS: u64 = 8;
+
+/// Row walkers of the tile passes (the rows [`rmsnorm_bwd_cluster_fits`] covers, run in two
+/// passes without clusters: `KernelId::RmsNormBwdTileSums`, then `KernelId::RmsNormBwdTileDx`):
+/// the `dx` kernel runs a block per tile per walker, walker `i` taking rows `i, i + walkers,
+/// ...` in order and owning `dw` partial row `i`. As many walkers as give
+/// [`RMSNORM_BWD_TILE_DX_BLOCKS`] blocks, more where a walker would take more than
+/// [`RMSNORM_BWD_TILE_WALKER_ROWS`] rows, at most one per row. Fewer walkers than rows keep the
+/// partials (`walkers x hidden` f32s, written and read back) a fraction of the rows' bytes. A
+/// function of rows and hidden only, as the slots must be.
+pub const fn rmsnorm_bwd_tile_walkers(rows: u64, hidden: u64) -> u64 {
+    let tiles = rmsnorm_bwd_tiles(hidden);
+    let by_blocks = match RMSNORM_BWD_TILE_DX_BLOCKS.checked_div(tiles) {
+        Some(w) => w,
+        None => 0,
+    };
+    let by_rows = rows.div_ceil(RMSNORM_BWD_TILE_WALKER_ROWS);
+    let most = if by_blocks > by_rows {
+        by_blocks
+    } else {
+        by_rows
+    };
+    if rows < most { rows } else { most }
+}
+
 /// Whether the cluster-split backward's tiles apply to rows of `hidden` elements (on every
 /// path and dtype; the split itself where the device runs clusters of [`rmsnorm_bwd_tiles`]
 /// blocks, else the looped kernel of the same tiles): rows longer than 8192 of at most
@@ -830,7 +859,8 @@ pub struct NormBwdLayout {
     /// ([`rmsnorm_bwd_narrow`], where the grid is the occupancy grid).
     pub narrow: Option<BwdNarrow>,
     /// f32 elements of the workspace: the partial `dw` rows, plus, for the looped variant,
-    /// one coefficient per row.
+    /// one coefficient per row; for rows the tile passes may take, at least their partials
+    /// ([`rmsnorm_bwd_tile_walkers`] rows) and one tile sum per tile per row.
     pub workspace_len: u64,
 }
 
@@ -1120,6 +1150,15 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
         NormBwdVariant::Loop => rows,
         NormBwdVariant::E16 => 0,
     };
+    let looped_len = slots.saturating_mul(hidden).saturating_add(coef);
+    // The tile passes' partials and tile sums, where they may run instead.
+    let tile_len = if matches!(variant, NormBwdVariant::Loop) && rmsnorm_bwd_cluster_fits(hidden) {
+        rmsnorm_bwd_tile_walkers(rows, hidden)
+            .saturating_mul(hidden)
+            .saturating_add(rows.saturating_mul(rmsnorm_bwd_tiles(hidden)))
+    } else {
+        0
+    };
     NormBwdLayout {
         variant,
         geometry,
@@ -1132,7 +1171,11 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
         },
         // Saturating: a shape no buffer could hold asks for more than any buffer has (the
         // planner's size check then rejects it) rather than overflowing.
-        workspace_len: slots.saturating_mul(hidden).saturating_add(coef),
+        workspace_len: if looped_len > tile_len {
+            looped_len
+        } else {
+            tile_len
+        },
     }
 }
 
@@ -1204,6 +1247,13 @@ pub struct RmsNormFwdParams {
 /// whole clusters), which sum `dw` (at `dw`, `[1, hidden]` in the weight's dtype) straight
 /// from `h`, `dy` and `rstd` in the order the two launches of [`rmsnorm_bwd_layout`] sum it,
 /// so both give the same bits; `workspace` is then unused.
+///
+/// The tile passes (16-bit rows [`rmsnorm_bwd_cluster_fits`] covers, without clusters) are
+/// two launches before the `dw` sum: `_tile_sums`, a 512-thread block per tile per row (`rows
+/// x tiles` blocks), writes each tile's sum of `h * g` to f32 index `dw_slots * hidden + row *
+/// tiles + tile` of the workspace; `_tile_dx`, a block per tile per walker (`dw_slots x tiles`
+/// blocks), folds a row's tile sums in tile order, as the cluster split does, and writes `dx`
+/// and its walker's partial row.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RmsNormBwdParams {
@@ -1227,7 +1277,9 @@ pub struct RmsNormBwdParams {
     pub rows_per_block: u32,
     /// The fused entries: the slots of the two-launch layout of the same call
     /// ([`rmsnorm_bwd_layout`]), whose order their `dw` blocks follow (0 for the others); for
-    /// `_cluster_fused` also its walkers, the clusters before the `dw` blocks.
+    /// `_cluster_fused` also its walkers, the clusters before the `dw` blocks; for the tile
+    /// passes (`_tile_sums`, `_tile_dx`) their walkers ([`rmsnorm_bwd_tile_walkers`]), whose
+    /// partials come before the tile sums in the workspace.
     pub dw_slots: u32,
     /// `dw`, for the fused entries only (0 for the others).
     pub dw: u64,

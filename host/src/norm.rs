@@ -101,9 +101,9 @@ use ferrofuse_common::{
     VecMode, rmsnorm_bwd_cluster_fits, rmsnorm_bwd_cluster_fused_dw_groups,
     rmsnorm_bwd_cluster_smem_bytes, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
     rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_fused_narrow, rmsnorm_bwd_geometry,
-    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_bwd_tiles, rmsnorm_fwd_geometry,
-    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes, rmsnorm_split_geometry,
-    rmsnorm_split_smem_bytes,
+    rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes, rmsnorm_bwd_tile_walkers, rmsnorm_bwd_tiles,
+    rmsnorm_fwd_geometry, rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    rmsnorm_split_geometry, rmsnorm_split_smem_bytes,
 };
 
 use crate::error::{Error, Result};
@@ -183,9 +183,13 @@ pub struct RmsNormBwdDescs {
 
 /// The launches of a backward call, in stream order: one (the fused kernel, which sums `dw`
 /// in blocks of its own) where the rows are few enough and `dx` is not written over `dy`,
-/// else two. Both forms compute the same bits.
+/// else two; three for the tile passes (the tile sums first). The fused and two-launch forms
+/// compute the same bits; the tile passes the same `dx` (their `dw` partials follow their own
+/// walkers).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RmsNormBwdPlan {
+    /// The tile passes' first launch, each tile's sum into the workspace; `None` otherwise.
+    pub sums: Option<Launch<RmsNormBwdParams>>,
     /// `dx` per row, and the `dw` partials into the workspace; or, fused, `dx` and `dw`.
     pub rows: Launch<RmsNormBwdParams>,
     /// The fixed-order sum of the partials into `dw`; `None` when `rows` is fused.
@@ -627,19 +631,22 @@ const RMSNORM_BWD_FUSED_SCALAR_MAX_ELEMS: usize = 1 << 22;
 /// Rows longer than 8192 take the looped kernel here; [`plan_rmsnorm_backward_with`] with
 /// clusters may split them over thread-block clusters instead (the same bits).
 pub fn plan_rmsnorm_backward(t: &RmsNormBwdDescs, opts: &RmsNormOptions) -> Result<RmsNormBwdPlan> {
-    plan_rmsnorm_backward_with(t, opts, true, 0)
+    plan_rmsnorm_backward_with(t, opts, true, 0, false)
 }
 
 /// [`plan_rmsnorm_backward`], with the one-launch form allowed or not (as
 /// [`Kernels::fused_backward`] says for [`Kernels::rmsnorm_backward`]), and rows longer than
 /// 8192 split over thread-block clusters where [`rmsnorm_bwd_cluster_fits`] and their tiles
 /// are at most `max_cluster` (as [`Kernels::norm_limits`] says,
-/// [`GridLimits::max_cluster_blocks`]: 0 without clusters or with the split turned off).
+/// [`GridLimits::max_cluster_blocks`]: 0 without clusters or with the split turned off), or,
+/// with `tile_passes` (as [`Kernels::tile_passes`] says), 16-bit rows in the tile passes
+/// wherever [`rmsnorm_bwd_cluster_fits`].
 pub fn plan_rmsnorm_backward_with(
     t: &RmsNormBwdDescs,
     opts: &RmsNormOptions,
     fused_allowed: bool,
     max_cluster: u64,
+    tile_passes: bool,
 ) -> Result<RmsNormBwdPlan> {
     let dy = &t.dy;
     let dtype = dy.dtype;
@@ -750,7 +757,12 @@ pub fn plan_rmsnorm_backward_with(
     // "The norm backward's rows of 9-16 tiles, measured").
     let tiled = variant == NormBwdVariant::Loop && rmsnorm_bwd_cluster_fits(hidden as u64);
     let tiles = rmsnorm_bwd_tiles(hidden as u64);
-    let cluster = tiled
+    // The tile passes: a launch of each row's tile sums, then `dx` by walker and tile, then
+    // the partials' sum; no clusters. 16-bit rows only (the f32 `dx` pass spilled).
+    let tile_pass = tile_passes && tiled && sixteen_bit && rows > 0;
+    let tile_walkers = rmsnorm_bwd_tile_walkers(rows as u64, hidden as u64);
+    let cluster = !tile_pass
+        && tiled
         && blocks > 0
         && tiles <= max_cluster
         && (tiles <= RMSNORM_BWD_MAX_CLUSTER || rows as u64 <= RMSNORM_BWD_WIDE_CLUSTER_MAX_ROWS);
@@ -767,7 +779,13 @@ pub fn plan_rmsnorm_backward_with(
         row_blocks,
         fused,
     );
-    let (kernel, grid, shared_mem_bytes) = if fused {
+    let (kernel, grid, shared_mem_bytes) = if tile_pass {
+        (
+            KernelId::RmsNormBwdTileDx(dtype, mode),
+            tile_walkers * tiles,
+            0,
+        )
+    } else if fused {
         let dw_groups = rmsnorm_bwd_fused_dw_groups(block) as u64;
         let dw_blocks =
             rmsnorm_bwd_fused_dw_blocks(hidden as u64, block, rows as u64, slots, dw_groups);
@@ -815,8 +833,9 @@ pub fn plan_rmsnorm_backward_with(
         };
         (kernel, blocks, rows_smem)
     };
-    // The cluster split's blocks are a tile's 512 threads, the looped kernel's two halves of it.
-    let threads_per_row = if cluster {
+    // The cluster split's and the tile passes' blocks are a tile's 512 threads, the looped
+    // kernel's two halves of it.
+    let threads_per_row = if cluster || tile_pass {
         RMSNORM_BWD_MAX_THREADS_PER_ROW
     } else {
         geometry.threads_per_row
@@ -845,8 +864,11 @@ pub fn plan_rmsnorm_backward_with(
             threads_per_row,
             rows_per_block: geometry.rows_per_block,
             // At most 131072 / 32 slots (blocks within 131072 threads of 32 or more per row).
+            // The tile passes' walkers: fewer than the `dx` grid's blocks, checked above.
             dw_slots: if fused || cluster_fused {
                 slots as u32
+            } else if tile_pass {
+                tile_walkers as u32
             } else {
                 0
             },
@@ -855,10 +877,22 @@ pub fn plan_rmsnorm_backward_with(
     };
     if fused || cluster_fused {
         return Ok(RmsNormBwdPlan {
+            sums: None,
             rows: rows_launch,
             dw: None,
         });
     }
+    let sums = if tile_pass {
+        Some(Launch {
+            kernel: KernelId::RmsNormBwdTileSums(dtype, mode),
+            grid: grid_u32("rows", rows as u64 * tiles)?,
+            block: RMSNORM_BWD_MAX_THREADS_PER_ROW,
+            shared_mem_bytes: RMSNORM_SMEM_BYTES,
+            params: rows_launch.params,
+        })
+    } else {
+        None
+    };
     // With no rows the partials are empty and dw is written as zeros (a sum over no rows).
     let dw_launch = Launch {
         kernel: KernelId::RmsNormDw(w.dtype),
@@ -868,11 +902,12 @@ pub fn plan_rmsnorm_backward_with(
         params: RmsNormDwParams {
             workspace: ws.addr,
             dw: t.dw.addr,
-            slots,
+            slots: if tile_pass { tile_walkers } else { slots },
             hidden: hidden as u64,
         },
     };
     Ok(RmsNormBwdPlan {
+        sums,
         rows: rows_launch,
         dw: Some(dw_launch),
     })
@@ -1308,10 +1343,20 @@ impl Kernels {
     ) -> Result<()> {
         // Every launch is planned (validated) before the first runs.
         let max_cluster = self.norm_limits().max_cluster_blocks();
-        let plan = plan_rmsnorm_backward_with(t, opts, self.fused_backward(), max_cluster)?;
+        let plan = plan_rmsnorm_backward_with(
+            t,
+            opts,
+            self.fused_backward(),
+            max_cluster,
+            self.tile_passes(),
+        )?;
         // SAFETY: caller's contract; the plan checked shapes, sizes, alignment, aliasing. The
-        // dw launch reads the partials the rows launch wrote: same stream, in order.
+        // rows launch reads the tile sums the sums launch wrote, the dw launch the partials
+        // the rows launch wrote: same stream, in order.
         unsafe {
+            if let Some(sums) = &plan.sums {
+                self.launch(stream, sums)?;
+            }
             self.launch(stream, &plan.rows)?;
             match &plan.dw {
                 Some(dw) => self.launch(stream, dw),

@@ -292,6 +292,8 @@ pub struct Kernels {
     row_streaming: AtomicBool,
     /// [`Kernels::set_fused_backward`].
     fused_backward: AtomicBool,
+    /// [`Kernels::set_tile_passes`].
+    tile_passes: AtomicBool,
     /// Whether this device and the PTX allow it (decided once, at load).
     programmatic_supported: bool,
     _module: Arc<CudaModule>,
@@ -690,6 +692,7 @@ impl Kernels {
             loop_ahead: AtomicBool::new(true),
             row_streaming: AtomicBool::new(true),
             fused_backward: AtomicBool::new(true),
+            tile_passes: AtomicBool::new(false),
             _module: module,
         })
     }
@@ -811,6 +814,22 @@ impl Kernels {
     /// Whether [`Kernels::set_fused_backward`] has the one-launch backward on.
     pub fn fused_backward(&self) -> bool {
         self.fused_backward.load(Ordering::Relaxed)
+    }
+
+    /// Turns the norm backward's tile passes on or back off (off by default): on, the 16-bit
+    /// rows longer than 8192 that the cluster split takes run in three launches without clusters
+    /// instead (each tile's sum by a block per tile per row, then `dx` by a block per tile per
+    /// walker, then the `dw` sum; see [`crate::norm::plan_rmsnorm_backward_with`]). The same
+    /// `dx` bits; `dw` sums the same products over fewer partial rows, so its last bits may
+    /// differ. Not yet measured on a GPU, hence off; for measuring it against the split and
+    /// the looped kernel.
+    pub fn set_tile_passes(&self, on: bool) {
+        self.tile_passes.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`Kernels::set_tile_passes`] has the tile passes on.
+    pub fn tile_passes(&self) -> bool {
+        self.tile_passes.load(Ordering::Relaxed)
     }
 
     /// The limits the gated FP8 forward plans with: [`Kernels::limits`], without the streamed

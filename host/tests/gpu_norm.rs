@@ -1998,6 +1998,7 @@ fn run_backward_in<T: Element, W: Element>(
             &c.opts(),
             k.fused_backward(),
             k.norm_limits().max_cluster_blocks(),
+            k.tile_passes(),
         )
         .unwrap_or_else(|e| panic!("{what}: planning failed: {e}"))
     };
@@ -2164,7 +2165,8 @@ fn backward_case<T: Element, W: Element>(
         KernelId::RmsNormBwdNarrow(_, mode, _)
         | KernelId::RmsNormBwdCluster(_, mode)
         | KernelId::RmsNormBwdClusterFused(_, mode)
-        | KernelId::RmsNormBwdLoopTiles(_, mode) => mode,
+        | KernelId::RmsNormBwdLoopTiles(_, mode)
+        | KernelId::RmsNormBwdTileDx(_, mode) => mode,
         KernelId::RmsNormBwdFusedNarrow(..) => VecMode::V16,
         k => panic!("{what}: planned {k:?}"),
     };
@@ -2278,7 +2280,9 @@ fn backward_every_dtype_size_placement_and_option() {
 /// launch up to a row per walker, its `dw` by column up to 4 rows), every placement, Gemma and
 /// an f32 weight cycling. Where the device has clusters, every split entry (two launches and
 /// one) must run and the split must be what ran wherever it fits; the looped entries run
-/// with the split off.
+/// with the split off. Then the tile passes on the same inputs wherever the split's tiles
+/// apply to 16-bit rows (any device): `dx` bit for bit as the looped kernel's, `dw` against the reference
+/// (their partial rows are their own walkers').
 #[test]
 fn backward_long_rows_cluster_split_matches_loop_bitwise() {
     let Some((k, s)) = gpu("backward_long_rows_cluster_split_matches_loop_bitwise") else {
@@ -2350,7 +2354,12 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
                     ran[0],
                     KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..)
                 );
-                if !(if split_runs { split } else { looped(ran[0]) }) || !looped(ran[1]) {
+                let tile_passes = matches!(ran[2], KernelId::RmsNormBwdTileDx(..))
+                    == (fits && *dtype != DType::F32);
+                if !(if split_runs { split } else { looped(ran[0]) })
+                    || !looped(ran[1])
+                    || !tile_passes
+                {
                     failed.push(format!("{} {c:?}: ran {ran:?}", dtype.name()));
                 }
                 let mut seen = seen.lock().unwrap();
@@ -2376,19 +2385,21 @@ fn backward_long_rows_cluster_split_matches_loop_bitwise() {
             KernelId::RmsNormBwdCluster(..) | KernelId::RmsNormBwdClusterFused(..) => {
                 clusters && !quick()
             }
+            KernelId::RmsNormBwdTileDx(..) => !quick(),
             _ => false,
         },
     );
 }
 
 /// One case of [`backward_long_rows_cluster_split_matches_loop_bitwise`]: with the split on
-/// (checked against the reference), then off, bit for bit; the two runs' rows kernels.
+/// (checked against the reference), then off, bit for bit; then the tile passes (checked
+/// against the reference, `dx` bit for bit); the three runs' rows kernels.
 fn split_vs_loop<T: Element, W: Element>(
     k: &Kernels,
     s: &Arc<CudaStream>,
     c: &Bwd,
     seed: u64,
-) -> [KernelId; 2] {
+) -> [KernelId; 3] {
     let what = format!("{} backward {c:?} seed {seed}", T::DTYPE.name());
     let inp = bwd_inputs::<T>(c, seed);
     k.set_cluster_split(true);
@@ -2411,7 +2422,21 @@ fn split_vs_loop<T: Element, W: Element>(
         split.dw.iter().zip(&looped.dw).all(|(p, q)| same(*p, *q)),
         "{what}: dw differs"
     );
-    [split.kernels.0, looped.kernels.0]
+    k.set_tile_passes(true);
+    let passes = run_backward::<T, W>(k, s, c, &inp, &what);
+    k.set_tile_passes(false);
+    let what = format!("{what}; tile passes {:?}", passes.kernels);
+    check_backward(c, &inp, &passes, &what);
+    assert!(
+        passes
+            .dx
+            .buf
+            .iter()
+            .zip(&looped.dx.buf)
+            .all(|(p, q)| same(*p, *q)),
+        "{what}: dx differs"
+    );
+    [split.kernels.0, looped.kernels.0, passes.kernels.0]
 }
 
 /// The one-launch backward against the two launches, bit for bit (`dx` and `dw`), and against

@@ -28,9 +28,10 @@ use ferrofuse_common::{
     DEFAULT_MAX_SMEM_BYTES, RMSNORM_BWD_MAX_THREADS_PER_ROW, RMSNORM_BWD_SPREAD_BLOCKS,
     RMSNORM_BWD_STAGED_MAX_SMEM_BYTES, RMSNORM_GEMMA, RMSNORM_HF, RMSNORM_LOOP_SMEM_BYTES,
     RMSNORM_MAX_THREADS_PER_ROW, RMSNORM_SMEM_BYTES, RMSNORM_W_F32, RmsNormBwdParams,
-    blocks_per_sm, rmsnorm_bwd_fused_dw_blocks, rmsnorm_bwd_fused_dw_groups,
-    rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_layout, rmsnorm_bwd_smem_bytes,
-    rmsnorm_realigned_fits, rmsnorm_realigned_smem_bytes,
+    blocks_per_sm, rmsnorm_bwd_cluster_fits, rmsnorm_bwd_fused_dw_blocks,
+    rmsnorm_bwd_fused_dw_groups, rmsnorm_bwd_fused_dw_smem_bytes, rmsnorm_bwd_layout,
+    rmsnorm_bwd_smem_bytes, rmsnorm_bwd_tile_walkers, rmsnorm_realigned_fits,
+    rmsnorm_realigned_smem_bytes,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -740,9 +741,17 @@ fn backward_geometry_and_workspace() {
                 } else {
                     0
                 };
+                // Rows the split's tiles apply to also hold the tile passes' partials and
+                // tile sums.
+                let tile_passes = if rmsnorm_bwd_cluster_fits(hidden as u64) {
+                    let walkers = rmsnorm_bwd_tile_walkers(rows as u64, hidden as u64) as usize;
+                    walkers * hidden + rows * hidden.div_ceil(8192)
+                } else {
+                    0
+                };
                 assert_eq!(
                     rmsnorm_backward_workspace_len(dtype, rows, hidden),
-                    slots * hidden + coef
+                    (slots * hidden + coef).max(tile_passes)
                 );
                 assert!(blocks as usize <= groups);
                 assert!(blocks * plan.rows.block as u64 <= 131_072);
@@ -839,7 +848,7 @@ fn backward_long_rows_split_over_clusters() {
                 for dres in [false, true] {
                     let t = bwd_descs(dtype, rows, hidden, dres);
                     let plan = |fused, max_cluster| {
-                        plan_rmsnorm_backward_with(&t, &opts(), fused, max_cluster).unwrap()
+                        plan_rmsnorm_backward_with(&t, &opts(), fused, max_cluster, false).unwrap()
                     };
                     let (split, two, looped) = (
                         plan(true, max_cluster),
@@ -942,6 +951,88 @@ fn backward_long_rows_split_over_clusters() {
                     );
                     assert!(
                         l.shared_mem_bytes <= l.kernel.dynamic_smem_opt_in().unwrap(),
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The tile passes (switched on): for 16-bit rows wherever the split's tiles apply, whatever
+/// the device's clusters, three launches: a 512-thread block per tile per row for the tile sums, a block
+/// per tile per walker for `dx` (the walkers of `rmsnorm_bwd_tile_walkers`: enough for 512
+/// blocks, at most 8 rows each, at most one per row), the `dw` sum over those walkers'
+/// partials; the tile sums after the partials, inside the workspace the docs ask for. Other
+/// rows, and f32 rows, plan as without the switch.
+#[test]
+fn backward_tile_passes_plan() {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for hidden in [
+            4096usize, 8192, 8193, 16384, 16385, 20000, 65536, 65537, 73728, 100_003, 131_072,
+            131_073,
+        ] {
+            for rows in [1usize, 7, 56, 57, 64, 300, 5000] {
+                for (dres, max_cluster) in [(false, 0), (true, 8), (false, 16)] {
+                    let t = bwd_descs(dtype, rows, hidden, dres);
+                    let what = format!("{dtype:?} {rows} x {hidden} dres {dres} {max_cluster}");
+                    let plan = |passes| {
+                        plan_rmsnorm_backward_with(&t, &opts(), true, max_cluster, passes).unwrap()
+                    };
+                    let (passes, without) = (plan(true), plan(false));
+                    if !rmsnorm_bwd_cluster_fits(hidden as u64) || dtype == DType::F32 {
+                        assert_eq!(passes, without, "{what}");
+                        assert_eq!(passes.sums, None, "{what}");
+                        continue;
+                    }
+                    let tiles = hidden.div_ceil(8192) as u32;
+                    let walkers = (rows as u32).min((512 / tiles).max(rows.div_ceil(8) as u32));
+                    assert_eq!(
+                        walkers as u64,
+                        rmsnorm_bwd_tile_walkers(rows as u64, hidden as u64),
+                        "{what}"
+                    );
+                    let looped = plan_rmsnorm_backward_with(&t, &opts(), false, 0, false).unwrap();
+                    let mode = mode_of(&looped);
+                    let params = RmsNormBwdParams {
+                        threads_per_row: 512,
+                        dw_slots: walkers,
+                        ..looped.rows.params
+                    };
+                    let sums = passes.sums.expect("the tile sums launch");
+                    assert_eq!(
+                        sums.kernel,
+                        KernelId::RmsNormBwdTileSums(dtype, mode),
+                        "{what}"
+                    );
+                    assert_eq!(
+                        (sums.grid, sums.block, sums.shared_mem_bytes),
+                        (rows as u32 * tiles, 512, RMSNORM_SMEM_BYTES),
+                        "{what}"
+                    );
+                    assert_eq!(sums.params, params, "{what}");
+                    let l = passes.rows;
+                    assert_eq!(l.kernel, KernelId::RmsNormBwdTileDx(dtype, mode), "{what}");
+                    assert_eq!(
+                        (l.grid, l.block, l.shared_mem_bytes),
+                        (walkers * tiles, 512, 0),
+                        "{what}"
+                    );
+                    assert_eq!(l.params, params, "{what}");
+                    let dw = passes.dw.expect("the dw launch");
+                    assert_eq!(dw.params.slots, walkers as u64, "{what}");
+                    assert_eq!(
+                        dw.params,
+                        ferrofuse_common::RmsNormDwParams {
+                            slots: walkers as u64,
+                            ..looped.dw.unwrap().params
+                        },
+                        "{what}"
+                    );
+                    // The tile sums end inside the workspace.
+                    let end = walkers as usize * hidden + rows * tiles as usize;
+                    assert!(
+                        end <= rmsnorm_backward_workspace_len(dtype, rows, hidden),
                         "{what}"
                     );
                 }

@@ -954,6 +954,33 @@ unsafe fn loop_row_dx<E: Elem, const M: Path>(
     w: &[[f32; 8]; MAX_CHUNKS],
     dw: &mut [[f32; 8]; MAX_CHUNKS],
 ) {
+    // SAFETY: row < rows; the coefficient was stored (the caller's contract).
+    let (rstd, coef) = unsafe {
+        (
+            F32::load(p.rstd + row * p.rstd_stride * 4),
+            F32::load(coef_base + row * 4),
+        )
+    };
+    // SAFETY: the caller's contract.
+    unsafe { row_dx::<E, M>(p, row, rstd, coef, first, stride, w, dw) }
+}
+
+/// [`loop_row_dx`] with the row's `rstd` and coefficient given.
+///
+/// # Safety
+/// As for [`loop_row_dx`]; `row < rows`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn row_dx<E: Elem, const M: Path>(
+    p: &RmsNormBwdParams,
+    row: u64,
+    rstd: f32,
+    coef: f32,
+    first: u64,
+    stride: u64,
+    w: &[[f32; 8]; MAX_CHUNKS],
+    dw: &mut [[f32; 8]; MAX_CHUNKS],
+) {
     let k = 16 / E::LANES;
     let hidden = p.hidden;
     let nchunks = hidden.div_ceil(E::LANES as u64);
@@ -965,13 +992,6 @@ unsafe fn loop_row_dx<E: Elem, const M: Path>(
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
     let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
     let mut dres = [[0.0f32; 8]; MAX_CHUNKS];
-    // SAFETY: row < rows; the coefficient was stored (the caller's contract).
-    let (rstd, coef) = unsafe {
-        (
-            F32::load(p.rstd + row * p.rstd_stride * 4),
-            F32::load(coef_base + row * 4),
-        )
-    };
     unroll!(j < k => {
         let c = first + j as u64 * stride;
         let ok = c < nchunks;
@@ -1113,6 +1133,132 @@ pub(super) unsafe fn bwd_loop_tiles<E: Elem, const M: Path>(p: &RmsNormBwdParams
         });
         part += 1;
     }
+}
+
+/// First of the tile passes (the rows the cluster split takes, without clusters): block `b`
+/// is row `b / tiles`'s tile `b % tiles`, whose sum of `h * g` it computes as a block of the
+/// split computes it (each of 512 threads' `fma` chain over its chunks in chunk order, then
+/// `row_sum`), and stores at slot `b` of the tile sums, after the walkers' partials.
+///
+/// # Safety
+/// Launched with `rows * tiles` blocks of `RMSNORM_BWD_MAX_THREADS_PER_ROW` threads and
+/// `RMSNORM_SMEM_BYTES` of dynamic shared memory, `p.dw_slots` the tile passes' walkers, the
+/// workspace sized for their partials and tile sums; otherwise as for [`bwd_regs`].
+#[inline(always)]
+pub(super) unsafe fn bwd_tile_sums<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<true>(tpr);
+    let hidden = p.hidden;
+    let nchunks = hidden.div_ceil(E::LANES as u64);
+    let per_tile = me.tpr * k as u64;
+    let Some(tiles) = NonZeroU64::new(nchunks.div_ceil(per_tile)) else {
+        return;
+    };
+    // The grid is `rows * tiles` blocks: row < rows.
+    let b = grid::block_x();
+    let (row, tile) = (b / tiles, b % tiles);
+    let sums = p.workspace + p.dw_slots as u64 * hidden * 4;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
+    let first = tile * per_tile + me.t;
+    let h_row = Row::of(p.h, p.h_stride, row);
+    let dy_row = Row::of(p.dy, p.dy_stride, row);
+    let mut h = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut dy = [[0.0f32; 8]; MAX_CHUNKS];
+    unroll!(j < k => {
+        let c = first + j as u64 * me.tpr;
+        let ok = c < nchunks;
+        // SAFETY: row < rows; when ok, c < nchunks (host-checked extents).
+        unsafe {
+            h[j] = load_chunk_if::<E, M>(h_row, c, hidden, ok);
+            dy[j] = load_chunk_if::<E, M>(dy_row, c, hidden, ok);
+        }
+    });
+    // SAFETY: the host checked the weight.
+    let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+    let mut acc = 0.0f32;
+    unroll!(j < k => {
+        unroll!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
+    });
+    // SAFETY: every thread of the block calls it once (reduction buffer 0).
+    let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
+    if me.t == 0 {
+        // SAFETY: b < rows * tiles, inside the tile sums the host sized.
+        unsafe { F32::store(sums + b * 4, total) };
+    }
+}
+
+/// Second of the tile passes: block `b` is walker `b / tiles`'s tile `b % tiles`. For each of
+/// the walker's rows in order, the row's tile sums folded in tile order from 0 (as the cluster
+/// split folds them, so the same coefficient and `dx` bits), then `dx` of the tile's chunks
+/// and their `dw` partials in registers; at the end the tile's columns of the walker's
+/// partial row.
+///
+/// # Safety
+/// Launched with `p.dw_slots * tiles` blocks of `RMSNORM_BWD_MAX_THREADS_PER_ROW` threads, no
+/// dynamic shared memory, after [`bwd_tile_sums`] of the same parameters on the same stream;
+/// otherwise as for [`bwd_regs`].
+#[inline(always)]
+pub(super) unsafe fn bwd_tile_dx<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
+    let k = 16 / E::LANES;
+    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+        return;
+    };
+    let me = Me::new::<true>(tpr);
+    let hidden = p.hidden;
+    let lanes = E::LANES as u64;
+    let nchunks = hidden.div_ceil(lanes);
+    let per_tile = me.tpr * k as u64;
+    let Some(tiles) = NonZeroU64::new(nchunks.div_ceil(per_tile)) else {
+        return;
+    };
+    // The grid is `walkers * tiles` blocks: walker < walkers.
+    let walkers = p.dw_slots as u64;
+    let b = grid::block_x();
+    let (walker, tile) = (b / tiles, b % tiles);
+    let sums = p.workspace + walkers * hidden * 4;
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let hidden_f = hidden as f32;
+    let first = tile * per_tile + me.t;
+    // As in fwd_regs.
+    prefetch_first(p.dy);
+    grid_dependency_sync();
+    // SAFETY: the host checked the weight.
+    let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+    let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
+    let mut row = walker;
+    while row < p.rows {
+        // Lane `i` loads tile `i`'s sum (tiles <= 16 < 32); every warp folds them in tile
+        // order from 0, as `cluster_row_coef` does.
+        let lane = me.lane as u64;
+        // SAFETY: row < rows and lane < tiles: inside the tile sums, written by the first
+        // pass, which completed before this grid's dependency wait returned.
+        let mine = unsafe { ld_f32_if(sums + (row * tiles.get() + lane) * 4, lane < tiles.get()) };
+        let mut total = 0.0f32;
+        let mut i = 0u32;
+        while (i as u64) < tiles.get() {
+            total = fold_tiles(total, shfl_idx(mine, i));
+            i += 1;
+        }
+        // SAFETY: row < rows of the rstd column (host-checked).
+        let rstd = unsafe { F32::load(p.rstd + row * p.rstd_stride * 4) };
+        let coef = long_row_coef(total, hidden_f, rstd);
+        // SAFETY: row < rows.
+        unsafe { row_dx::<E, M>(p, row, rstd, coef, first, me.tpr, &w, &mut dw) };
+        row += walkers;
+    }
+    unroll!(j < k => {
+        let c = first + j as u64 * me.tpr;
+        // SAFETY: as in `bwd_regs`; walker < walkers, the partial rows the host sized.
+        unsafe { store_f32s::<M>(p.workspace, walker * hidden + c * lanes, c * lanes, hidden, E::LANES, c < nchunks, &dw[j]) };
+    });
 }
 
 /// Backward for rows longer than 8192 elements split over a thread-block cluster (sm_90):

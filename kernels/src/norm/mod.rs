@@ -71,7 +71,8 @@ use crate::mem::{
 };
 use crate::reduce::row_sum;
 use backward::{
-    bwd_cluster, bwd_cluster_fused, bwd_fused, bwd_loop, bwd_loop_tiles, bwd_regs, dw_reduce,
+    bwd_cluster, bwd_cluster_fused, bwd_fused, bwd_loop, bwd_loop_tiles, bwd_regs, bwd_tile_dx,
+    bwd_tile_sums, dw_reduce,
 };
 
 /// Most chunks one thread holds (32 f32 elements).
@@ -1294,6 +1295,37 @@ bwd_cluster_entries! {
         rmsnorm_bwd_bf16_v16_loop_tiles;
     Bf16, Scalar => rmsnorm_bwd_bf16_scalar_cluster, rmsnorm_bwd_bf16_scalar_cluster_fused,
         rmsnorm_bwd_bf16_scalar_loop_tiles;
+}
+
+macro_rules! bwd_tile_pass_entries {
+    ($($e:ty, $m:ident => $sums:ident, $dx:ident;)*) => {$(
+        /// RMSNorm backward, first tile pass over the rows the cluster split takes, without
+        /// clusters: each tile's sum of `h * w * dy` (see `bwd_tile_sums`).
+        ///
+        /// # Safety
+        /// Launched as `plan_rmsnorm_backward` decides, with parameters it checked.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $sums(p: RmsNormBwdParams) {
+            unsafe { bwd_tile_sums::<$e, { Path::$m }>(&p) }
+        }
+
+        /// RMSNorm backward, second tile pass: `dx` and the walkers' `dw` partials (see
+        /// `bwd_tile_dx`).
+        ///
+        /// # Safety
+        /// As above, after the first pass on the same stream.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $dx(p: RmsNormBwdParams) {
+            unsafe { bwd_tile_dx::<$e, { Path::$m }>(&p) }
+        }
+    )*};
+}
+
+bwd_tile_pass_entries! {
+    F16, V16 => rmsnorm_bwd_f16_v16_tile_sums, rmsnorm_bwd_f16_v16_tile_dx;
+    F16, Scalar => rmsnorm_bwd_f16_scalar_tile_sums, rmsnorm_bwd_f16_scalar_tile_dx;
+    Bf16, V16 => rmsnorm_bwd_bf16_v16_tile_sums, rmsnorm_bwd_bf16_v16_tile_dx;
+    Bf16, Scalar => rmsnorm_bwd_bf16_scalar_tile_sums, rmsnorm_bwd_bf16_scalar_tile_dx;
 }
 
 macro_rules! loop_ahead_entries {
