@@ -859,8 +859,8 @@ pub struct NormBwdLayout {
     /// ([`rmsnorm_bwd_narrow`], where the grid is the occupancy grid).
     pub narrow: Option<BwdNarrow>,
     /// f32 elements of the workspace: the partial `dw` rows, plus, for the looped variant,
-    /// one coefficient per row; for rows the tile passes may take, at least their partials
-    /// ([`rmsnorm_bwd_tile_walkers`] rows) and one tile sum per tile per row.
+    /// one coefficient per row; for 16-bit rows the tile passes may take, at least their
+    /// partials ([`rmsnorm_bwd_tile_walkers`] rows) and one tile sum per tile per row.
     pub workspace_len: u64,
 }
 
@@ -1151,8 +1151,11 @@ pub const fn rmsnorm_bwd_layout(dtype: DType, rows: u64, hidden: u64) -> NormBwd
         NormBwdVariant::E16 => 0,
     };
     let looped_len = slots.saturating_mul(hidden).saturating_add(coef);
-    // The tile passes' partials and tile sums, where they may run instead.
-    let tile_len = if matches!(variant, NormBwdVariant::Loop) && rmsnorm_bwd_cluster_fits(hidden) {
+    // The tile passes' partials and tile sums, where they may run instead (16-bit rows).
+    let tile_len = if matches!(variant, NormBwdVariant::Loop)
+        && dtype.size_bytes() == 2
+        && rmsnorm_bwd_cluster_fits(hidden)
+    {
         rmsnorm_bwd_tile_walkers(rows, hidden)
             .saturating_mul(hidden)
             .saturating_add(rows.saturating_mul(rmsnorm_bwd_tiles(hidden)))

@@ -277,6 +277,11 @@ fn same<T: Element>(a: T, b: T) -> bool {
     bits(a) == bits(b)
 }
 
+/// Whether `a` and `b` hold the same bits element by element (as far as the shorter goes).
+fn same_all<T: Element>(a: &[T], b: &[T]) -> bool {
+    a.iter().zip(b).all(|(p, q)| same(*p, *q))
+}
+
 /// The storage bits of `v` (its dtype's encoding), for bitwise comparisons.
 fn bits<T: Element>(v: T) -> u32 {
     let f = v.to_f64();
@@ -1711,14 +1716,8 @@ fn same_backward_bits_across<T: Element>(
         common::load_name(other),
         b.kernels
     );
-    assert!(
-        a.dx.buf.iter().zip(&b.dx.buf).all(|(p, q)| same(*p, *q)),
-        "{what}: dx differs"
-    );
-    assert!(
-        a.dw.iter().zip(&b.dw).all(|(p, q)| same(*p, *q)),
-        "{what}: dw differs"
-    );
+    assert!(same_all(&a.dx.buf, &b.dx.buf), "{what}: dx differs");
+    assert!(same_all(&a.dw, &b.dw), "{what}: dw differs");
 }
 
 /// Calls rejected by validation return the error and write nothing; empty shapes are no-ops.
@@ -2413,30 +2412,17 @@ fn split_vs_loop<T: Element, W: Element>(
     k.set_cluster_split(true);
     let what = format!("{what}: {:?} vs {:?}", split.kernels, looped.kernels);
     assert!(
-        split
-            .dx
-            .buf
-            .iter()
-            .zip(&looped.dx.buf)
-            .all(|(p, q)| same(*p, *q)),
+        same_all(&split.dx.buf, &looped.dx.buf),
         "{what}: dx differs"
     );
-    assert!(
-        split.dw.iter().zip(&looped.dw).all(|(p, q)| same(*p, *q)),
-        "{what}: dw differs"
-    );
+    assert!(same_all(&split.dw, &looped.dw), "{what}: dw differs");
     k.set_tile_passes(true);
     let passes = run_backward::<T, W>(k, s, c, &inp, &what);
     k.set_tile_passes(false);
     let what = format!("{what}; tile passes {:?}", passes.kernels);
     check_backward(c, &inp, &passes, &what);
     assert!(
-        passes
-            .dx
-            .buf
-            .iter()
-            .zip(&looped.dx.buf)
-            .all(|(p, q)| same(*p, *q)),
+        same_all(&passes.dx.buf, &looped.dx.buf),
         "{what}: dx differs"
     );
     [split.kernels.0, looped.kernels.0, passes.kernels.0]
@@ -2653,12 +2639,7 @@ fn fused_vs_two<T: Element, W: Element>(
     );
     check_backward(c, &inp, &fused, &what);
     assert!(
-        fused
-            .dx
-            .buf
-            .iter()
-            .zip(&two.dx.buf)
-            .all(|(p, q)| same(*p, *q)),
+        same_all(&fused.dx.buf, &two.dx.buf),
         "{what}: dx differs between one launch and two"
     );
     for (i, (p, q)) in fused.dw.iter().zip(&two.dw).enumerate() {
@@ -2746,13 +2727,10 @@ fn deterministic_case<T: Element>(
         let a = run_backward::<T, T>(k, s, &c, &inp, &what);
         let b = run_backward::<T, T>(k, s, &c, &inp, &what);
         assert!(
-            a.dx.buf.iter().zip(&b.dx.buf).all(|(p, q)| same(*p, *q)),
+            same_all(&a.dx.buf, &b.dx.buf),
             "{what}: dx differs between runs"
         );
-        assert!(
-            a.dw.iter().zip(&b.dw).all(|(p, q)| same(*p, *q)),
-            "{what}: dw differs between runs"
-        );
+        assert!(same_all(&a.dw, &b.dw), "{what}: dw differs between runs");
         // A row's dx does not depend on the batch either.
         let one = Bwd { rows: 1, ..c };
         let p = rows / 2 + 1;

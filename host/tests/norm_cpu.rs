@@ -741,14 +741,15 @@ fn backward_geometry_and_workspace() {
                 } else {
                     0
                 };
-                // Rows the split's tiles apply to also hold the tile passes' partials and
-                // tile sums.
-                let tile_passes = if rmsnorm_bwd_cluster_fits(hidden as u64) {
-                    let walkers = rmsnorm_bwd_tile_walkers(rows as u64, hidden as u64) as usize;
-                    walkers * hidden + rows * hidden.div_ceil(8192)
-                } else {
-                    0
-                };
+                // 16-bit rows the split's tiles apply to also hold the tile passes' partials
+                // and tile sums.
+                let tile_passes =
+                    if rmsnorm_bwd_cluster_fits(hidden as u64) && dtype.size_bytes() == 2 {
+                        let walkers = rmsnorm_bwd_tile_walkers(rows as u64, hidden as u64) as usize;
+                        walkers * hidden + rows * hidden.div_ceil(8192)
+                    } else {
+                        0
+                    };
                 assert_eq!(
                     rmsnorm_backward_workspace_len(dtype, rows, hidden),
                     (slots * hidden + coef).max(tile_passes)

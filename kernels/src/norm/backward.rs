@@ -1135,6 +1135,59 @@ pub(super) unsafe fn bwd_loop_tiles<E: Elem, const M: Path>(p: &RmsNormBwdParams
     }
 }
 
+/// Where a block of the tile passes works: block `b` is tile `b % tiles` of row (first pass)
+/// or walker (second pass) `outer = b / tiles`, its thread's first chunk `first` (the tile's
+/// 512 threads as a block of the cluster split holds them); `sums`, the tile sums' address
+/// after the walkers' partial rows.
+struct TileBlock {
+    me: Me,
+    nchunks: u64,
+    tiles: u64,
+    outer: u64,
+    first: u64,
+    sums: u64,
+}
+
+impl TileBlock {
+    /// This block's place; `None` for a launch of no threads per row or an empty row.
+    #[inline(always)]
+    fn of<E: Elem>(p: &RmsNormBwdParams) -> Option<Self> {
+        let k = 16 / E::LANES;
+        let me = Me::new::<true>(NonZeroU64::new(p.threads_per_row as u64)?);
+        let nchunks = p.hidden.div_ceil(E::LANES as u64);
+        let per_tile = me.tpr * k as u64;
+        let tiles = NonZeroU64::new(nchunks.div_ceil(per_tile))?;
+        let b = grid::block_x();
+        Some(TileBlock {
+            nchunks,
+            tiles: tiles.get(),
+            outer: b / tiles,
+            first: (b % tiles) * per_tile + me.t,
+            sums: p.workspace + p.dw_slots as u64 * p.hidden * 4,
+            me,
+        })
+    }
+}
+
+/// The weight of a tile-pass thread's chunks `first + j * stride`, widened (`1 + w` for
+/// Gemma).
+///
+/// # Safety
+/// The host checked the weight.
+#[inline(always)]
+unsafe fn tile_weight<E: Elem, const M: Path>(
+    p: &RmsNormBwdParams,
+    first: u64,
+    stride: u64,
+    nchunks: u64,
+) -> [[f32; 8]; MAX_CHUNKS] {
+    let gemma = p.flags & RMSNORM_GEMMA != 0;
+    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
+    let k = 16 / E::LANES;
+    // SAFETY: the caller's contract.
+    unsafe { load_w_if::<E, M>(p.w, first, stride, k, nchunks, p.hidden, w_f32, gemma) }
+}
+
 /// First of the tile passes (the rows the cluster split takes, without clusters): block `b`
 /// is row `b / tiles`'s tile `b % tiles`, whose sum of `h * g` it computes as a block of the
 /// split computes it (each of 512 threads' `fma` chain over its chunks in chunk order, then
@@ -1147,26 +1200,22 @@ pub(super) unsafe fn bwd_loop_tiles<E: Elem, const M: Path>(p: &RmsNormBwdParams
 #[inline(always)]
 pub(super) unsafe fn bwd_tile_sums<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
-    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+    // The grid is `rows * tiles` blocks: the row is < rows.
+    let Some(TileBlock {
+        me,
+        nchunks,
+        outer: row,
+        first,
+        sums,
+        ..
+    }) = TileBlock::of::<E>(p)
+    else {
         return;
     };
-    let me = Me::new::<true>(tpr);
     let hidden = p.hidden;
-    let nchunks = hidden.div_ceil(E::LANES as u64);
-    let per_tile = me.tpr * k as u64;
-    let Some(tiles) = NonZeroU64::new(nchunks.div_ceil(per_tile)) else {
-        return;
-    };
-    // The grid is `rows * tiles` blocks: row < rows.
-    let b = grid::block_x();
-    let (row, tile) = (b / tiles, b % tiles);
-    let sums = p.workspace + p.dw_slots as u64 * hidden * 4;
-    let gemma = p.flags & RMSNORM_GEMMA != 0;
-    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     // As in fwd_regs.
     prefetch_first(p.dy);
     grid_dependency_sync();
-    let first = tile * per_tile + me.t;
     let h_row = Row::of(p.h, p.h_stride, row);
     let dy_row = Row::of(p.dy, p.dy_stride, row);
     let mut h = [[0.0f32; 8]; MAX_CHUNKS];
@@ -1181,7 +1230,7 @@ pub(super) unsafe fn bwd_tile_sums<E: Elem, const M: Path>(p: &RmsNormBwdParams)
         }
     });
     // SAFETY: the host checked the weight.
-    let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+    let w = unsafe { tile_weight::<E, M>(p, first, me.tpr, nchunks) };
     let mut acc = 0.0f32;
     unroll!(j < k => {
         unroll!(l < E::LANES => { acc = fmaf32(h[j][l], w[j][l] * dy[j][l], acc); });
@@ -1189,8 +1238,8 @@ pub(super) unsafe fn bwd_tile_sums<E: Elem, const M: Path>(p: &RmsNormBwdParams)
     // SAFETY: every thread of the block calls it once (reduction buffer 0).
     let total = unsafe { row_sum(acc, me.lane, me.warp, me.warps, me.slot(0)) };
     if me.t == 0 {
-        // SAFETY: b < rows * tiles, inside the tile sums the host sized.
-        unsafe { F32::store(sums + b * 4, total) };
+        // SAFETY: the block's index < rows * tiles, inside the tile sums the host sized.
+        unsafe { F32::store(sums + grid::block_x() * 4, total) };
     }
 }
 
@@ -1207,31 +1256,27 @@ pub(super) unsafe fn bwd_tile_sums<E: Elem, const M: Path>(p: &RmsNormBwdParams)
 #[inline(always)]
 pub(super) unsafe fn bwd_tile_dx<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
     let k = 16 / E::LANES;
-    let Some(tpr) = NonZeroU64::new(p.threads_per_row as u64) else {
+    // The grid is `walkers * tiles` blocks: the walker is < walkers.
+    let Some(TileBlock {
+        me,
+        nchunks,
+        tiles,
+        outer: walker,
+        first,
+        sums,
+    }) = TileBlock::of::<E>(p)
+    else {
         return;
     };
-    let me = Me::new::<true>(tpr);
+    let walkers = p.dw_slots as u64;
     let hidden = p.hidden;
     let lanes = E::LANES as u64;
-    let nchunks = hidden.div_ceil(lanes);
-    let per_tile = me.tpr * k as u64;
-    let Some(tiles) = NonZeroU64::new(nchunks.div_ceil(per_tile)) else {
-        return;
-    };
-    // The grid is `walkers * tiles` blocks: walker < walkers.
-    let walkers = p.dw_slots as u64;
-    let b = grid::block_x();
-    let (walker, tile) = (b / tiles, b % tiles);
-    let sums = p.workspace + walkers * hidden * 4;
-    let gemma = p.flags & RMSNORM_GEMMA != 0;
-    let w_f32 = p.flags & RMSNORM_W_F32 != 0;
     let hidden_f = hidden as f32;
-    let first = tile * per_tile + me.t;
     // As in fwd_regs.
     prefetch_first(p.dy);
     grid_dependency_sync();
     // SAFETY: the host checked the weight.
-    let w = unsafe { load_w_if::<E, M>(p.w, first, me.tpr, k, nchunks, hidden, w_f32, gemma) };
+    let w = unsafe { tile_weight::<E, M>(p, first, me.tpr, nchunks) };
     let mut dw = [[0.0f32; 8]; MAX_CHUNKS];
     let mut row = walker;
     while row < p.rows {
@@ -1240,10 +1285,10 @@ pub(super) unsafe fn bwd_tile_dx<E: Elem, const M: Path>(p: &RmsNormBwdParams) {
         let lane = me.lane as u64;
         // SAFETY: row < rows and lane < tiles: inside the tile sums, written by the first
         // pass, which completed before this grid's dependency wait returned.
-        let mine = unsafe { ld_f32_if(sums + (row * tiles.get() + lane) * 4, lane < tiles.get()) };
+        let mine = unsafe { ld_f32_if(sums + (row * tiles + lane) * 4, lane < tiles) };
         let mut total = 0.0f32;
         let mut i = 0u32;
-        while (i as u64) < tiles.get() {
+        while (i as u64) < tiles {
             total = fold_tiles(total, shfl_idx(mine, i));
             i += 1;
         }
