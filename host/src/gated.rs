@@ -729,8 +729,13 @@ fn fp8_launch(
             (KernelId::GatedFp8Row(dtype, mode), tile_chunks, 1)
         };
         let (threads_per_row, rows_per_block) = if many_rows || rows_realigned {
-            let per_row = if rows_realigned { words } else { per_row };
-            let threads = per_row.div_ceil(chunks).next_multiple_of(32).max(32);
+            // A realigned row's group: its words at GATED_FP8_ROWS_CHUNKS per thread.
+            let threads = if rows_realigned {
+                group_threads
+            } else {
+                per_row.div_ceil(chunks).next_multiple_of(32)
+            };
+            let threads = threads.max(32);
             let fit = tpr / threads;
             let spread = (rows as u64).div_ceil(limits.sm_count.max(1) as u64);
             (threads, fit.min(spread).max(1))
