@@ -817,12 +817,12 @@ impl Kernels {
     }
 
     /// Turns the norm backward's tile passes on or back off (off by default): on, the 16-bit
-    /// rows longer than 8192 that the cluster split takes run in three launches without clusters
-    /// instead (each tile's sum by a block per tile per row, then `dx` by a block per tile per
-    /// walker, then the `dw` sum; see [`crate::norm::plan_rmsnorm_backward_with`]). The same
-    /// `dx` bits; `dw` sums the same products over fewer partial rows, so its last bits may
-    /// differ. Not yet measured on a GPU, hence off; for measuring it against the split and
-    /// the looped kernel.
+    /// rows longer than 8192 that the cluster split takes run in three launches without
+    /// clusters instead (each tile's sum by a block per tile per row, then `dx` by a block per
+    /// tile per walker, then the `dw` sum; see [`crate::norm::plan_rmsnorm_backward_with`]).
+    /// The same `dx` bits; `dw` sums the same products over partial rows of its own walkers
+    /// (`rmsnorm_bwd_tile_walkers`), so its last bits may differ. Not yet measured on a GPU,
+    /// hence off; for measuring it against the split and the looped kernel.
     pub fn set_tile_passes(&self, on: bool) {
         self.tile_passes.store(on, Ordering::Relaxed);
     }

@@ -2280,8 +2280,8 @@ fn backward_every_dtype_size_placement_and_option() {
 /// an f32 weight cycling. Where the device has clusters, every split entry (two launches and
 /// one) must run and the split must be what ran wherever it fits; the looped entries run
 /// with the split off. Then the tile passes on the same inputs wherever the split's tiles
-/// apply to 16-bit rows (any device): `dx` bit for bit as the looped kernel's, `dw` against the reference
-/// (their partial rows are their own walkers').
+/// apply to 16-bit rows (any device): `dx` bit for bit as the looped kernel's, `dw` against
+/// the reference (their partial rows are their own walkers').
 #[test]
 fn backward_long_rows_cluster_split_matches_loop_bitwise() {
     let Some((k, s)) = gpu("backward_long_rows_cluster_split_matches_loop_bitwise") else {

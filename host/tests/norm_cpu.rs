@@ -961,11 +961,11 @@ fn backward_long_rows_split_over_clusters() {
 }
 
 /// The tile passes (switched on): for 16-bit rows wherever the split's tiles apply, whatever
-/// the device's clusters, three launches: a 512-thread block per tile per row for the tile sums, a block
-/// per tile per walker for `dx` (the walkers of `rmsnorm_bwd_tile_walkers`: enough for 512
-/// blocks, at most 8 rows each, at most one per row), the `dw` sum over those walkers'
-/// partials; the tile sums after the partials, inside the workspace the docs ask for. Other
-/// rows, and f32 rows, plan as without the switch.
+/// the device's clusters, three launches: a 512-thread block per tile per row for the tile
+/// sums, a block per tile per walker for `dx` (the walkers of `rmsnorm_bwd_tile_walkers`:
+/// enough for 512 blocks, at most 8 rows each, at most one per row), the `dw` sum over those
+/// walkers' partials; the tile sums after the partials, inside the workspace the docs ask
+/// for. Other rows, and f32 rows, plan as without the switch.
 #[test]
 fn backward_tile_passes_plan() {
     for dtype in [DType::F32, DType::F16, DType::BF16] {
